@@ -1,0 +1,90 @@
+"""Postprocess logic (logits → label names), shared by Triton's ``seqcls_postprocess`` model
+and seqcls's validate/smoke steps.
+
+Copied into every published ``seqcls_postprocess`` version and imported by its ``model.py``;
+validate imports this very file to compute the expected decisions the smoke test asserts.
+Dependencies: numpy only.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+SEPARATOR = "##"
+
+
+def sigmoid(logits: np.ndarray) -> np.ndarray:
+    """Numerically stable sigmoid in float64, returned as float32."""
+    x = np.asarray(logits, dtype=np.float64)
+    out = np.empty_like(x)
+    pos = x >= 0
+    out[pos] = 1.0 / (1.0 + np.exp(-x[pos]))
+    ex = np.exp(x[~pos])
+    out[~pos] = ex / (1.0 + ex)
+    return out.astype(np.float32)
+
+
+def threshold_vector(
+    labels: Sequence[str], default: float = 0.5, per_label: Mapping[str, float] | None = None
+) -> np.ndarray:
+    """One threshold per label: ``default`` unless ``per_label`` names the label."""
+    per_label = dict(per_label or {})
+    unknown = sorted(set(per_label) - set(labels))
+    if unknown:
+        raise ValueError(f"thresholds name unknown labels: {', '.join(unknown)}")
+    return np.array([float(per_label.get(lbl, default)) for lbl in labels], dtype=np.float32)
+
+
+def parse_thresholds(text: str, labels: Sequence[str]) -> np.ndarray:
+    """Thresholds from a config parameter: a number, or JSON ``{"default": x, "label": y}``."""
+    text = (text or "").strip() or "0.5"
+    try:
+        return threshold_vector(labels, float(text))
+    except ValueError:
+        pass
+    spec = json.loads(text)
+    default = float(spec.pop("default", 0.5))
+    return threshold_vector(labels, default, spec)
+
+
+def parent_indices(labels: Sequence[str]) -> list[int | None]:
+    """For each label, the index of its ``##`` parent if the parent is itself a label."""
+    index = {lbl: i for i, lbl in enumerate(labels)}
+    out: list[int | None] = []
+    for lbl in labels:
+        parent = lbl.rsplit(SEPARATOR, 1)[0] if SEPARATOR in lbl else None
+        out.append(index.get(parent) if parent is not None else None)
+    return out
+
+
+def decide(
+    probs: np.ndarray, thresholds: np.ndarray, labels: Sequence[str], *, hierarchy: bool = True
+) -> list[list[tuple[str, float]]]:
+    """Per row: the predicted ``(label, confidence)`` pairs, sorted by label index.
+
+    With ``hierarchy``, a predicted child implies its ``##`` parent: the parent is added with
+    confidence ``max(p_parent, p_child)`` (repeated up the tree).
+    """
+    probs = np.asarray(probs, dtype=np.float32)
+    if probs.ndim != 2 or probs.shape[1] != len(labels):
+        raise ValueError(f"expected probabilities of shape [N, {len(labels)}], got {list(probs.shape)}")
+    parents = parent_indices(labels) if hierarchy else [None] * len(labels)
+    rows: list[list[tuple[str, float]]] = []
+    for p in probs:
+        conf = {int(i): float(p[i]) for i in np.nonzero(p >= thresholds)[0]}
+        if hierarchy:
+            for i in sorted(conf, reverse=True):
+                child, parent = i, parents[i]
+                while parent is not None:
+                    conf[parent] = max(conf.get(parent, float(p[parent])), conf[child])
+                    child, parent = parent, parents[parent]
+        rows.append([(labels[i], conf[i]) for i in sorted(conf)])
+    return rows
+
+
+def near_threshold(probs: np.ndarray, thresholds: np.ndarray, margin: float) -> np.ndarray:
+    """Boolean ``[N]``: a row has a probability within ``margin`` of its threshold."""
+    return (np.abs(np.asarray(probs) - thresholds) <= margin).any(axis=1)

@@ -1,0 +1,166 @@
+"""Serving tokenizer logic, shared by Triton's ``tokenizer`` model and seqcls's parity gate.
+
+This file is copied into every published ``tokenizer`` version (Triton has no ``seqcls``
+package) and imported from there by ``model.py``; the release's validate step imports this very
+file, so the ids the gate proves equal to PaddleNLP's are the ids the server produces.
+Dependencies: numpy and ``tokenizers`` only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+
+#: How a batch of encoded texts is padded into one ``[N, L]`` tensor.
+#: - ``longest``: to the longest text of the batch (smallest tensor for one request);
+#: - ``buckets``: to the next bucket boundary, so requests of similar length share a shape and
+#:   a native backend's dynamic batcher can merge them (GPU);
+#: - ``max_length``: always to ``max_length`` (one shape for everything; wasteful on CPU).
+PADDING_STRATEGIES = ("longest", "buckets", "max_length")
+DEFAULT_BUCKETS = (16, 32, 64, 128, 256, 512)
+
+
+#: Code points PaddleNLP's BasicTokenizer treats as symbols besides Unicode category S*.
+_EXTRA_SYMBOLS = (0x00AD, 0x00B2, 0x00BA, 0x3007, 0x00B5, 0x00D8, 0x014B, 0x01B1)
+
+
+def _char_class(predicate) -> str:
+    """A regex character class (``\\x{..}`` ranges) of every code point matching ``predicate``."""
+    import sys
+
+    points = [cp for cp in range(sys.maxunicode + 1) if not 0xD800 <= cp <= 0xDFFF and predicate(cp)]
+    ranges, start, prev = [], points[0], points[0]
+    for cp in points[1:]:
+        if cp != prev + 1:
+            ranges.append((start, prev))
+            start = cp
+        prev = cp
+    ranges.append((start, prev))
+    return "[" + "".join(f"\\x{{{a:X}}}" if a == b else f"\\x{{{a:X}}}-\\x{{{b:X}}}" for a, b in ranges) + "]"
+
+
+@lru_cache(maxsize=1)
+def paddlenlp_char_classes() -> dict[str, str]:
+    """The character classes PaddleNLP's BasicTokenizer uses, from Python's ``unicodedata``.
+
+    HF ``tokenizers`` has its own Unicode tables (another Unicode version) and its BERT
+    pre-tokenizer splits on punctuation only, while PaddleNLP also isolates symbols (emoji, ¥,
+    €, ©, ...) and drops every ``C*`` character, unassigned code points included. Deriving the
+    classes from the same table PaddleNLP consults makes the two agree character for character.
+    """
+    import unicodedata
+
+    def cat(cp: int) -> str:
+        return unicodedata.category(chr(cp))
+
+    def removed(cp: int) -> bool:  # _clean_text: NUL, U+FFFD and control (C*) except \t \n \r
+        return cp in (0, 0xFFFD) or (cp not in (9, 10, 13) and cat(cp).startswith("C"))
+
+    def space(cp: int) -> bool:  # _is_whitespace and what str.split() splits on
+        return not removed(cp) and (chr(cp).isspace() or cat(cp) == "Zs")
+
+    def ascii_punct(cp: int) -> bool:
+        return 33 <= cp <= 47 or 58 <= cp <= 64 or 91 <= cp <= 96 or 123 <= cp <= 126
+
+    def split(cp: int) -> bool:  # _is_punctuation or _is_symbol
+        c = cat(cp)
+        return ascii_punct(cp) or c.startswith("P") or c.startswith("S") or cp in _EXTRA_SYMBOLS
+
+    return {
+        "removed": _char_class(removed),
+        "space": _char_class(space),
+        "split": _char_class(split),
+        "mark": _char_class(lambda cp: cat(cp) == "Mn"),
+    }
+
+
+def build_tokenizer(vocab_file: str | Path, *, lowercase: bool = True, max_length: int = 128):
+    """HF ``tokenizers`` WordPiece from the checkpoint's own ``vocab.txt``, matching PaddleNLP.
+
+    Same pipeline as PaddleNLP's ``ErnieTokenizer``/``BertTokenizer``: drop control characters,
+    whitespace to spaces, CJK characters split, lower-case + strip accents (NFD, drop Mn), split
+    on whitespace, punctuation and symbols, WordPiece (a word over 100 characters → ``[UNK]``),
+    ``[CLS] ... [SEP]`` with truncation to ``max_length``.
+    """
+    from tokenizers import Regex, Tokenizer, models, normalizers, pre_tokenizers, processors
+
+    classes = paddlenlp_char_classes()
+    tokenizer = Tokenizer(models.WordPiece.from_file(str(vocab_file), unk_token="[UNK]", max_input_chars_per_word=100))
+    steps = [
+        normalizers.Replace(Regex(classes["removed"]), ""),
+        normalizers.Replace(Regex(classes["space"]), " "),
+        normalizers.BertNormalizer(clean_text=False, handle_chinese_chars=True, strip_accents=False, lowercase=False),
+    ]
+    if lowercase:
+        steps += [normalizers.Lowercase(), normalizers.NFD(), normalizers.Replace(Regex(classes["mark"]), "")]
+    tokenizer.normalizer = normalizers.Sequence(steps)
+    tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.WhitespaceSplit(),
+            pre_tokenizers.Split(Regex(classes["split"]), behavior="isolated"),
+        ]
+    )
+    cls_id, sep_id = tokenizer.token_to_id("[CLS]"), tokenizer.token_to_id("[SEP]")
+    if cls_id is None or sep_id is None:
+        raise ValueError(f"{vocab_file}: vocabulary lacks [CLS] or [SEP]")
+    tokenizer.post_processor = processors.BertProcessing(("[SEP]", sep_id), ("[CLS]", cls_id))
+    tokenizer.enable_truncation(max_length)
+    tokenizer.no_padding()
+    return tokenizer
+
+
+def encode(tokenizer, texts: Sequence[str]) -> list[list[int]]:
+    """Token ids per text (no padding), all texts in one call (the Rust side parallelises)."""
+    return [enc.ids for enc in tokenizer.encode_batch(list(texts))]
+
+
+def decode_utf8(items: Sequence[object]) -> tuple[list[str], list[str | None]]:
+    """Raw BYTES items → texts; an item that is not valid UTF-8 gets an error message instead."""
+    texts: list[str] = []
+    errors: list[str | None] = []
+    for i, item in enumerate(items):
+        if isinstance(item, str):
+            texts.append(item)
+            errors.append(None)
+            continue
+        try:
+            texts.append(bytes(item).decode("utf-8"))  # type: ignore[arg-type]
+            errors.append(None)
+        except UnicodeDecodeError as exc:
+            texts.append("")
+            errors.append(f"text {i} is not valid UTF-8 ({exc.reason} at byte {exc.start})")
+    return texts, errors
+
+
+def padded_length(
+    lengths: Sequence[int], *, strategy: str, max_length: int, buckets: Sequence[int] = DEFAULT_BUCKETS
+) -> int:
+    """The sequence length a batch with these ``lengths`` is padded to."""
+    longest = max(lengths) if lengths else 2
+    if strategy == "longest":
+        return longest
+    if strategy == "max_length":
+        return max_length
+    if strategy == "buckets":
+        bounds = sorted({b for b in buckets if b < max_length} | {max_length})
+        return next((b for b in bounds if b >= longest), longest)
+    raise ValueError(f"unknown padding strategy {strategy!r}; expected one of {PADDING_STRATEGIES}")
+
+
+def pad(
+    ids: Sequence[Sequence[int]],
+    *,
+    strategy: str = "longest",
+    max_length: int = 128,
+    pad_id: int = 0,
+    buckets: Sequence[int] = DEFAULT_BUCKETS,
+) -> tuple[np.ndarray, np.ndarray]:
+    """``input_ids`` and ``token_type_ids`` (int64 ``[N, L]``) for a list of id sequences."""
+    length = padded_length([len(x) for x in ids], strategy=strategy, max_length=max_length, buckets=buckets)
+    input_ids = np.full((len(ids), length), pad_id, dtype=np.int64)
+    for row, seq in enumerate(ids):
+        input_ids[row, : len(seq)] = seq[:length]
+    return input_ids, np.zeros_like(input_ids)

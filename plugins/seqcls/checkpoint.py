@@ -1,0 +1,281 @@
+"""Find and validate a trained checkpoint before any heavy work; fingerprint it.
+
+A checkpoint is a directory as PaddleNLP's ``save_pretrained`` writes it (``config.json``,
+``model_state.pdparams`` or ``model.safetensors``, ``vocab.txt``, ``tokenizer_config.json``)
+plus ``label.txt`` (one label per line, hierarchy joined with ``##``) and optionally
+``golden.txt`` (one text per line: the texts the release is validated and smoke-tested on).
+Everything checked here is cheap (no paddle import), so a bad checkpoint fails in seconds with a
+message naming the file, instead of minutes later inside an export.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import struct
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from seqcls.errors import CheckpointError
+
+log = logging.getLogger(__name__)
+
+WEIGHT_FILES = ("model_state.pdparams", "model.safetensors")
+LABEL_FILE = "label.txt"
+GOLDEN_FILE = "golden.txt"
+#: Files whose bytes define the released model; their hashes make the fingerprint.
+MODEL_FILES = ("config.json", "vocab.txt", "tokenizer_config.json", "special_tokens_map.json", LABEL_FILE)
+REQUIRED_TOKENS = ("[PAD]", "[CLS]", "[SEP]", "[UNK]")
+WORDPIECE_TOKENIZERS = {"ErnieTokenizer", "BertTokenizer", "ErnieTokenizerFast", "BertTokenizerFast"}
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """A validated checkpoint: where its files are and what the release needs to know."""
+
+    path: Path
+    weights: Path
+    labels: tuple[str, ...]
+    num_labels: int
+    vocab_size: int
+    do_lower_case: bool
+    max_position_embeddings: int
+    fingerprint: str
+    files: dict[str, str] = field(default_factory=dict)  # file name -> sha256
+    golden_texts: tuple[str, ...] | None = None
+    golden_sha256: str | None = None
+
+    @property
+    def vocab_file(self) -> Path:
+        return self.path / "vocab.txt"
+
+    @property
+    def label_file(self) -> Path:
+        return self.path / LABEL_FILE
+
+    @property
+    def short_fingerprint(self) -> str:
+        return self.fingerprint[:16]
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["path"] = str(self.path)
+        d["weights"] = str(self.weights)
+        d["labels"] = list(self.labels)
+        d["golden_texts"] = None if self.golden_texts is None else len(self.golden_texts)
+        return d
+
+
+def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while block := fh.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _read_text(path: Path, what: str) -> str:
+    if not path.exists():
+        raise CheckpointError(f"{path}: missing — {what}.")
+    if not path.is_file():
+        raise CheckpointError(f"{path}: is not a regular file — {what}.")
+    try:
+        return path.read_text(encoding="utf-8")
+    except PermissionError as exc:
+        raise CheckpointError(f"{path}: not readable ({exc.strerror}); fix its permissions.") from exc
+    except UnicodeDecodeError as exc:
+        raise CheckpointError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start}).") from exc
+    except OSError as exc:
+        raise CheckpointError(f"{path}: cannot be read ({exc.strerror}).") from exc
+
+
+def _read_json(path: Path, what: str) -> dict:
+    text = _read_text(path, what)
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise CheckpointError(f"{path}: invalid JSON at line {exc.lineno}: {exc.msg}.") from exc
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{path}: expected a JSON object, found {type(data).__name__}.")
+    return data
+
+
+def num_labels_of(config: dict, path: Path) -> int:
+    """``num_labels`` as PaddleNLP derives it (explicit key, else ``id2label``, else ``num_classes``)."""
+    for key in ("num_labels", "num_classes"):
+        if isinstance(config.get(key), int):
+            return int(config[key])
+    if isinstance(config.get("id2label"), dict) and config["id2label"]:
+        return len(config["id2label"])
+    raise CheckpointError(
+        f"{path}: cannot tell the number of labels (no num_labels, id2label or num_classes); "
+        "is this a sequence-classification checkpoint?"
+    )
+
+
+def _check_weights(path: Path) -> None:
+    """Cheap integrity checks that catch truncated or corrupt weight files before export."""
+    try:
+        size = path.stat().st_size
+        if size == 0:
+            raise CheckpointError(f"{path}: weight file is empty; copy the checkpoint again.")
+        with open(path, "rb") as fh:
+            head = fh.read(16)
+            if path.suffix == ".safetensors":
+                (header_len,) = struct.unpack("<Q", head[:8])
+                if header_len <= 0 or 8 + header_len > size:
+                    raise CheckpointError(f"{path}: corrupt safetensors header (length {header_len}).")
+                fh.seek(8)
+                header = json.loads(fh.read(header_len))
+                end = max((v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"), default=0)
+                if 8 + header_len + end != size:
+                    raise CheckpointError(
+                        f"{path}: truncated or corrupt — header announces {8 + header_len + end} bytes, "
+                        f"file has {size}; copy the checkpoint again."
+                    )
+            else:
+                # A .pdparams file is a pickle: protocol marker first, STOP opcode ('.') last.
+                fh.seek(-1, os.SEEK_END)
+                tail = fh.read(1)
+                if not head.startswith(b"\x80") or tail != b".":
+                    raise CheckpointError(
+                        f"{path}: truncated or corrupt (not a complete pickle: starts {head[:2]!r}, "
+                        f"ends {tail!r}); copy the checkpoint again."
+                    )
+    except PermissionError as exc:
+        raise CheckpointError(f"{path}: not readable ({exc.strerror}); fix its permissions.") from exc
+    except (struct.error, ValueError, KeyError, TypeError) as exc:
+        raise CheckpointError(f"{path}: corrupt weight file ({exc}).") from exc
+
+
+def read_labels(path: Path) -> tuple[str, ...]:
+    """Labels from a label file: one per line, trailing blank lines ignored, no duplicates."""
+    lines = _read_text(path, "the label file lists one label per line").splitlines()
+    while lines and not lines[-1].strip():
+        lines.pop()
+    labels = tuple(line.strip() for line in lines)
+    if not labels:
+        raise CheckpointError(f"{path}: label file is empty; write one label per line.")
+    for i, lbl in enumerate(labels, start=1):
+        if not lbl:
+            raise CheckpointError(f"{path}: line {i} is blank; every line must name a label.")
+    seen: set[str] = set()
+    for i, lbl in enumerate(labels, start=1):
+        if lbl in seen:
+            raise CheckpointError(f"{path}: line {i}: label {lbl!r} appears twice.")
+        seen.add(lbl)
+    return labels
+
+
+def read_golden(path: Path) -> tuple[str, ...]:
+    texts = tuple(t for t in _read_text(path, "golden texts, one per line").splitlines() if t.strip())
+    if not texts:
+        raise CheckpointError(f"{path}: golden text file has no texts; remove it or add texts.")
+    return texts
+
+
+def resolve_checkpoint(
+    path: str | Path, *, label_file: str | Path | None = None, golden_file: str | Path | None = None
+) -> Checkpoint:
+    """Validate a checkpoint directory and fingerprint it (sha256 over the model-defining files)."""
+    root = Path(path).expanduser()
+    if not root.exists():
+        raise CheckpointError(f"{root}: checkpoint directory does not exist.")
+    if not root.is_dir():
+        raise CheckpointError(f"{root}: is not a directory; pass the directory save_pretrained wrote.")
+    root = root.resolve()
+
+    config = _read_json(root / "config.json", "save_pretrained writes the model config there")
+    num_labels = num_labels_of(config, root / "config.json")
+    arch = config.get("architectures") or []
+    if arch and not any("SequenceClassification" in a for a in arch):
+        raise CheckpointError(
+            f"{root / 'config.json'}: architectures {arch} is not a sequence classifier "
+            "(expected e.g. ErnieForSequenceClassification)."
+        )
+
+    weights = next((root / w for w in WEIGHT_FILES if (root / w).exists()), None)
+    if weights is None:
+        raise CheckpointError(f"{root}: no weights — expected one of {', '.join(WEIGHT_FILES)}.")
+    _check_weights(weights)
+
+    tok_cfg = _read_json(root / "tokenizer_config.json", "save_pretrained writes the tokenizer config there")
+    tok_class = tok_cfg.get("tokenizer_class")
+    if tok_class and tok_class not in WORDPIECE_TOKENIZERS:
+        raise CheckpointError(
+            f"{root / 'tokenizer_config.json'}: tokenizer_class {tok_class!r} is not supported; "
+            f"seqcls serves WordPiece vocabularies ({', '.join(sorted(WORDPIECE_TOKENIZERS))})."
+        )
+    do_lower_case = bool(tok_cfg.get("do_lower_case", True))
+
+    vocab_path = root / "vocab.txt"
+    vocab = [t for t in _read_text(vocab_path, "the WordPiece vocabulary").splitlines() if t.strip()]
+    if not vocab:
+        raise CheckpointError(f"{vocab_path}: vocabulary is empty.")
+    missing = [t for t in REQUIRED_TOKENS if t not in vocab]
+    if missing:
+        raise CheckpointError(f"{vocab_path}: special tokens missing: {', '.join(missing)}.")
+    vocab_size = int(config.get("vocab_size", len(vocab)))
+    if len(vocab) > vocab_size:
+        raise CheckpointError(
+            f"{vocab_path}: {len(vocab)} tokens but config.json vocab_size is {vocab_size}; "
+            "ids past the embedding table would crash the model — use the vocab it was trained with."
+        )
+
+    label_path = Path(label_file).expanduser().resolve() if label_file else root / LABEL_FILE
+    labels = read_labels(label_path)
+    if len(labels) != num_labels:
+        raise CheckpointError(
+            f"{label_path}: {len(labels)} labels but config.json says the model has {num_labels} "
+            "(num_labels); the label file must list exactly one line per output."
+        )
+
+    golden_path = Path(golden_file).expanduser().resolve() if golden_file else root / GOLDEN_FILE
+    golden = read_golden(golden_path) if (golden_file or golden_path.exists()) else None
+
+    files: dict[str, str] = {}
+    for name in MODEL_FILES:
+        p = label_path if name == LABEL_FILE else root / name
+        if p.exists():
+            files[name] = sha256_file(p)
+    files[weights.name] = sha256_file(weights)
+    fingerprint = hashlib.sha256("\n".join(f"{k}={v}" for k, v in sorted(files.items())).encode()).hexdigest()
+
+    ckpt = Checkpoint(
+        path=root,
+        weights=weights,
+        labels=labels,
+        num_labels=num_labels,
+        vocab_size=len(vocab),
+        do_lower_case=do_lower_case,
+        max_position_embeddings=int(config.get("max_position_embeddings", 512)),
+        fingerprint=fingerprint,
+        files=files,
+        golden_texts=golden,
+        golden_sha256=sha256_file(golden_path) if golden else None,
+    )
+    log.info(
+        "checkpoint %s: %d labels, vocab %d, weights %s (%.1f MB), fingerprint %s",
+        root,
+        num_labels,
+        len(vocab),
+        weights.name,
+        weights.stat().st_size / 1e6,
+        ckpt.short_fingerprint,
+    )
+    return ckpt
+
+
+def find_latest(root: str | Path) -> Path:
+    """The most recently modified checkpoint directory (one holding ``config.json``) under ``root``."""
+    root = Path(root).expanduser()
+    if not root.is_dir():
+        raise CheckpointError(f"{root}: checkpoints root does not exist; set SEQCLS_CHECKPOINTS_ROOT.")
+    candidates = [p.parent for p in root.glob("*/config.json")]
+    if (root / "config.json").exists():
+        candidates.append(root)
+    if not candidates:
+        raise CheckpointError(f"{root}: no checkpoint found (no */config.json).")
+    return max(candidates, key=lambda p: max(f.stat().st_mtime for f in p.iterdir()))

@@ -1,0 +1,168 @@
+"""Step 2 — convert: static graph → ONNX with paddle2onnx, output renamed ``logits``, verified.
+
+paddle2onnx has failure modes that look like success (it can log "ONNX model saved" and leave
+an empty file; a missing params file silently exports a model without weights; its optimiser
+tries to ``pip install`` at conversion time). So this step pins down its environment and then
+checks the result itself: non-empty, ``onnx.checker`` full check, input names/dtypes/ranks, one
+float output whose last dimension is the number of labels.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+from seqcls.errors import ConversionError
+from seqcls.export import static_model_files
+from seqcls.workspace import Release, StepResult
+
+log = logging.getLogger(__name__)
+
+STEP = "convert"
+OUT_DIR = "onnx"
+MODEL_FILE = "model.onnx"
+INPUT_NAMES = ("input_ids", "token_type_ids")
+OUTPUT_NAME = "logits"
+
+
+@contextlib.contextmanager
+def _no_autoinstall() -> Iterator[None]:
+    """Forbid polygraphy (paddle2onnx's optimiser) from pip-installing anything mid-conversion."""
+    old = os.environ.get("POLYGRAPHY_AUTOINSTALL_DEPS")
+    os.environ["POLYGRAPHY_AUTOINSTALL_DEPS"] = "0"
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("POLYGRAPHY_AUTOINSTALL_DEPS", None)
+        else:
+            os.environ["POLYGRAPHY_AUTOINSTALL_DEPS"] = old
+
+
+def rename_output(model, new_name: str = OUTPUT_NAME) -> str:
+    """Rename the single graph output (paddle2onnx calls it ``fetch_name_0``) everywhere it appears."""
+    if len(model.graph.output) != 1:
+        names = [o.name for o in model.graph.output]
+        raise ConversionError(f"expected exactly one graph output (the logits), found {names}")
+    old = model.graph.output[0].name
+    if old == new_name:
+        return old
+    for node in model.graph.node:
+        for i, name in enumerate(node.output):
+            if name == old:
+                node.output[i] = new_name
+        for i, name in enumerate(node.input):
+            if name == old:
+                node.input[i] = new_name
+    model.graph.output[0].name = new_name
+    return old
+
+
+def verify_onnx(path: Path, num_labels: int) -> dict:
+    """Check a converted model the way Triton and the parity gate will use it; raise on mismatch."""
+    import onnx
+
+    if not path.is_file() or path.stat().st_size == 0:
+        raise ConversionError(f"{path}: paddle2onnx produced no model (missing or empty file).")
+    try:
+        onnx.checker.check_model(str(path), full_check=True)
+    except Exception as exc:
+        raise ConversionError(f"{path}: onnx.checker rejected the model: {str(exc)[:500]}") from exc
+    model = onnx.load(str(path), load_external_data=False)
+    inputs = {i.name: i for i in model.graph.input}
+    problems = []
+    for name in INPUT_NAMES:
+        if name not in inputs:
+            problems.append(f"input {name!r} missing (inputs: {sorted(inputs)})")
+            continue
+        t = inputs[name].type.tensor_type
+        if t.elem_type != onnx.TensorProto.INT64:
+            problems.append(f"input {name!r} has dtype {onnx.TensorProto.DataType.Name(t.elem_type)}, expected INT64")
+        if len(t.shape.dim) != 2:
+            problems.append(f"input {name!r} has rank {len(t.shape.dim)}, expected 2 ([batch, seq])")
+    outs = list(model.graph.output)
+    if len(outs) != 1 or outs[0].name != OUTPUT_NAME:
+        problems.append(f"expected one output named {OUTPUT_NAME!r}, found {[o.name for o in outs]}")
+    else:
+        t = outs[0].type.tensor_type
+        dims = [d.dim_value if d.HasField("dim_value") else None for d in t.shape.dim]
+        if t.elem_type != onnx.TensorProto.FLOAT:
+            problems.append(f"output dtype {onnx.TensorProto.DataType.Name(t.elem_type)}, expected FLOAT")
+        if len(dims) != 2 or dims[-1] != num_labels:
+            problems.append(f"output shape {dims}, expected [batch, {num_labels}] (one logit per label)")
+    if not model.graph.initializer:
+        problems.append("the graph has no weights (initializers): was the params file missing?")
+    if problems:
+        raise ConversionError(f"{path}: " + "; ".join(problems))
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
+    return {
+        "opset": opset,
+        "inputs": list(INPUT_NAMES),
+        "output": OUTPUT_NAME,
+        "initializers": len(model.graph.initializer),
+        "nodes": len(model.graph.node),
+    }
+
+
+def convert_static(model_file: Path, params_file: Path, save_file: Path, *, opset: int, num_labels: int) -> dict:
+    """paddle2onnx (Python API) + output rename + verification; returns the verification facts."""
+    import onnx
+    import paddle2onnx
+
+    if not params_file.is_file() or params_file.stat().st_size == 0:
+        # paddle2onnx would silently export a model without weights
+        raise ConversionError(f"{params_file}: params file missing or empty; re-run `seqcls export`.")
+    raw = save_file.with_name("raw.onnx")
+    with _no_autoinstall():
+        try:
+            paddle2onnx.export(
+                model_filename=str(model_file),
+                params_filename=str(params_file),
+                save_file=str(raw),
+                opset_version=opset,
+                auto_upgrade_opset=False,
+                enable_onnx_checker=True,
+                verbose=False,
+            )
+        except Exception as exc:
+            raise ConversionError(f"paddle2onnx failed on {model_file} (opset {opset}): {str(exc)[:500]}") from exc
+    if not raw.is_file() or raw.stat().st_size == 0:
+        raise ConversionError(f"{raw}: paddle2onnx reported success but wrote an empty model (Paddle#69128).")
+    model = onnx.load(str(raw))
+    old = rename_output(model)
+    onnx.save(model, str(save_file))
+    raw.unlink()
+    facts = verify_onnx(save_file, num_labels)
+    facts["renamed_from"] = old
+    return facts
+
+
+def convert(release: Release) -> StepResult:
+    """Convert the exported static model to ``<workspace>/onnx/model.onnx``."""
+    ws, cfg = release.workspace, release.config
+    export_rec = ws.require("export")
+    model_file, params_file = static_model_files(ws.path("static"))
+    inputs = {
+        "export_outputs": export_rec["outputs"],
+        "opset": cfg.opset,
+        "num_labels": release.checkpoint.num_labels,
+        "output_name": OUTPUT_NAME,
+    }
+
+    def body(out: Path) -> tuple[dict, str]:
+        log.info("convert: paddle2onnx %s (opset %d) → %s", model_file.name, cfg.opset, MODEL_FILE)
+        facts = convert_static(
+            model_file, params_file, out / MODEL_FILE, opset=cfg.opset, num_labels=release.checkpoint.num_labels
+        )
+        facts["bytes"] = (out / MODEL_FILE).stat().st_size
+        facts["model_file"] = f"{OUT_DIR}/{MODEL_FILE}"
+        msg = (
+            f"{MODEL_FILE} {facts['bytes'] / 1e6:.1f} MB, opset {facts['opset']}, output "
+            f"{facts['renamed_from']!r} → {OUTPUT_NAME!r}, checker passed"
+        )
+        return facts, msg
+
+    return ws.run_step(STEP, inputs, body, out_dir=OUT_DIR)

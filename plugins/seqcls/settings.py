@@ -1,0 +1,136 @@
+"""One place for defaults, environment variables and where things live.
+
+Resolution order everywhere: explicit argument (CLI flag / DAG param) > Airflow Connection
+(resolved in ``seqcls.airflow``, passed in as an argument) > environment variable > embedded
+default. The embedded defaults run everything on one machine: releases, the MLflow sqlite store
+and the live Triton repository all under ``SEQCLS_HOME`` (default ``~/.seqcls``), Triton on
+loopback.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from seqcls.errors import InputError
+
+#: Environment variables seqcls reads (documented in README's configuration table).
+ENV_HOME = "SEQCLS_HOME"
+ENV_TRITON_REPOSITORY = "SEQCLS_TRITON_REPOSITORY"
+ENV_TRITON_GRPC = "SEQCLS_TRITON_GRPC"  # comma-separated host:port, one per replica
+ENV_TRITON_HTTP = "SEQCLS_TRITON_HTTP"  # comma-separated host:port, same order as gRPC
+ENV_MLFLOW_URI = "SEQCLS_MLFLOW_TRACKING_URI"
+ENV_RUNTIME = "SEQCLS_RUNTIME"
+ENV_DEVICE = "SEQCLS_DEVICE"  # cpu | gpu: what serving configs are rendered for
+ENV_PADDLE_PYTHON = "SEQCLS_PADDLE_PYTHON"  # external interpreter for heavy Paddle steps
+ENV_MODEL_REPOSITORY_SOURCE = "SEQCLS_MODEL_REPOSITORY_SOURCE"
+ENV_CHECKPOINTS_ROOT = "SEQCLS_CHECKPOINTS_ROOT"
+
+DEFAULT_MODEL_NAME = "seqcls"
+DEFAULT_GRPC = "127.0.0.1:8001"
+DEFAULT_HTTP = "127.0.0.1:8000"
+RUNTIMES = ("python-onnxruntime", "onnxruntime")
+DEVICES = ("cpu", "gpu")
+
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+
+#: Project root when running from a checkout / editable install (model_repository/ lives there).
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+
+
+def validate_model_name(name: str) -> str:
+    """Reject names that could escape the release home or break Triton/MLflow naming."""
+    if not isinstance(name, str) or not _NAME_RE.match(name) or ".." in name:
+        raise InputError(
+            f"model name {name!r} is not allowed: use 1-64 characters from letters, digits, "
+            "'_', '.', '-', starting with a letter or digit (no '/', no '..')."
+        )
+    return name
+
+
+def _split_endpoints(value: str) -> tuple[str, ...]:
+    return tuple(p.strip() for p in value.split(",") if p.strip())
+
+
+def default_home() -> Path:
+    return Path(os.environ.get(ENV_HOME) or Path.home() / ".seqcls").expanduser()
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Resolved locations and endpoints; build with :meth:`from_env` and override fields."""
+
+    home: Path = field(default_factory=default_home)
+    triton_repository: Path | None = None
+    triton_grpc: tuple[str, ...] = ()
+    triton_http: tuple[str, ...] = ()
+    mlflow_tracking_uri: str | None = None
+    runtime: str = "python-onnxruntime"
+    device: str = "cpu"
+    paddle_python: str | None = None
+    model_repository_source: Path | None = None
+    checkpoints_root: Path | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "home", Path(self.home).expanduser().resolve())
+        if self.runtime not in RUNTIMES:
+            raise InputError(f"runtime {self.runtime!r} is not one of {', '.join(RUNTIMES)}")
+        if self.device not in DEVICES:
+            raise InputError(f"device {self.device!r} is not one of {', '.join(DEVICES)}")
+        if self.triton_repository is None:
+            object.__setattr__(self, "triton_repository", self.home / "triton" / "model_repository")
+        if not self.triton_grpc:
+            object.__setattr__(self, "triton_grpc", (DEFAULT_GRPC,))
+        if not self.triton_http:
+            object.__setattr__(self, "triton_http", (DEFAULT_HTTP,))
+        if self.mlflow_tracking_uri is None:
+            db = self.home / "mlflow" / "mlflow.db"
+            object.__setattr__(self, "mlflow_tracking_uri", f"sqlite:///{db}")
+        if self.model_repository_source is None:
+            object.__setattr__(self, "model_repository_source", PROJECT_ROOT / "model_repository")
+        if self.checkpoints_root is None:
+            object.__setattr__(self, "checkpoints_root", self.home / "checkpoints")
+
+    @classmethod
+    def from_env(cls, **overrides: object) -> Settings:
+        """Settings from the environment; keyword overrides that are not None win."""
+        env = os.environ
+        values: dict[str, object] = {
+            "home": default_home(),
+            "triton_repository": Path(env[ENV_TRITON_REPOSITORY]) if env.get(ENV_TRITON_REPOSITORY) else None,
+            "triton_grpc": _split_endpoints(env.get(ENV_TRITON_GRPC, "")),
+            "triton_http": _split_endpoints(env.get(ENV_TRITON_HTTP, "")),
+            "mlflow_tracking_uri": env.get(ENV_MLFLOW_URI) or env.get("MLFLOW_TRACKING_URI") or None,
+            "runtime": env.get(ENV_RUNTIME) or "python-onnxruntime",
+            "device": env.get(ENV_DEVICE) or "cpu",
+            "paddle_python": env.get(ENV_PADDLE_PYTHON) or None,
+            "model_repository_source": (
+                Path(env[ENV_MODEL_REPOSITORY_SOURCE]) if env.get(ENV_MODEL_REPOSITORY_SOURCE) else None
+            ),
+            "checkpoints_root": Path(env[ENV_CHECKPOINTS_ROOT]) if env.get(ENV_CHECKPOINTS_ROOT) else None,
+        }
+        for key, value in overrides.items():
+            if key not in values:
+                raise TypeError(f"unknown setting {key!r}")
+            if value is not None:
+                values[key] = value
+        if isinstance(values["triton_grpc"], str):
+            values["triton_grpc"] = _split_endpoints(values["triton_grpc"])  # type: ignore[arg-type]
+        if isinstance(values["triton_http"], str):
+            values["triton_http"] = _split_endpoints(values["triton_http"])  # type: ignore[arg-type]
+        return cls(**values)  # type: ignore[arg-type]
+
+    @property
+    def releases_dir(self) -> Path:
+        return self.home / "releases"
+
+    @property
+    def mlflow_artifacts_dir(self) -> Path:
+        return self.home / "mlflow" / "artifacts"
+
+    @property
+    def triton_dir(self) -> Path:
+        """Local Triton state: server copy, pid file, logs."""
+        return self.home / "triton"

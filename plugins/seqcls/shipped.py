@@ -1,0 +1,59 @@
+"""Import the self-contained serving modules that ``model_repository/`` ships into Triton.
+
+Triton's python models cannot import ``seqcls``; they run ``seqcls_text.py`` (tokenizer) and
+``seqcls_decide.py`` (postprocess) copied next to their ``model.py``. The parity gate and the
+smoke test import those very files from the serving source through this module, so what is
+validated is exactly what is served.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from functools import cache
+from pathlib import Path
+from types import ModuleType
+
+from seqcls.errors import InputError
+from seqcls.settings import Settings
+
+COMMON_DIR = "common"
+MODULES = ("seqcls_text", "seqcls_decide")
+
+
+def common_dir(settings: Settings | None = None) -> Path:
+    src = (settings or Settings.from_env()).model_repository_source
+    assert src is not None
+    path = Path(src) / COMMON_DIR
+    if not path.is_dir():
+        raise InputError(
+            f"{path}: serving source not found; set SEQCLS_MODEL_REPOSITORY_SOURCE to the project's "
+            "model_repository/ directory."
+        )
+    return path
+
+
+@cache
+def _load(path: Path) -> ModuleType:
+    name = f"_seqcls_shipped_{path.stem}"
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def load(name: str, settings: Settings | None = None) -> ModuleType:
+    """The shipped module ``name`` (``seqcls_text`` or ``seqcls_decide``) from the serving source."""
+    if name not in MODULES:
+        raise ValueError(f"unknown shipped module {name!r}; expected one of {MODULES}")
+    return _load((common_dir(settings) / f"{name}.py").resolve())
+
+
+def text(settings: Settings | None = None) -> ModuleType:
+    return load("seqcls_text", settings)
+
+
+def decide(settings: Settings | None = None) -> ModuleType:
+    return load("seqcls_decide", settings)

@@ -1,0 +1,282 @@
+"""Release workspaces and their manifest: what makes every step restartable and idempotent.
+
+A workspace is ``<home>/releases/<model name>/<fingerprint[:16]>/``. Each step writes its files
+into a staging directory and, only when it succeeded, renames it to its output directory and
+records in ``manifest.json`` what it read (``inputs``, hashed into ``inputs_key``), what it wrote
+(paths + sha256), library versions and timings. Running a step again with the same inputs and
+intact outputs is a skip that says so; changed inputs redo it. A failed step is recorded as
+failed (its partial outputs kept under ``failed/<step>/`` for a person to read), so nothing
+downstream can mistake it for success. XCom only ever carries the workspace path and summaries.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import logging
+import os
+import shutil
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from seqcls.checkpoint import Checkpoint, resolve_checkpoint, sha256_file
+from seqcls.config import ReleaseConfig
+from seqcls.errors import SeqclsError, StepOrderError
+from seqcls.settings import Settings
+
+log = logging.getLogger(__name__)
+
+MANIFEST = "manifest.json"
+SCHEMA = 1
+TRACKED_PACKAGES = ("paddlepaddle", "paddlenlp", "paddle2onnx", "onnx", "onnxruntime", "tokenizers", "seqcls")
+
+
+def package_versions(names: tuple[str, ...] = TRACKED_PACKAGES) -> dict[str, str | None]:
+    """Installed versions from package metadata (no imports: cheap enough for every step)."""
+    out: dict[str, str | None] = {}
+    for name in names:
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            out[name] = None
+    return out
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat(timespec="seconds")
+
+
+def inputs_key(inputs: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(inputs, sort_keys=True, default=str).encode()).hexdigest()
+
+
+@dataclass
+class StepResult:
+    """What a step did: serialisable to JSON for the manifest, the CLI and XCom."""
+
+    step: str
+    status: str  # "ok" | "skipped" | "failed"
+    workspace: str
+    outputs: dict[str, str] = field(default_factory=dict)  # path relative to workspace -> sha256
+    summary: dict[str, Any] = field(default_factory=dict)
+    seconds: float = 0.0
+    message: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def line(self) -> str:
+        return f"{self.step}: {self.status} in {self.seconds:.1f}s — {self.message}"
+
+
+class Workspace:
+    """One release workspace directory and its manifest (file-locked read-modify-write)."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = Path(root)
+
+    @property
+    def manifest_path(self) -> Path:
+        return self.root / MANIFEST
+
+    def path(self, rel: str) -> Path:
+        return self.root / rel
+
+    @contextlib.contextmanager
+    def lock(self) -> Iterator[None]:
+        """Exclusive lock: two runs of the same release never write the workspace at once."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        with open(self.root / ".lock", "a+") as fh:
+            fcntl.flock(fh, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(fh, fcntl.LOCK_UN)
+
+    def read(self) -> dict[str, Any]:
+        if not self.manifest_path.exists():
+            return {"schema": SCHEMA, "steps": {}, "history": []}
+        return json.loads(self.manifest_path.read_text(encoding="utf-8"))
+
+    def write(self, manifest: dict[str, Any]) -> None:
+        manifest["updated_at"] = _now()
+        tmp = self.manifest_path.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(manifest, indent=2, ensure_ascii=False, default=str), encoding="utf-8")
+        os.replace(tmp, self.manifest_path)
+
+    def step(self, name: str) -> dict[str, Any] | None:
+        return self.read()["steps"].get(name)
+
+    def require(self, name: str, *, hint: str | None = None) -> dict[str, Any]:
+        """The record of a step that must have succeeded; a clear error otherwise."""
+        rec = self.step(name)
+        if not rec or rec.get("status") != "ok":
+            state = "has not run" if not rec else f"is {rec.get('status')} ({rec.get('error', '')[:200]})"
+            raise StepOrderError(
+                f"step {name!r} {state} for workspace {self.root}; run {hint or f'`seqcls {name}`'} first."
+            )
+        return rec
+
+    def outputs_intact(self, rec: dict[str, Any]) -> bool:
+        for rel, digest in rec.get("outputs", {}).items():
+            p = self.root / rel
+            if not p.is_file() or sha256_file(p) != digest:
+                return False
+        return True
+
+    def record(self, name: str, rec: dict[str, Any]) -> None:
+        manifest = self.read()
+        manifest["steps"][name] = rec
+        manifest.setdefault("history", []).append(
+            {"step": name, "status": rec["status"], "at": _now(), "seconds": rec.get("seconds")}
+        )
+        self.write(manifest)
+
+    def annotate(self, **values: Any) -> None:
+        """Set top-level manifest fields (model name, fingerprint, checkpoint, config...)."""
+        with self.lock():
+            manifest = self.read()
+            manifest.update(values)
+            self.write(manifest)
+
+    def run_step(
+        self,
+        name: str,
+        inputs: dict[str, Any],
+        body: Callable[[Path], tuple[dict[str, Any], str]],
+        *,
+        out_dir: str,
+    ) -> StepResult:
+        """Run ``body(staging_dir) -> (summary, message)`` unless done already with these inputs.
+
+        Outputs are every file ``body`` leaves in the staging directory; they appear at
+        ``<workspace>/<out_dir>/`` only if ``body`` returns.
+        """
+        key = inputs_key(inputs)
+        with self.lock():
+            rec = self.step(name)
+            if rec and rec.get("status") == "ok" and rec.get("inputs_key") == key and self.outputs_intact(rec):
+                log.info("%s: already done for these inputs (%s) — skipped", name, rec.get("finished_at"))
+                return StepResult(
+                    name,
+                    "skipped",
+                    str(self.root),
+                    rec["outputs"],
+                    rec.get("summary", {}),
+                    0.0,
+                    f"already done at {rec.get('finished_at')}: {rec.get('message', '')}",
+                )
+            if rec and rec.get("status") == "ok":
+                log.info("%s: inputs changed or outputs damaged since last run — redoing", name)
+            staging = self.root / ".staging" / name
+            shutil.rmtree(staging, ignore_errors=True)
+            staging.mkdir(parents=True)
+            started, t0 = _now(), time.perf_counter()
+            try:
+                summary, message = body(staging)
+            except BaseException as exc:
+                seconds = time.perf_counter() - t0
+                failed_dir = self.root / "failed" / name
+                shutil.rmtree(failed_dir, ignore_errors=True)
+                failed_dir.parent.mkdir(parents=True, exist_ok=True)
+                os.replace(staging, failed_dir)
+                shutil.rmtree(self.root / out_dir, ignore_errors=True)  # stale for these inputs
+                self.record(
+                    name,
+                    {
+                        "status": "failed",
+                        "inputs": inputs,
+                        "inputs_key": key,
+                        "outputs": {},
+                        "error": f"{type(exc).__name__}: {exc}",
+                        "failed_outputs": str(failed_dir.relative_to(self.root)),
+                        "seconds": round(seconds, 3),
+                        "started_at": started,
+                        "finished_at": _now(),
+                        "versions": package_versions(),
+                    },
+                )
+                if isinstance(exc, SeqclsError):
+                    log.error("%s: failed after %.1fs — %s", name, seconds, exc)
+                raise
+            seconds = time.perf_counter() - t0
+            final = self.root / out_dir
+            trash = self.root / ".staging" / f"{name}.old"
+            shutil.rmtree(trash, ignore_errors=True)
+            if final.exists():
+                os.replace(final, trash)
+            final.parent.mkdir(parents=True, exist_ok=True)
+            os.replace(staging, final)
+            shutil.rmtree(trash, ignore_errors=True)
+            shutil.rmtree(self.root / "failed" / name, ignore_errors=True)
+            outputs = {str(p.relative_to(self.root)): sha256_file(p) for p in sorted(final.rglob("*")) if p.is_file()}
+            self.record(
+                name,
+                {
+                    "status": "ok",
+                    "inputs": inputs,
+                    "inputs_key": key,
+                    "outputs": outputs,
+                    "summary": summary,
+                    "message": message,
+                    "seconds": round(seconds, 3),
+                    "started_at": started,
+                    "finished_at": _now(),
+                    "versions": package_versions(),
+                },
+            )
+            log.info("%s: done in %.1fs — %s", name, seconds, message)
+            return StepResult(name, "ok", str(self.root), outputs, summary, seconds, message)
+
+    def mark(self, name: str, **values: Any) -> None:
+        """Merge ``values`` into an existing step record (e.g. a published version marked failed)."""
+        with self.lock():
+            manifest = self.read()
+            manifest["steps"].setdefault(name, {}).update(values)
+            manifest.setdefault("history", []).append({"step": name, "at": _now(), **values})
+            self.write(manifest)
+
+
+@dataclass
+class Release:
+    """Everything a step needs: settings, parameters, the validated checkpoint, its workspace."""
+
+    settings: Settings
+    config: ReleaseConfig
+    checkpoint: Checkpoint
+    workspace: Workspace
+
+
+def workspace_dir(settings: Settings, model_name: str, fingerprint: str) -> Path:
+    return settings.releases_dir / model_name / fingerprint[:16]
+
+
+def open_release(
+    checkpoint: str | Path,
+    config: ReleaseConfig | None = None,
+    settings: Settings | None = None,
+    *,
+    label_file: str | Path | None = None,
+    golden_file: str | Path | None = None,
+) -> Release:
+    """Validate the checkpoint and open (or create) its workspace; the ``resolve`` step."""
+    config = config or ReleaseConfig()
+    settings = settings or Settings.from_env()
+    ckpt = resolve_checkpoint(checkpoint, label_file=label_file, golden_file=golden_file)
+    ws = Workspace(workspace_dir(settings, config.model_name, ckpt.fingerprint))
+    ws.annotate(
+        schema=SCHEMA,
+        model_name=config.model_name,
+        fingerprint=ckpt.fingerprint,
+        checkpoint=ckpt.to_dict(),
+        config=config.to_dict(),
+    )
+    log.info("release workspace %s (model %s, fingerprint %s)", ws.root, config.model_name, ckpt.short_fingerprint)
+    return Release(settings, config, ckpt, ws)

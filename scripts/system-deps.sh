@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Debian packages seqcls needs besides Python packages; installs only what is missing.
+#   libpython3.11  — the tritonserver python backend stub links against it
+#   docker-compose — validates docker-compose.airflow.yml without a Docker engine (tests)
+#   chromium       — the Airflow UI test drives a real headless browser
+set -euo pipefail
+need=()
+python3.11 -c 'import sysconfig,sys; sys.exit(0 if sysconfig.get_config_var("Py_ENABLE_SHARED") else 1)' 2>/dev/null \
+  || ldconfig -p 2>/dev/null | grep -q 'libpython3\.11\.so' || need+=(libpython3.11)
+command -v docker-compose >/dev/null 2>&1 || need+=(docker-compose)
+command -v chromium >/dev/null 2>&1 || need+=(chromium)
+[ ${#need[@]} -eq 0 ] && exit 0
+if [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then
+  echo "system-deps: installing ${need[*]} (apt-get)" >&2
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq >/dev/null
+  apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+else
+  echo "system-deps: please install these Debian packages: ${need[*]} (sudo apt-get install ${need[*]})" >&2
+fi

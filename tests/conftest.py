@@ -1,0 +1,66 @@
+"""Shared fixtures: tiny real ERNIE checkpoints, built once per test run, and isolated homes."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+# Keep every test off the user's real ~/.seqcls and ~/airflow, and the logs readable.
+os.environ.setdefault("GLOG_minloglevel", "2")
+os.environ.setdefault("FLAGS_call_stack_level", "0")
+
+
+@pytest.fixture(autouse=True)
+def _isolated_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    home = tmp_path / "seqcls-home"
+    monkeypatch.setenv("SEQCLS_HOME", str(home))
+    for var in (
+        "SEQCLS_MLFLOW_TRACKING_URI",
+        "MLFLOW_TRACKING_URI",
+        "SEQCLS_TRITON_REPOSITORY",
+        "SEQCLS_TRITON_GRPC",
+        "SEQCLS_TRITON_HTTP",
+    ):
+        monkeypatch.delenv(var, raising=False)
+    return home
+
+
+@pytest.fixture
+def home(_isolated_home: Path) -> Path:
+    return _isolated_home
+
+
+def _build(path: Path, **kwargs) -> Path:
+    from seqcls.testing import build_tiny_checkpoint
+
+    return build_tiny_checkpoint(path, **kwargs)
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoint_src(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny random ERNIE classifier (7 hierarchical labels), confident logits, built-in golden set."""
+    return _build(tmp_path_factory.mktemp("ckpt") / "tiny", seed=0, logit_scale=8.0)
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoint_b_src(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A second tiny checkpoint (another seed → other weights and fingerprint)."""
+    return _build(tmp_path_factory.mktemp("ckpt") / "tiny_b", seed=1, logit_scale=8.0)
+
+
+@pytest.fixture
+def tiny_checkpoint(tiny_checkpoint_src: Path, tmp_path: Path) -> Path:
+    """A private copy of the tiny checkpoint, safe to damage."""
+    dst = tmp_path / "ckpt"
+    shutil.copytree(tiny_checkpoint_src, dst)
+    return dst
+
+
+@pytest.fixture
+def tiny_checkpoint_b(tiny_checkpoint_b_src: Path, tmp_path: Path) -> Path:
+    dst = tmp_path / "ckpt_b"
+    shutil.copytree(tiny_checkpoint_b_src, dst)
+    return dst

@@ -1,0 +1,146 @@
+"""Checkpoint validation: every bad input is a CheckpointError naming the file and the problem."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from seqcls.checkpoint import find_latest, resolve_checkpoint
+from seqcls.errors import CheckpointError
+
+pytestmark = pytest.mark.slow  # the session fixture builds a real (tiny) paddle checkpoint
+
+
+def test_valid_checkpoint(tiny_checkpoint: Path) -> None:
+    ckpt = resolve_checkpoint(tiny_checkpoint)
+    assert ckpt.num_labels == len(ckpt.labels) == 7
+    assert ckpt.labels[1] == "组织关系##裁员"
+    assert ckpt.weights.name == "model_state.pdparams"
+    assert len(ckpt.fingerprint) == 64
+    assert ckpt.golden_texts is None
+    assert set(ckpt.files) >= {"config.json", "vocab.txt", "label.txt", "model_state.pdparams"}
+
+
+def test_fingerprint_follows_model_files_not_golden(tiny_checkpoint: Path) -> None:
+    fp = resolve_checkpoint(tiny_checkpoint).fingerprint
+    (tiny_checkpoint / "golden.txt").write_text("一条测试文本\n", encoding="utf-8")
+    with_golden = resolve_checkpoint(tiny_checkpoint)
+    assert with_golden.fingerprint == fp and with_golden.golden_texts == ("一条测试文本",)
+    vocab = (tiny_checkpoint / "vocab.txt").read_text(encoding="utf-8").splitlines()
+    vocab[-1] = "新词"
+    (tiny_checkpoint / "vocab.txt").write_text("\n".join(vocab) + "\n", encoding="utf-8")
+    assert resolve_checkpoint(tiny_checkpoint).fingerprint != fp
+
+
+def test_missing_vocab(tiny_checkpoint: Path) -> None:
+    (tiny_checkpoint / "vocab.txt").unlink()
+    with pytest.raises(CheckpointError, match=r"vocab\.txt: missing"):
+        resolve_checkpoint(tiny_checkpoint)
+
+
+def test_missing_weights(tiny_checkpoint: Path) -> None:
+    (tiny_checkpoint / "model_state.pdparams").unlink()
+    with pytest.raises(CheckpointError, match="no weights"):
+        resolve_checkpoint(tiny_checkpoint)
+
+
+def test_truncated_params(tiny_checkpoint: Path) -> None:
+    p = tiny_checkpoint / "model_state.pdparams"
+    p.write_bytes(p.read_bytes()[: p.stat().st_size // 2])
+    with pytest.raises(CheckpointError, match=r"model_state\.pdparams: truncated or corrupt"):
+        resolve_checkpoint(tiny_checkpoint)
+
+
+def test_empty_params(tiny_checkpoint: Path) -> None:
+    (tiny_checkpoint / "model_state.pdparams").write_bytes(b"")
+    with pytest.raises(CheckpointError, match="weight file is empty"):
+        resolve_checkpoint(tiny_checkpoint)
+
+
+def test_truncated_safetensors(tiny_checkpoint: Path) -> None:
+    (tiny_checkpoint / "model_state.pdparams").unlink()
+    header = json.dumps({"w": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]}}).encode()
+    blob = len(header).to_bytes(8, "little") + header + b"\0" * 8  # 8 of 16 bytes
+    (tiny_checkpoint / "model.safetensors").write_bytes(blob)
+    with pytest.raises(CheckpointError, match=r"model\.safetensors: truncated or corrupt"):
+        resolve_checkpoint(tiny_checkpoint)
+
+
+def test_label_count_mismatch(tiny_checkpoint: Path) -> None:
+    (tiny_checkpoint / "label.txt").write_text("a\nb\nc\n", encoding="utf-8")
+    with pytest.raises(CheckpointError, match=r"label\.txt: 3 labels but config\.json says the model has 7"):
+        resolve_checkpoint(tiny_checkpoint)
+
+
+def test_empty_label_file(tiny_checkpoint: Path) -> None:
+    (tiny_checkpoint / "label.txt").write_text("\n\n", encoding="utf-8")
+    with pytest.raises(CheckpointError, match=r"label\.txt: label file is empty"):
+        resolve_checkpoint(tiny_checkpoint)
+
+
+def test_duplicate_and_blank_labels(tiny_checkpoint: Path) -> None:
+    (tiny_checkpoint / "label.txt").write_text("a\na\n", encoding="utf-8")
+    with pytest.raises(CheckpointError, match="appears twice"):
+        resolve_checkpoint(tiny_checkpoint)
+    (tiny_checkpoint / "label.txt").write_text("a\n\nb\n", encoding="utf-8")
+    with pytest.raises(CheckpointError, match="line 2 is blank"):
+        resolve_checkpoint(tiny_checkpoint)
+
+
+def test_unreadable_file(tiny_checkpoint: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Tests run as root in CI, where chmod 000 does not stop reads: simulate the OS refusing.
+    real = Path.read_text
+
+    def deny(self: Path, *a, **kw):
+        if self.name == "tokenizer_config.json":
+            raise PermissionError(13, "Permission denied", str(self))
+        return real(self, *a, **kw)
+
+    monkeypatch.setattr(Path, "read_text", deny)
+    with pytest.raises(CheckpointError, match=r"tokenizer_config\.json: not readable \(Permission denied\)"):
+        resolve_checkpoint(tiny_checkpoint)
+
+
+def test_not_utf8_and_bad_json(tiny_checkpoint: Path) -> None:
+    (tiny_checkpoint / "label.txt").write_bytes(b"\xff\xfe bad")
+    with pytest.raises(CheckpointError, match=r"label\.txt: not UTF-8"):
+        resolve_checkpoint(tiny_checkpoint)
+    (tiny_checkpoint / "config.json").write_text("{not json", encoding="utf-8")
+    with pytest.raises(CheckpointError, match=r"config\.json: invalid JSON"):
+        resolve_checkpoint(tiny_checkpoint)
+
+
+def test_vocab_larger_than_embedding(tiny_checkpoint: Path) -> None:
+    cfg = json.loads((tiny_checkpoint / "config.json").read_text())
+    cfg["vocab_size"] = 10
+    (tiny_checkpoint / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(CheckpointError, match="vocab_size is 10"):
+        resolve_checkpoint(tiny_checkpoint)
+
+
+def test_not_a_directory(tmp_path: Path) -> None:
+    with pytest.raises(CheckpointError, match="does not exist"):
+        resolve_checkpoint(tmp_path / "nope")
+    f = tmp_path / "file"
+    f.write_text("x")
+    with pytest.raises(CheckpointError, match="is not a directory"):
+        resolve_checkpoint(f)
+
+
+def test_find_latest(tiny_checkpoint: Path, tmp_path: Path) -> None:
+    import os
+    import shutil
+
+    root = tmp_path / "root"
+    root.mkdir()
+    old = shutil.copytree(tiny_checkpoint, root / "old")
+    new = shutil.copytree(tiny_checkpoint, root / "new")
+    for f in old.iterdir():
+        os.utime(f, (1, 1))
+    assert find_latest(root) == new
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(CheckpointError, match="no checkpoint found"):
+        find_latest(tmp_path / "empty")
+    with pytest.raises(CheckpointError, match="checkpoints root does not exist"):
+        find_latest(tmp_path / "missing")

@@ -1,0 +1,481 @@
+"""Static checks of docker-compose.airflow.yml and the images it builds (no Docker engine needed).
+
+The YAML is read with PyYAML (anchors/merge keys resolved) and checked against the contract with
+the project: service set, health checks, loopback-only ports, the shared Triton repository
+volume, Connections the hooks read, and SEQCLS_* names that exist in ``seqcls.settings``. Then
+Debian's ``docker-compose`` (1.29, engine-less) validates the file for real, and must reject a
+broken copy of it.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import shutil
+import subprocess
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import pytest
+import yaml
+from seqcls import settings
+
+ROOT = Path(__file__).resolve().parents[1]
+COMPOSE_FILE = ROOT / "docker-compose.airflow.yml"
+REQUIREMENTS = ROOT / "requirements.txt"
+TRITON_REQUIREMENTS = ROOT / "docker" / "requirements-triton.txt"
+
+EXPECTED_SERVICES = {
+    "postgres",
+    "airflow-init",
+    "airflow-apiserver",
+    "airflow-scheduler",
+    "airflow-dag-processor",
+    "airflow-triggerer",
+    "mlflow",
+    "triton",
+}
+ONE_SHOT_SERVICES = {"airflow-init"}
+AIRFLOW_SERVICES = sorted(s for s in EXPECTED_SERVICES if s.startswith("airflow-"))
+AIRFLOW_LONG_RUNNING = [s for s in AIRFLOW_SERVICES if s not in ONE_SHOT_SERVICES]
+LOOPBACK = "127.0.0.1"
+COMPOSE_TIMEOUT_S = 60
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+@pytest.fixture(scope="module")
+def compose() -> dict:
+    data = yaml.safe_load(COMPOSE_FILE.read_text(encoding="utf-8"))
+    assert isinstance(data, dict) and isinstance(data.get("services"), dict), "no services: mapping"
+    return data
+
+
+@pytest.fixture(scope="module")
+def services(compose: dict) -> dict:
+    return compose["services"]
+
+
+def _env(service: dict) -> dict[str, str]:
+    env = service.get("environment") or {}
+    if isinstance(env, list):  # KEY=VALUE list form
+        env = dict(item.split("=", 1) if "=" in item else (item, "") for item in env)
+    return {str(k): "" if v is None else str(v) for k, v in env.items()}
+
+
+def _command(service: dict) -> list[str]:
+    command = service.get("command") or []
+    return shlex.split(command) if isinstance(command, str) else [str(c) for c in command]
+
+
+def _options(argv: list[str]) -> dict[str, str]:
+    """``--key=value`` and ``--key value`` options of a command line."""
+    options: dict[str, str] = {}
+    for i, arg in enumerate(argv):
+        if not arg.startswith("--"):
+            continue
+        if "=" in arg:
+            key, value = arg.split("=", 1)
+        else:
+            nxt = argv[i + 1] if i + 1 < len(argv) else ""
+            key, value = arg, ("" if nxt.startswith("--") else nxt)
+        options[key] = value
+    return options
+
+
+def _volume_mounts(service: dict) -> dict[str, str]:
+    """Container target -> source (named volume or host path) of a service's volumes."""
+    mounts: dict[str, str] = {}
+    for entry in service.get("volumes") or []:
+        if isinstance(entry, dict):
+            mounts[entry["target"]] = str(entry.get("source", ""))
+            continue
+        parts = str(entry).split(":")
+        if len(parts) == 1:  # anonymous volume
+            mounts[parts[0]] = ""
+        else:
+            mounts[parts[1]] = parts[0]
+    return mounts
+
+
+def _published_ports(service: dict) -> list[tuple[str | None, str, str]]:
+    """(host_ip, published, target) for each ``ports`` entry."""
+    result = []
+    for entry in service.get("ports") or []:
+        if isinstance(entry, dict):
+            result.append((entry.get("host_ip"), str(entry.get("published", "")), str(entry["target"])))
+            continue
+        spec = str(entry).split("/", 1)[0]
+        parts = spec.rsplit(":", 2)
+        if len(parts) == 3:
+            result.append((parts[0], parts[1], parts[2]))
+        elif len(parts) == 2:
+            result.append((None, parts[0], parts[1]))
+        else:
+            result.append((None, "", parts[0]))
+    return result
+
+
+def _container_ports(service: dict) -> set[int]:
+    ports = {int(target) for _, _, target in _published_ports(service)}
+    ports |= {int(str(p).split("/", 1)[0]) for p in service.get("expose") or []}
+    return ports
+
+
+def _pins(path: Path) -> dict[str, str]:
+    pins = {}
+    for line in path.read_text(encoding="utf-8").splitlines():
+        line = line.split("#", 1)[0].strip()
+        match = re.match(r"^([A-Za-z0-9_.-]+)(?:\[[^\]]*\])?==([^\s;]+)", line)
+        if match:
+            pins[match.group(1).lower().replace("_", "-")] = match.group(2)
+    return pins
+
+
+def _settings_env_names() -> set[str]:
+    return {
+        value for name, value in vars(settings).items() if name.startswith("ENV_") and isinstance(value, str)
+    }
+
+
+def _host_port(endpoint: str) -> tuple[str, int]:
+    host, _, port = endpoint.strip().rpartition(":")
+    assert host and port.isdigit(), f"endpoint {endpoint!r} is not host:port"
+    return host, int(port)
+
+
+def _docker_compose(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
+    binary = shutil.which("docker-compose")
+    if binary is None:
+        pytest.skip("docker-compose binary not installed (Debian: apt-get install -y docker-compose)")
+    return subprocess.run(
+        [binary, *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=COMPOSE_TIMEOUT_S,
+        check=False,
+    )
+
+
+# ----------------------------------------------------------------------------- services
+
+
+def test_expected_services_exist(services: dict) -> None:
+    missing = EXPECTED_SERVICES - services.keys()
+    assert not missing, f"docker-compose.airflow.yml lacks services {sorted(missing)}"
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED_SERVICES - ONE_SHOT_SERVICES))
+def test_long_running_service_has_healthcheck(services: dict, name: str) -> None:
+    check = services[name].get("healthcheck") or {}
+    assert not check.get("disable"), f"{name}: healthcheck disabled"
+    test = check.get("test")
+    assert test and test != ["NONE"], f"{name}: no healthcheck test"
+
+
+def test_healthchecks_probe_the_documented_endpoints(services: dict) -> None:
+    def probe(name: str) -> str:
+        test = services[name]["healthcheck"]["test"]
+        return " ".join(test) if isinstance(test, list) else str(test)
+
+    assert "pg_isready" in probe("postgres")
+    assert "/api/v2/monitor/health" in probe("airflow-apiserver")
+    assert "8974/health" in probe("airflow-scheduler") or "SchedulerJob" in probe("airflow-scheduler")
+    assert "DagProcessorJob" in probe("airflow-dag-processor")
+    assert "TriggererJob" in probe("airflow-triggerer")
+    assert "/health" in probe("mlflow")
+    assert "/v2/health/live" in probe("triton")
+
+
+def test_scheduler_health_server_enabled(services: dict) -> None:
+    if "8974/health" in " ".join(services["airflow-scheduler"]["healthcheck"]["test"]):
+        env = _env(services["airflow-scheduler"])
+        assert env.get("AIRFLOW__SCHEDULER__ENABLE_HEALTH_CHECK", "").lower() == "true"
+
+
+def test_every_published_port_binds_loopback(services: dict) -> None:
+    offenders = [
+        f"{name}: {host_ip}:{published}->{target}"
+        for name, service in services.items()
+        for host_ip, published, target in _published_ports(service)
+        if host_ip != LOOPBACK
+    ]
+    assert not offenders, f"ports must be published on {LOOPBACK} only: {offenders}"
+
+
+def test_expected_ports_are_published(services: dict) -> None:
+    assert {p for _, _, p in _published_ports(services["airflow-apiserver"])} == {"8080"}
+    assert {p for _, _, p in _published_ports(services["mlflow"])} == {"5000"}
+    assert {p for _, _, p in _published_ports(services["triton"])} == {"8000", "8001", "8002"}
+    assert not _published_ports(services["postgres"]), "postgres must stay inside the network"
+
+
+# ----------------------------------------------------------------------------- Triton
+
+
+def test_triton_explicit_model_control(services: dict) -> None:
+    triton = services["triton"]
+    argv = _command(triton)
+    assert argv and argv[0] == "tritonserver", f"triton command is {argv}"
+    options = _options(argv)
+    assert options.get("--model-control-mode") == "explicit"
+    assert options.get("--strict-readiness") == "false"
+    assert options.get("--http-port", "8000") == "8000"
+    assert options.get("--grpc-port", "8001") == "8001"
+    assert options.get("--metrics-port", "8002") == "8002"
+
+
+@pytest.mark.parametrize("name", AIRFLOW_SERVICES)
+def test_triton_repository_is_one_named_volume_shared_with_airflow(
+    compose: dict, services: dict, name: str
+) -> None:
+    repository = _options(_command(services["triton"]))["--model-repository"]
+    airflow_env = _env(services[name])
+    assert airflow_env.get(settings.ENV_TRITON_REPOSITORY) == repository, (
+        f"{name}: {settings.ENV_TRITON_REPOSITORY} must equal Triton's --model-repository {repository}"
+    )
+    triton_source = _volume_mounts(services["triton"]).get(repository)
+    airflow_source = _volume_mounts(services[name]).get(repository)
+    named_volumes = set(compose.get("volumes") or {})
+    assert triton_source in named_volumes, f"triton: {repository} is not a named volume ({triton_source})"
+    assert airflow_source == triton_source, (
+        f"{name} mounts {airflow_source!r} at {repository}, Triton mounts {triton_source!r}"
+    )
+
+
+def test_triton_gpu_reservation_and_shm(services: dict) -> None:
+    triton = services["triton"]
+    devices = triton["deploy"]["resources"]["reservations"]["devices"]
+    gpu = [d for d in devices if d.get("driver") == "nvidia" and "gpu" in (d.get("capabilities") or [])]
+    assert gpu, f"no nvidia gpu reservation in {devices}"
+    count = gpu[0].get("count")
+    assert count == "all" or (isinstance(count, int) and count >= 1) or gpu[0].get("device_ids"), gpu[0]
+    shm = str(triton.get("shm_size", ""))
+    match = re.fullmatch(r"(\d+)\s*([kmg]?)b?", shm.lower())
+    assert match, f"triton shm_size {shm!r} not set"
+    size = int(match.group(1)) * {"": 1, "k": 2**10, "m": 2**20, "g": 2**30}[match.group(2)]
+    assert size >= 256 * 2**20, f"shm_size {shm} too small for the python backend"
+
+
+# ----------------------------------------------------------------------------- Airflow env
+
+
+@pytest.mark.parametrize("name", AIRFLOW_SERVICES)
+def test_airflow_environment(services: dict, name: str) -> None:
+    env = _env(services[name])
+    assert env.get("AIRFLOW__CORE__EXECUTOR") == "LocalExecutor"
+    assert env.get("AIRFLOW__CORE__LOAD_EXAMPLES", "").lower() == "false"
+    assert 1 <= int(env.get("AIRFLOW__CORE__PARALLELISM", "32")) <= 8, "keep parallelism small"
+    assert "@postgres" in env.get("AIRFLOW__DATABASE__SQL_ALCHEMY_CONN", "")
+    assert env.get(settings.ENV_RUNTIME) == "onnxruntime"
+    assert env.get(settings.ENV_RUNTIME) in settings.RUNTIMES
+    assert env.get(settings.ENV_DEVICE) == "gpu"
+    assert env.get(settings.ENV_DEVICE) in settings.DEVICES
+    # every component must agree on the JWT secret, or tasks cannot talk to the execution API
+    assert "AIRFLOW__API_AUTH__JWT_SECRET" in env or "AIRFLOW__API_AUTH__JWT_SECRET_CMD" in env
+    execution_api = urlsplit(env["AIRFLOW__CORE__EXECUTION_API_SERVER_URL"])
+    assert execution_api.hostname == "airflow-apiserver"
+    assert execution_api.port in _container_ports(services["airflow-apiserver"])
+
+
+@pytest.mark.parametrize("name", AIRFLOW_SERVICES)
+def test_airflow_state_volumes(compose: dict, services: dict, name: str) -> None:
+    env = _env(services[name])
+    mounts = _volume_mounts(services[name])
+    named = set(compose.get("volumes") or {})
+    for var in (settings.ENV_HOME, settings.ENV_CHECKPOINTS_ROOT):
+        path = env.get(var)
+        assert path, f"{name}: {var} not set"
+        assert mounts.get(path) in named, f"{name}: {var}={path} is not a named-volume mount"
+    assert mounts.get(env[settings.ENV_HOME]) != mounts.get(env[settings.ENV_TRITON_REPOSITORY])
+
+
+def test_connections_point_at_compose_services(services: dict) -> None:
+    for name in AIRFLOW_SERVICES:
+        env = _env(services[name])
+        triton = json.loads(env["AIRFLOW_CONN_TRITON_DEFAULT"])
+        mlflow = json.loads(env["AIRFLOW_CONN_MLFLOW_DEFAULT"])
+
+        assert triton["host"] in services and int(triton["port"]) in _container_ports(services["triton"])
+        extra = triton["extra"]
+        assert extra["repository"] == env[settings.ENV_TRITON_REPOSITORY]
+        grpc = [_host_port(e) for e in extra["grpc_endpoints"].split(",")]
+        http = [_host_port(e) for e in extra["http_endpoints"].split(",")]
+        assert len(grpc) == len(http), "one gRPC and one HTTP endpoint per Triton replica"
+        for host, port in grpc + http:
+            assert host in services, f"{host} is not a compose service"
+            assert port in _container_ports(services[host]), f"{host} does not expose {port}"
+        assert extra["grpc_endpoints"] == env[settings.ENV_TRITON_GRPC]
+        assert extra["http_endpoints"] == env[settings.ENV_TRITON_HTTP]
+
+        assert mlflow["host"] in services and int(mlflow["port"]) in _container_ports(services["mlflow"])
+        uri = urlsplit(mlflow["extra"]["tracking_uri"])
+        assert uri.scheme == mlflow.get("schema", "http")
+        assert (uri.hostname, uri.port) == (mlflow["host"], int(mlflow["port"]))
+        assert mlflow["extra"]["tracking_uri"] == env[settings.ENV_MLFLOW_URI]
+
+
+def test_mlflow_server_serves_artifacts_inside_the_network(services: dict) -> None:
+    mlflow = services["mlflow"]
+    options = _options(_command(mlflow))
+    assert options.get("--host") == "0.0.0.0"
+    assert options.get("--port", "5000") == "5000"
+    artifacts = options.get("--artifacts-destination", "")
+    mounts = _volume_mounts(mlflow)
+    assert any(artifacts.startswith(target.rstrip("/") + "/") for target in mounts), (
+        f"--artifacts-destination {artifacts} is not on a volume"
+    )
+    allowed = options.get("--allowed-hosts")
+    if allowed is not None:  # host-header check: the name the Airflow containers use must pass
+        assert "mlflow:5000" in allowed.split(",")
+
+
+def test_seqcls_env_vars_are_settings_names() -> None:
+    used = set(re.findall(r"\bSEQCLS_[A-Z0-9_]+", COMPOSE_FILE.read_text(encoding="utf-8")))
+    known = _settings_env_names()
+    assert used, "compose file sets no SEQCLS_* variable"
+    unknown = used - known
+    assert not unknown, f"SEQCLS_* names not defined in seqcls.settings: {sorted(unknown)}"
+
+
+# ----------------------------------------------------------------------------- dependencies
+
+
+def test_depends_on_targets_and_conditions(services: dict) -> None:
+    allowed = {"service_started", "service_healthy", "service_completed_successfully"}
+    for name, service in services.items():
+        depends = service.get("depends_on") or {}
+        if isinstance(depends, list):
+            depends = {d: {"condition": "service_started"} for d in depends}
+        assert name not in depends, f"{name} depends on itself"
+        for target, spec in depends.items():
+            assert target in services, f"{name} depends on unknown service {target}"
+            condition = (spec or {}).get("condition", "service_started")
+            assert condition in allowed, f"{name} -> {target}: condition {condition}"
+            if condition == "service_healthy":
+                assert services[target].get("healthcheck"), f"{name} waits for {target}'s health"
+
+
+def test_airflow_startup_chain(services: dict) -> None:
+    init = services["airflow-init"]["depends_on"]
+    assert init["postgres"]["condition"] == "service_healthy"
+    init_argv = " ".join(_command(services["airflow-init"]))
+    assert "db migrate" in init_argv
+    for name in AIRFLOW_LONG_RUNNING:
+        depends = services[name]["depends_on"]
+        assert depends["airflow-init"]["condition"] == "service_completed_successfully", name
+        assert depends["postgres"]["condition"] == "service_healthy", name
+    scheduler = services["airflow-scheduler"]["depends_on"]
+    for target in ("airflow-apiserver", "mlflow", "triton"):
+        assert scheduler[target]["condition"] == "service_healthy"
+
+
+# ----------------------------------------------------------------------------- images
+
+
+def test_build_contexts_and_dockerfiles_exist(services: dict) -> None:
+    built = 0
+    for name, service in services.items():
+        build = service.get("build")
+        if build is None:
+            continue
+        if isinstance(build, str):
+            build = {"context": build}
+        context = (ROOT / build.get("context", ".")).resolve()
+        assert context.is_dir(), f"{name}: build context {context} missing"
+        dockerfile = context / build.get("dockerfile", "Dockerfile")
+        assert dockerfile.is_file(), f"{name}: {dockerfile} missing"
+        assert ROOT in (context, *context.parents), f"{name}: context outside the repository"
+        built += 1
+    assert built >= 2
+
+
+def _dockerfile(services: dict, name: str) -> tuple[Path, str]:
+    build = services[name]["build"]
+    context = (ROOT / build["context"]).resolve()
+    path = context / build.get("dockerfile", "Dockerfile")
+    return context, path.read_text(encoding="utf-8")
+
+
+def _copied_sources(text: str) -> list[str]:
+    sources = []
+    for line in text.splitlines():
+        words = line.split()
+        if words and words[0].upper() in {"COPY", "ADD"}:
+            args = [w for w in words[1:] if not w.startswith("--")]
+            sources.extend(args[:-1])
+    return sources
+
+
+def test_airflow_dockerfile_installs_the_project(services: dict) -> None:
+    context, text = _dockerfile(services, "airflow-scheduler")
+    airflow_pin = _pins(REQUIREMENTS)["apache-airflow"]
+    assert re.search(rf"^FROM apache/airflow:{re.escape(airflow_pin)}-python3\.11\b", text, re.M), (
+        f"airflow.Dockerfile must build FROM apache/airflow:{airflow_pin}-python3.11 (requirements.txt pin)"
+    )
+    assert "requirements.txt" in _copied_sources(text)
+    assert re.search(r"pip install[^\n]*-r\s+\S*requirements", text), "requirements.txt not pip-installed"
+    assert re.search(r"pip install[^\n]*\s-e\s", text), "project not pip install -e'd (no seqcls CLI)"
+    for source in _copied_sources(text):
+        if any(ch in source for ch in "*?["):
+            continue  # optional glob (e.g. README.m[d])
+        assert (context / source).exists(), f"airflow.Dockerfile copies missing {source}"
+    for needed in ("pyproject.toml", "plugins/", "model_repository/"):
+        assert needed in _copied_sources(text), f"airflow.Dockerfile does not copy {needed}"
+    for name in AIRFLOW_SERVICES:
+        assert services[name]["build"] == services["airflow-scheduler"]["build"], name
+
+
+def test_triton_dockerfile_installs_requirements_triton(services: dict) -> None:
+    context, text = _dockerfile(services, "triton")
+    assert re.search(r"^FROM nvcr\.io/nvidia/tritonserver:24\.10-py3\s*$", text, re.M)
+    assert "requirements-triton.txt" in _copied_sources(text)
+    assert (context / "requirements-triton.txt").resolve() == TRITON_REQUIREMENTS.resolve()
+    assert re.search(r"pip install[^\n]*-r\s+\S*requirements-triton\.txt", text)
+
+
+def test_triton_requirements_agree_with_requirements_txt() -> None:
+    main, triton = _pins(REQUIREMENTS), _pins(TRITON_REQUIREMENTS)
+    for package in ("tokenizers", "numpy"):
+        assert package in triton, f"requirements-triton.txt must pin {package}"
+    disagree = {p: (v, main[p]) for p, v in triton.items() if p in main and main[p] != v}
+    assert not disagree, f"requirements-triton.txt vs requirements.txt: {disagree}"
+
+
+def test_gpu_requirements_keep_the_cpu_pins() -> None:
+    main, gpu = _pins(REQUIREMENTS), _pins(ROOT / "requirements-gpu.txt")
+    swapped = {"paddlepaddle": "paddlepaddle-gpu", "onnxruntime": "onnxruntime-gpu"}
+    assert gpu.get("paddlepaddle-gpu") == main["paddlepaddle"]
+    assert "paddlepaddle" not in gpu and "onnxruntime" not in gpu, "CPU and GPU builds clash"
+    assert gpu.get("onnxruntime-gpu"), "requirements-gpu.txt must pin onnxruntime-gpu"
+    differ = {p: (v, gpu.get(p)) for p, v in main.items() if p not in swapped and gpu.get(p) != v}
+    assert not differ, f"requirements-gpu.txt drifted from requirements.txt: {differ}"
+
+
+# ----------------------------------------------------------------------------- docker-compose
+
+
+def test_docker_compose_config_accepts_the_file() -> None:
+    result = _docker_compose("-f", COMPOSE_FILE.name, "config")
+    assert result.returncode == 0, f"docker-compose config failed:\n{result.stderr}"
+    resolved = yaml.safe_load(result.stdout)
+    assert set(resolved["services"]) >= EXPECTED_SERVICES
+    assert resolved["services"]["triton"]["deploy"]["resources"]["reservations"]["devices"]
+
+
+def test_docker_compose_config_rejects_a_broken_file(tmp_path: Path) -> None:
+    data = yaml.safe_load(COMPOSE_FILE.read_text(encoding="utf-8"))
+    good, bad = tmp_path / "good.yml", tmp_path / "bad.yml"
+    good.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
+    data["services"]["mlflow"]["ports"] = {"5000": "5000"}  # must be a list
+    bad.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
+    project = ("--project-directory", str(ROOT))
+
+    control = _docker_compose("-f", str(good), *project, "config", "--quiet", cwd=tmp_path)
+    assert control.returncode == 0, f"the unbroken copy should pass:\n{control.stderr}"
+    broken = _docker_compose("-f", str(bad), *project, "config", "--quiet", cwd=tmp_path)
+    assert broken.returncode != 0, "docker-compose accepted `ports` as a mapping"
+    assert "ports" in broken.stderr, broken.stderr
