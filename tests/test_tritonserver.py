@@ -227,9 +227,7 @@ def test_config_from_settings(tmp_path: Path) -> None:
 def test_missing_binary_names_the_install_command(tmp_path: Path) -> None:
     fake_root = tmp_path / "site-packages" / "pytriton"
     (fake_root / "tritonserver" / "bin").mkdir(parents=True)
-    with pytest.raises(
-        ServingError, match=r"tritonserver binary not found.*pip install 'nvidia-pytriton==0\.7\.0'"
-    ):
+    with pytest.raises(ServingError, match=r"tritonserver binary not found.*pip install 'nvidia-pytriton==0\.7\.0'"):
         TritonDistribution.locate(fake_root)
 
 
@@ -303,9 +301,7 @@ def test_log_tail(tmp_path: Path) -> None:
 
 def test_wait_until_live_fails_fast_when_the_process_exits(tmp_path: Path) -> None:
     log_file = tmp_path / "server.log"
-    log_file.write_text(
-        "E0101 main.cc] \"failed to start GRPC service: Socket '127.0.0.1:8001' already in use\"\n"
-    )
+    log_file.write_text("E0101 main.cc] \"failed to start GRPC service: Socket '127.0.0.1:8001' already in use\"\n")
     proc = subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"])
     proc.wait()
     start = time.monotonic()
@@ -325,9 +321,7 @@ def test_port_in_use_is_refused_before_starting(tmp_path: Path) -> None:
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", cfg.grpc_port))
         busy.listen()
-        with pytest.raises(
-            ServingError, match=rf"port {cfg.grpc_port} \(Triton gRPC\) on 127.0.0.1 is already in use"
-        ):
+        with pytest.raises(ServingError, match=rf"port {cfg.grpc_port} \(Triton gRPC\) on 127.0.0.1 is already in use"):
             LocalTriton(cfg).start()
     assert not LocalTriton(cfg).pid_path.exists()
 

@@ -617,17 +617,22 @@ class LocalTriton:
             log.info("starting tritonserver %s: HTTP %s, gRPC %s", dist.version, cfg.http_url, cfg.grpc_url)
             log.debug("tritonserver command: %s", " ".join(cmd))
             started = time.monotonic()
-            with self.log_path.open("ab") as log_file:
-                proc = subprocess.Popen(
-                    cmd,
-                    stdin=subprocess.DEVNULL,
-                    stdout=log_file,
-                    stderr=subprocess.STDOUT,
-                    cwd=cfg.state_dir,
-                    env=env,
-                    start_new_session=True,  # survives the CLI/Airflow task; killpg reaches stubs
-                    close_fds=True,
-                )
+            try:
+                with self.log_path.open("ab") as log_file:
+                    proc = subprocess.Popen(
+                        cmd,
+                        stdin=subprocess.DEVNULL,
+                        stdout=log_file,
+                        stderr=subprocess.STDOUT,
+                        cwd=cfg.state_dir,
+                        env=env,
+                        start_new_session=True,  # survives the CLI/Airflow task; killpg reaches stubs
+                        close_fds=True,
+                    )
+            except OSError as exc:
+                raise ServingError(
+                    f"could not execute {cmd[0]}: {exc}. Delete {server_dir} to have it prepared again."
+                ) from exc
             self._proc = proc
             self._started_here = True
             self._write_state(proc.pid, shm_prefix, server_dir, dist)
@@ -849,7 +854,9 @@ class LocalTriton:
                 sys.executable,
             )
         # libpython of *this* interpreter first, so the stub's embedded Python matches its stdlib.
-        lib_path = [str(dist.libs_dir), str(libpython.parent)]
+        lib_path = [str(dist.libs_dir)]
+        if libpython.is_absolute():  # find_library may return a bare soname (ld cache): no dir needed
+            lib_path.append(str(libpython.parent))
         if env.get("LD_LIBRARY_PATH"):
             lib_path.append(env["LD_LIBRARY_PATH"])
         env["LD_LIBRARY_PATH"] = os.pathsep.join(lib_path)
@@ -914,7 +921,7 @@ class LocalTriton:
                         log.warning("killing orphaned python backend stub pid %d", p.pid)
                         p.kill()
                         killed.append(p)
-        psutil.wait_procs(killed, timeout=5.0)
+        _wait_gone(killed, timeout=5.0)
         _remove_shm(state.get("shm_prefix"))
         self._remove_state_files()
 
@@ -959,8 +966,18 @@ class LocalTriton:
                 if p.pid == self._proc.pid:
                     with contextlib.suppress(subprocess.TimeoutExpired):
                         self._proc.wait(timeout=max(deadline - time.monotonic(), 0.0))
-        _, alive = psutil.wait_procs(procs, timeout=max(deadline - time.monotonic(), 0.0))
-        return [p for p in alive if _process_alive(p)]
+        return _wait_gone(procs, max(deadline - time.monotonic(), 0.0))
+
+
+def _wait_gone(procs: list[psutil.Process], timeout: float) -> list[psutil.Process]:
+    """Wait until ``procs`` exit; returns those still alive. A zombie counts as gone: orphans are
+    reaped by init whenever it gets to it, which can take seconds in some containers."""
+    deadline = time.monotonic() + timeout
+    alive = [p for p in procs if _process_alive(p)]
+    while alive and time.monotonic() < deadline:
+        time.sleep(0.05)
+        alive = [p for p in alive if _process_alive(p)]
+    return alive
 
 
 def _with_detail(status: TritonStatus, detail: str) -> TritonStatus:
