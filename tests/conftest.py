@@ -42,13 +42,13 @@ def _build(path: Path, **kwargs) -> Path:
 @pytest.fixture(scope="session")
 def tiny_checkpoint_src(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny random ERNIE classifier (7 hierarchical labels), confident logits, built-in golden set."""
-    return _build(tmp_path_factory.mktemp("ckpt") / "tiny", seed=0, logit_scale=8.0)
+    return _build(tmp_path_factory.mktemp("ckpt") / "tiny", seed=0, logit_scale=300.0)
 
 
 @pytest.fixture(scope="session")
 def tiny_checkpoint_b_src(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A second tiny checkpoint (another seed → other weights and fingerprint)."""
-    return _build(tmp_path_factory.mktemp("ckpt") / "tiny_b", seed=1, logit_scale=8.0)
+    return _build(tmp_path_factory.mktemp("ckpt") / "tiny_b", seed=1, logit_scale=300.0)
 
 
 @pytest.fixture

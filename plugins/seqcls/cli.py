@@ -41,6 +41,13 @@ def _add_release_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--require-gpu", action="store_true", default=None, help="fail when no CUDA provider is available")
     p.add_argument("--profile", choices=["fp32", "fp32-fused", "int8"], default=None, help="serving profile")
+    p.add_argument(
+        "--grpc",
+        action="append",
+        default=None,
+        metavar="HOST:PORT",
+        help="Triton gRPC endpoint (repeat for replicas; default $SEQCLS_TRITON_GRPC or 127.0.0.1:8001)",
+    )
     p.add_argument("--json", action="store_true", help="print results as JSON")
 
 
@@ -85,7 +92,7 @@ def _release_from_args(args: argparse.Namespace):
             "profile": args.profile,
         }
     )
-    settings = Settings.from_env(home=args.home)
+    settings = Settings.from_env(home=args.home, triton_grpc=tuple(args.grpc) if args.grpc else None)
     return open_release(args.checkpoint, config, settings, label_file=args.label_file, golden_file=args.golden_file)
 
 
@@ -106,10 +113,10 @@ def _print_results(args: argparse.Namespace, workspace: Path, results: list) -> 
 
 
 def _cmd_step(args: argparse.Namespace) -> tuple[int, Callable[[], None]]:
-    from seqcls.pipeline import STEPS
+    from seqcls.pipeline import EXTRA_STEPS, STEPS
 
     release = _release_from_args(args)
-    result = STEPS[args.command](release)
+    result = {**STEPS, **EXTRA_STEPS}[args.command](release)
     return 0, lambda: _print_results(args, release.workspace.root, [result])
 
 
@@ -124,12 +131,41 @@ def _cmd_release(args: argparse.Namespace) -> tuple[int, Callable[[], None]]:
 def _cmd_demo_checkpoint(args: argparse.Namespace) -> tuple[int, Callable[[], None]]:
     from seqcls.testing import build_tiny_checkpoint
 
-    path = build_tiny_checkpoint(args.out, seed=args.seed, logit_scale=8.0)
+    path = build_tiny_checkpoint(args.out, seed=args.seed, logit_scale=300.0)
     return 0, lambda: print(f"checkpoint: {path}")
 
 
+def _cmd_triton(args: argparse.Namespace) -> tuple[int, Callable[[], None]]:
+    from seqcls.settings import Settings
+    from seqcls.tritonserver import LocalTriton, TritonServerConfig
+
+    settings = Settings.from_env(home=args.home)
+    server = LocalTriton(TritonServerConfig.from_settings(settings))
+    if args.action == "start":
+        status = server.start()
+    elif args.action == "stop":
+        server.stop()
+        status = server.status()
+    else:
+        status = server.status()
+    data = status.to_dict()
+    code = 0 if args.action == "stop" or data.get("live") else 3
+
+    def show() -> None:
+        if args.json:
+            print(json.dumps(data, indent=2, default=str))
+        else:
+            state = "live" if data.get("live") else ("running" if data.get("running") else "not running")
+            print(
+                f"triton: {state} (pid {data.get('pid')}) gRPC {data.get('grpc_url')} HTTP {data.get('http_url')}"
+                f" repository {data.get('repository')} log {data.get('log_path')}"
+            )
+
+    return code, show
+
+
 def build_parser() -> argparse.ArgumentParser:
-    from seqcls.pipeline import STEPS
+    from seqcls.pipeline import EXTRA_STEPS, STEPS
 
     parser = argparse.ArgumentParser(prog="seqcls", description=__doc__.splitlines()[0])
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
@@ -138,14 +174,23 @@ def build_parser() -> argparse.ArgumentParser:
         "export": "dygraph checkpoint → static graph",
         "convert": "static graph → ONNX (verified)",
         "validate": "parity gate: tokenizer ids, logits, decisions",
+        "publish": "write the release as a new immutable Triton version",
+        "reload": "load the published version on every Triton endpoint (explicit mode), readiness verified",
+        "smoke": "golden texts over gRPC must give the validated answers",
+        "rollback": "serve what was served before this release",
     }
-    for name in STEPS:
+    for name in [*STEPS, *EXTRA_STEPS]:
         p = sub.add_parser(name, help=helps.get(name, name))
         _add_release_args(p)
         p.set_defaults(func=_cmd_step)
     p = sub.add_parser("release", help="run every step in order (skipping those already done)")
     _add_release_args(p)
     p.set_defaults(func=_cmd_release)
+    p = sub.add_parser("triton", help="the local Triton server (nvidia-pytriton's tritonserver, loopback)")
+    p.add_argument("action", choices=["start", "stop", "status"])
+    p.add_argument("--home", type=Path, default=None)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=_cmd_triton)
     p = sub.add_parser("demo-checkpoint", help="build a small checkpoint to try the pipeline on")
     p.add_argument("out", type=Path, help="directory to write the checkpoint to")
     p.add_argument("--seed", type=int, default=0)

@@ -153,16 +153,20 @@ class Workspace:
         body: Callable[[Path], tuple[dict[str, Any], str]],
         *,
         out_dir: str,
+        always_run: bool = False,
     ) -> StepResult:
         """Run ``body(staging_dir) -> (summary, message)`` unless done already with these inputs.
 
         Outputs are every file ``body`` leaves in the staging directory; they appear at
-        ``<workspace>/<out_dir>/`` only if ``body`` returns.
+        ``<workspace>/<out_dir>/`` only if ``body`` returns. ``always_run`` is for steps whose
+        truth is outside the workspace (a live repository, a server): they re-check every time
+        and report "already done" themselves.
         """
         key = inputs_key(inputs)
         with self.lock():
             rec = self.step(name)
-            if rec and rec.get("status") == "ok" and rec.get("inputs_key") == key and self.outputs_intact(rec):
+            done = rec and rec.get("status") == "ok" and rec.get("inputs_key") == key
+            if done and not always_run and self.outputs_intact(rec):
                 log.info("%s: already done for these inputs (%s) — skipped", name, rec.get("finished_at"))
                 return StepResult(
                     name,

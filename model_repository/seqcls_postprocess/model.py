@@ -1,0 +1,51 @@
+"""Triton python model ``seqcls_postprocess``: logits → label names with confidences.
+
+For every row of every request: sigmoid, per-label thresholds, optional hierarchy consistency
+(a child label implies its ``##`` parent). Outputs ``predictions`` (BYTES ``[N, 1]``, a JSON list
+of ``{"label", "confidence"}`` per text) and ``probabilities`` (FP32 ``[N, num_labels]``). Labels,
+thresholds and the hierarchy flag come from this version's ``release.json``; the logic is
+``seqcls_decide.py``, the same file the release's validate step uses.
+"""
+
+import json
+import os
+import sys
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import seqcls_decide
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        version_dir = os.path.join(args["model_repository"], args["model_version"])
+        with open(os.path.join(version_dir, "release.json"), encoding="utf-8") as fh:
+            release = json.load(fh)
+        self.labels = list(release["labels"])
+        self.thresholds = np.asarray(release["thresholds"], dtype=np.float32)
+        self.hierarchy = bool(release.get("hierarchy", True))
+        if len(self.thresholds) != len(self.labels):
+            raise pb_utils.TritonModelException("release.json: thresholds and labels differ in length")
+
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            logits = pb_utils.get_input_tensor_by_name(request, "logits").as_numpy()
+            if logits.ndim != 2 or logits.shape[1] != len(self.labels):
+                responses.append(pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(
+                    f"seqcls_postprocess: logits shape {list(logits.shape)}, expected [N, {len(self.labels)}]")))
+                continue
+            probs = seqcls_decide.sigmoid(logits)
+            rows = seqcls_decide.decide(probs, self.thresholds, self.labels, hierarchy=self.hierarchy)
+            payload = np.array(
+                [[json.dumps([{"label": lbl, "confidence": round(c, 6)} for lbl, c in row],
+                             ensure_ascii=False).encode("utf-8")] for row in rows],
+                dtype=object,
+            )
+            responses.append(pb_utils.InferenceResponse(output_tensors=[
+                pb_utils.Tensor("predictions", payload),
+                pb_utils.Tensor("probabilities", probs.astype(np.float32)),
+            ]))
+        return responses

@@ -1,0 +1,229 @@
+"""Step 5 — publish: the validated model as a new immutable version N of all four Triton models.
+
+Version N is assembled in a temporary directory inside the repository root (same filesystem)
+and each ``<model>/N`` is renamed into place, so a server never sees a half-written version;
+nothing live changes here (the ``config.pbtxt`` files that say what is served are switched by
+``reload``). Publishing the same release again reuses its version if every file is intact; older
+versions beyond ``retain`` are pruned, never one that a live config still names.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from seqcls import shipped
+from seqcls.checkpoint import sha256_file
+from seqcls.errors import ServingError
+from seqcls.repository import (
+    COMPOSING,
+    ENSEMBLE,
+    MODEL,
+    MODELS,
+    POSTPROCESS,
+    RELEASE_FILE,
+    SNAPSHOT,
+    TOKENIZER,
+    Repository,
+    ServingOptions,
+    check_configs,
+    render_config,
+)
+from seqcls.validate import served_onnx
+from seqcls.workspace import Release, StepResult
+
+log = logging.getLogger(__name__)
+
+STEP = "publish"
+OUT_DIR = "publish"
+DEFAULT_RETAIN = 3
+
+
+def _release_values(release: Release) -> dict[str, Any]:
+    expected = json.loads(release.workspace.path("parity/expected.json").read_text(encoding="utf-8"))
+    vocab = release.checkpoint.vocab_file.read_text(encoding="utf-8").splitlines()
+    return {
+        "model_name": release.config.model_name,
+        "fingerprint": release.checkpoint.fingerprint,
+        "labels": expected["labels"],
+        "thresholds": expected["thresholds"],
+        "hierarchy": expected["hierarchy"],
+        "max_length": release.config.max_length,
+        "do_lower_case": release.checkpoint.do_lower_case,
+        "pad_id": vocab.index("[PAD]") if "[PAD]" in vocab else 0,
+        "profile": release.config.profile,
+    }
+
+
+def _files_for(release: Release, model: str, options: ServingOptions) -> dict[str, Path]:
+    """Source files of one model version (target name -> source path)."""
+    src = Path(release.settings.model_repository_source or "")
+    common = shipped.common_dir(release.settings)
+    if model == TOKENIZER:
+        return {
+            "model.py": src / TOKENIZER / "model.py",
+            "seqcls_text.py": common / "seqcls_text.py",
+            "vocab.txt": release.checkpoint.vocab_file,
+        }
+    if model == MODEL:
+        files = {"model.onnx": served_onnx(release)}
+        if options.runtime == "python-onnxruntime":
+            files["model.py"] = src / MODEL / "model.py"
+        return files
+    if model == POSTPROCESS:
+        return {"model.py": src / POSTPROCESS / "model.py", "seqcls_decide.py": common / "seqcls_decide.py"}
+    return {}
+
+
+def publish_key(
+    values: dict[str, Any], files: dict[str, dict[str, Path]], options: ServingOptions, template_root: Path
+) -> str:
+    """Content address of a release's serving form: same key → same bytes in every version dir."""
+    h = hashlib.sha256(json.dumps({"values": values, "options": options.to_dict()}, sort_keys=True).encode())
+    for model in MODELS:
+        for name, path in sorted(files.get(model, {}).items()):
+            h.update(f"{model}/{name}={sha256_file(path)}".encode())
+        for tmpl in sorted((template_root / model).glob("*.tmpl")):
+            h.update(f"{model}/{tmpl.name}={sha256_file(tmpl)}".encode())
+    return h.hexdigest()
+
+
+def find_published(repo: Repository, key: str) -> int | None:
+    for v in reversed(repo.complete_versions()):
+        info = repo.release_info(v)
+        if info and info.get("publish_key") == key and not repo.damaged_files(v):
+            return v
+    return None
+
+
+def prune(repo: Repository, retain: int) -> list[int]:
+    """Delete complete versions older than the newest ``retain``, except any a live config names."""
+    live = {v for m in MODELS for v in repo.live_versions(m)}
+    all_versions = sorted({v for m in MODELS for v in repo.versions(m)})
+    keep = set(all_versions[-retain:]) | live
+    removed = []
+    for v in all_versions:
+        if v in keep:
+            continue
+        for m in MODELS:
+            shutil.rmtree(repo.root / m / str(v), ignore_errors=True)
+        removed.append(v)
+    if removed:
+        log.info("publish: pruned old versions %s (retain %d, live %s)", removed, retain, sorted(live))
+    return removed
+
+
+def _write_version(
+    repo: Repository,
+    tmp: Path,
+    version: int,
+    values: dict[str, Any],
+    key: str,
+    release: Release,
+    options: ServingOptions,
+    sources: dict[str, dict[str, Path]],
+) -> dict:
+    configs = {
+        m: render_config(
+            repo.source, m, options, version=version, num_labels=len(values["labels"]), pad_id=values["pad_id"]
+        )
+        for m in MODELS
+    }
+    check_configs(configs, version)
+    published_at = datetime.now(UTC).isoformat(timespec="seconds")
+    sizes = {}
+    for model in MODELS:
+        vdir = tmp / model / str(version)
+        vdir.mkdir(parents=True)
+        files: dict[str, str] = {}
+        for name, src in sources[model].items():
+            shutil.copy2(src, vdir / name)
+            files[name] = sha256_file(vdir / name)
+        (vdir / SNAPSHOT).write_text(configs[model], encoding="utf-8")
+        files[SNAPSHOT] = sha256_file(vdir / SNAPSHOT)
+        info = {
+            **values,
+            "version": version,
+            "model": model,
+            "publish_key": key,
+            "published_at": published_at,
+            "workspace": str(release.workspace.root),
+            "serving": options.to_dict(),
+            "files": files,
+        }
+        (vdir / RELEASE_FILE).write_text(json.dumps(info, indent=1, ensure_ascii=False), encoding="utf-8")
+        sizes[model] = sum(p.stat().st_size for p in vdir.iterdir())
+    return sizes
+
+
+def publish(release: Release, options: ServingOptions | None = None, *, retain: int = DEFAULT_RETAIN) -> StepResult:
+    """Write (or reuse) the release's Triton version N; returns it in the summary."""
+    ws = release.workspace
+    validate_rec = ws.require("validate")
+    options = options or ServingOptions.from_settings(release.settings)
+    repo = Repository.from_settings(release.settings)
+    values = _release_values(release)
+    sources = {m: _files_for(release, m, options) for m in MODELS}
+    for model, files in sources.items():
+        for name, path in files.items():
+            if not Path(path).is_file():
+                raise ServingError(f"{path}: missing — needed as {model}/<version>/{name}")
+    key = publish_key(values, sources, options, repo.source)
+    inputs = {
+        "validate_outputs": validate_rec["outputs"],
+        "repository": str(repo.root),
+        "publish_key": key,
+        "serving": options.to_dict(),
+        "retain": retain,
+    }
+
+    def body(out: Path) -> tuple[dict, str]:
+        with repo.lock():
+            version = find_published(repo, key)
+            reused = version is not None
+            if version is None:
+                existing = [v for m in MODELS for v in repo.versions(m)]
+                version = max(existing, default=0) + 1
+                tmp = repo.root / f".tmp-publish-{os.getpid()}-{version}"
+                shutil.rmtree(tmp, ignore_errors=True)
+                try:
+                    sizes = _write_version(repo, tmp, version, values, key, release, options, sources)
+                    for model in (*COMPOSING, ENSEMBLE):  # composing models first, the ensemble last
+                        (repo.root / model).mkdir(parents=True, exist_ok=True)
+                        os.replace(tmp / model / str(version), repo.root / model / str(version))
+                finally:
+                    shutil.rmtree(tmp, ignore_errors=True)
+                log.info(
+                    "publish: wrote version %d to %s (%s)",
+                    version,
+                    repo.root,
+                    ", ".join(f"{m} {s / 1e6:.1f} MB" for m, s in sizes.items()),
+                )
+            else:
+                log.info("publish: version %d already holds this release (files intact) — reusing it", version)
+            pruned = prune(repo, retain)
+        summary = {
+            "version": version,
+            "reused": reused,
+            "repository": str(repo.root),
+            "publish_key": key,
+            "serving": options.to_dict(),
+            "pruned": pruned,
+            "versions": repo.complete_versions(),
+        }
+        (out / "publish.json").write_text(json.dumps(summary, indent=1), encoding="utf-8")
+        msg = f"{'reused' if reused else 'published'} version {version} in {repo.root}"
+        return summary, msg
+
+    return ws.run_step(STEP, inputs, body, out_dir=OUT_DIR, always_run=True)
+
+
+def published_version(release: Release) -> int:
+    rec = release.workspace.require("publish")
+    return int(rec["summary"]["version"])

@@ -1,0 +1,337 @@
+"""The Triton model repository: render configs from the release, validate them, read live state.
+
+The live repository (``Settings.triton_repository``) is never the git tree: ``model_repository/``
+holds templates (``config.pbtxt.tmpl``), the python models and the shared modules, and this
+module renders them. Triton's ``config.pbtxt`` is shared by every version of a model, while a
+zero-downtime reload needs version N-1 and N loaded side by side — so per-release values
+(labels, thresholds, max_length, vocabulary) live in each version's immutable ``release.json``
+and files, and ``config.pbtxt`` only carries serving settings plus the ``version_policy`` that
+says which versions are live. Each version keeps a snapshot of the config it was rendered with
+(``config.snapshot.pbtxt``), so a rollback restores it exactly.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import logging
+import os
+import re
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from string import Template
+from typing import Any
+
+from seqcls.errors import InputError, ServingError
+from seqcls.settings import Settings
+
+log = logging.getLogger(__name__)
+
+ENSEMBLE = "seqcls"
+TOKENIZER = "tokenizer"
+MODEL = "seqcls_model"
+POSTPROCESS = "seqcls_postprocess"
+COMPOSING = (TOKENIZER, MODEL, POSTPROCESS)
+MODELS = (*COMPOSING, ENSEMBLE)
+SNAPSHOT = "config.snapshot.pbtxt"
+RELEASE_FILE = "release.json"
+LOCK_FILE = ".seqcls-publish.lock"
+
+PADDINGS = ("longest", "buckets", "max_length")
+BATCHINGS = ("per-request", "group-by-length", "pad-to-longest")
+GRAPH_LEVELS = {"disable": 0, "basic": 1, "extended": 2, "all": -1}  # name -> ORT backend level
+ACCELERATORS = ("none", "tensorrt", "tensorrt-fp16")
+
+
+@dataclass(frozen=True)
+class ServingOptions:
+    """How the ensemble is served (same for every release rendered with these options).
+
+    Defaults are the CPU serving stack measured on 2 cores: no cross-request padding (the cost
+    follows padded tokens on CPU), one model instance using both cores. :meth:`for_device`
+    gives the GPU variant: native ONNX Runtime backend, GPU instance, length buckets so Triton's
+    dynamic batcher can merge requests of similar length, TensorRT FP16 optional.
+    """
+
+    runtime: str = "python-onnxruntime"
+    device: str = "cpu"
+    max_batch_size: int = 64
+    dynamic_batching: bool = True
+    max_queue_delay_us: int = 1000
+    padding: str = "longest"
+    buckets: tuple[int, ...] = (16, 32, 64, 128, 256, 512)
+    batching: str = "per-request"
+    tokenizer_instances: int = 1
+    model_instances: int = 1
+    intra_op_threads: int = 2
+    inter_op_threads: int = 1
+    graph_optimization_level: str = "all"
+    gpu_accelerator: str = "none"
+    keep_previous_loaded: bool = True
+
+    def __post_init__(self) -> None:
+        from seqcls.settings import DEVICES, RUNTIMES
+
+        checks = {
+            "runtime": (self.runtime, RUNTIMES),
+            "device": (self.device, DEVICES),
+            "padding": (self.padding, PADDINGS),
+            "batching": (self.batching, BATCHINGS),
+            "graph_optimization_level": (self.graph_optimization_level, tuple(GRAPH_LEVELS)),
+            "gpu_accelerator": (self.gpu_accelerator, ACCELERATORS),
+        }
+        for name, (value, allowed) in checks.items():
+            if value not in allowed:
+                raise InputError(f"serving option {name}={value!r}; expected one of {', '.join(allowed)}")
+        if self.device == "gpu" and self.runtime != "onnxruntime":
+            raise InputError("serving on a GPU needs runtime 'onnxruntime' (Triton's native backend)")
+        for name in ("max_batch_size", "tokenizer_instances", "model_instances"):
+            if int(getattr(self, name)) < 1:
+                raise InputError(f"serving option {name} must be >= 1")
+
+    @classmethod
+    def for_device(cls, device: str, runtime: str | None = None, **overrides: Any) -> ServingOptions:
+        if device == "gpu":
+            base = cls(
+                runtime="onnxruntime",
+                device="gpu",
+                padding="buckets",
+                batching="pad-to-longest",
+                max_queue_delay_us=2000,
+                intra_op_threads=0,
+                gpu_accelerator="none",
+            )
+        else:
+            base = cls(runtime=runtime or "python-onnxruntime", device="cpu")
+        return replace(base, **overrides)
+
+    @classmethod
+    def from_settings(cls, settings: Settings, **overrides: Any) -> ServingOptions:
+        return cls.for_device(settings.device, settings.runtime, **overrides)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["buckets"] = list(self.buckets)
+        return d
+
+
+def version_policy(versions: Sequence[int]) -> str:
+    vs = ", ".join(str(v) for v in sorted(set(versions)))
+    return f"version_policy: {{ specific: {{ versions: [ {vs} ] }} }}"
+
+
+def _template(source: Path, model: str, runtime: str) -> Template:
+    name = f"config.{runtime}.pbtxt.tmpl" if model == MODEL else "config.pbtxt.tmpl"
+    path = source / model / name
+    if not path.is_file():
+        raise InputError(f"{path}: config template missing from the serving source")
+    return Template(path.read_text(encoding="utf-8"))
+
+
+def render_config(
+    source: Path,
+    model: str,
+    options: ServingOptions,
+    *,
+    version: int,
+    num_labels: int,
+    pad_id: int = 0,
+    versions: Sequence[int] | None = None,
+) -> str:
+    """The ``config.pbtxt`` text of ``model`` for release ``version`` (live versions ``versions``)."""
+    kind = "KIND_GPU" if options.device == "gpu" else "KIND_CPU"
+    accel = ""
+    if options.gpu_accelerator.startswith("tensorrt"):
+        precision = "FP16" if options.gpu_accelerator.endswith("fp16") else "FP32"
+        accel = (
+            'execution_accelerators { gpu_execution_accelerator: [ { name: "tensorrt" '
+            f'parameters {{ key: "precision_mode" value: "{precision}" }} '
+            'parameters { key: "max_workspace_size_bytes" value: "1073741824" } } ] }'
+        )
+    dyn = ""
+    if options.dynamic_batching:
+        dyn = f"dynamic_batching {{ max_queue_delay_microseconds: {int(options.max_queue_delay_us)} }}"
+    values = {
+        "max_batch_size": int(options.max_batch_size),
+        "version_policy": version_policy(versions or [version]),
+        "version": int(version),
+        "dynamic_batching": dyn,
+        "tokenizer_instances": int(options.tokenizer_instances),
+        "model_instances": int(options.model_instances),
+        "padding": options.padding,
+        "buckets": ",".join(str(b) for b in options.buckets),
+        "intra_op_threads": int(options.intra_op_threads),
+        "inter_op_threads": int(options.inter_op_threads),
+        "graph_optimization_level": options.graph_optimization_level,
+        "ort_graph_level": GRAPH_LEVELS[options.graph_optimization_level],
+        "batching": options.batching,
+        "pad_id": int(pad_id),
+        "num_labels": int(num_labels),
+        "instance_kind": kind,
+        "execution_accelerators": accel,
+    }
+    try:
+        return _template(source, model, options.runtime).substitute(values)
+    except (KeyError, ValueError) as exc:
+        raise InputError(f"template of {model} references an unknown placeholder: {exc}") from exc
+
+
+def parse_config(text: str, where: str = "config.pbtxt"):
+    """Parse with Triton's own ``ModelConfig`` protobuf: what a server would reject fails here."""
+    from google.protobuf import text_format
+    from tritonclient.grpc import model_config_pb2
+
+    config = model_config_pb2.ModelConfig()
+    try:
+        text_format.Parse(text, config)
+    except text_format.ParseError as exc:
+        raise ServingError(f"{where}: not a valid Triton model config: {exc}") from exc
+    return config
+
+
+def check_configs(configs: dict[str, str], version: int) -> None:
+    """Parse every config and check the ensemble wiring against the composing models' I/O."""
+    parsed = {name: parse_config(text, f"{name}/config.pbtxt") for name, text in configs.items()}
+    for name, cfg in parsed.items():
+        if cfg.name != name:
+            raise ServingError(f"{name}/config.pbtxt: name is {cfg.name!r}, expected {name!r}")
+    ens = parsed[ENSEMBLE]
+    steps = list(ens.ensemble_scheduling.step)
+    if [s.model_name for s in steps] != list(COMPOSING):
+        raise ServingError(f"{ENSEMBLE}: steps {[s.model_name for s in steps]}, expected {list(COMPOSING)}")
+    for step in steps:
+        if step.model_version != version:
+            raise ServingError(f"{ENSEMBLE}: step {step.model_name} pins version {step.model_version}, not {version}")
+        cfg = parsed[step.model_name]
+        inputs = {i.name for i in cfg.input}
+        outputs = {o.name for o in cfg.output}
+        if set(step.input_map) != inputs:
+            raise ServingError(
+                f"{ENSEMBLE}: step {step.model_name} maps inputs {sorted(step.input_map)}, model has {sorted(inputs)}"
+            )
+        if not set(step.output_map) <= outputs:
+            raise ServingError(
+                f"{ENSEMBLE}: step {step.model_name} maps outputs {sorted(step.output_map)}, "
+                f"model has {sorted(outputs)}"
+            )
+        if cfg.max_batch_size < ens.max_batch_size:
+            raise ServingError(
+                f"{step.model_name}: max_batch_size {cfg.max_batch_size} < ensemble's {ens.max_batch_size}"
+            )
+
+
+_POLICY_RE = re.compile(r"version_policy:\s*\{\s*specific:\s*\{\s*versions:\s*\[([^\]]*)\]")
+
+
+@dataclass
+class Repository:
+    """A live Triton model repository directory."""
+
+    root: Path
+    source: Path
+    _versions_cache: dict[str, list[int]] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> Repository:
+        assert settings.triton_repository is not None and settings.model_repository_source is not None
+        return cls(Path(settings.triton_repository), Path(settings.model_repository_source))
+
+    @contextlib.contextmanager
+    def lock(self) -> Iterator[None]:
+        """One publisher/reloader at a time per repository (also across processes and hosts
+        sharing the volume, as far as the filesystem honours ``flock``)."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        with open(self.root / LOCK_FILE, "a+") as fh:
+            fcntl.flock(fh, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(fh, fcntl.LOCK_UN)
+
+    def versions(self, model: str = ENSEMBLE) -> list[int]:
+        d = self.root / model
+        if not d.is_dir():
+            return []
+        return sorted(int(p.name) for p in d.iterdir() if p.is_dir() and p.name.isdigit())
+
+    def complete_versions(self) -> list[int]:
+        """Versions present for all four models (a release is only usable whole)."""
+        sets = [set(self.versions(m)) for m in MODELS]
+        return sorted(set.intersection(*sets)) if sets else []
+
+    def release_info(self, version: int) -> dict[str, Any] | None:
+        p = self.root / ENSEMBLE / str(version) / RELEASE_FILE
+        return json.loads(p.read_text(encoding="utf-8")) if p.is_file() else None
+
+    def damaged_files(self, version: int) -> list[str]:
+        """Files of ``version`` missing or changed since publish (hashes in each ``release.json``)."""
+        from seqcls.checkpoint import sha256_file
+
+        problems = []
+        keys = set()
+        for model in MODELS:
+            vdir = self.root / model / str(version)
+            info_path = vdir / RELEASE_FILE
+            if not info_path.is_file():
+                problems.append(f"{model}/{version}/{RELEASE_FILE} missing")
+                continue
+            try:
+                info = json.loads(info_path.read_text(encoding="utf-8"))
+            except ValueError:
+                problems.append(f"{model}/{version}/{RELEASE_FILE} is not JSON")
+                continue
+            keys.add(info.get("publish_key"))
+            if info.get("version") != version or info.get("model") != model or not info.get("files"):
+                problems.append(f"{model}/{version}/{RELEASE_FILE} does not describe {model} version {version}")
+            for rel, digest in info.get("files", {}).items():
+                p = vdir / rel
+                if not p.is_file():
+                    problems.append(f"{model}/{version}/{rel} missing")
+                elif sha256_file(p) != digest:
+                    problems.append(f"{model}/{version}/{rel} changed since publish")
+        if len(keys) > 1:
+            problems.append(f"the four models of version {version} come from different releases")
+        return problems
+
+    def config_text(self, model: str) -> str | None:
+        p = self.root / model / "config.pbtxt"
+        return p.read_text(encoding="utf-8") if p.is_file() else None
+
+    def live_versions(self, model: str) -> list[int]:
+        """Versions the on-disk ``config.pbtxt`` says are live (empty when not configured)."""
+        text = self.config_text(model)
+        if not text:
+            return []
+        m = _POLICY_RE.search(text)
+        return sorted(int(v) for v in m.group(1).replace(",", " ").split()) if m else []
+
+    def serving_version(self) -> int | None:
+        live = self.live_versions(ENSEMBLE)
+        return live[-1] if live else None
+
+    def snapshot(self, model: str, version: int) -> str:
+        p = self.root / model / str(version) / SNAPSHOT
+        if not p.is_file():
+            raise ServingError(f"{p}: version {version} of {model} has no config snapshot; republish it")
+        return p.read_text(encoding="utf-8")
+
+    def write_config(self, model: str, text: str) -> None:
+        """Atomically replace ``<model>/config.pbtxt`` (Triton reads it only when told to load)."""
+        target = self.root / model / "config.pbtxt"
+        tmp = target.with_name(f".config.pbtxt.{os.getpid()}.tmp")
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, target)
+
+    def restore_config(self, model: str, text: str | None) -> None:
+        target = self.root / model / "config.pbtxt"
+        if text is None:
+            target.unlink(missing_ok=True)
+        else:
+            self.write_config(model, text)
+
+    def config_for(self, model: str, version: int, live: Sequence[int]) -> str:
+        """Version ``version``'s snapshot with the version policy set to ``live``."""
+        text = self.snapshot(model, version)
+        return _POLICY_RE.sub(lambda m: version_policy(live)[: -len(" } }")], text, count=1)

@@ -1,0 +1,186 @@
+"""Step 7 — smoke: the served ensemble must answer what the parity gate validated.
+
+Over gRPC on every endpoint, pinned to version N (``model_version``): metadata has the
+contract's inputs/outputs; every golden text, sent alone and in batched requests, gets exactly
+the label set recorded in ``parity/expected.json`` (only near-threshold texts may differ) and
+probabilities within tolerance. Latency percentiles are reported. A failure names the texts.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from seqcls.errors import SmokeError
+from seqcls.publish import published_version
+from seqcls.repository import ENSEMBLE
+from seqcls.triton import Endpoint, endpoints_from_settings
+from seqcls.workspace import Release, StepResult
+
+log = logging.getLogger(__name__)
+
+STEP = "smoke"
+OUT_DIR = "smoke"
+INPUT = "TEXT"
+OUTPUTS = ("predictions", "probabilities")
+BATCH = 8
+
+
+def infer(
+    client, texts: Sequence[str], *, model: str = ENSEMBLE, version: int | None = None, timeout: float = 60.0
+) -> tuple[list[list[dict]], np.ndarray]:
+    """One request with ``texts`` → (per-text predictions, probabilities ``[N, C]``)."""
+    import tritonclient.grpc as grpcclient
+
+    data = np.array([[t.encode("utf-8")] for t in texts], dtype=object)
+    inp = grpcclient.InferInput(INPUT, list(data.shape), "BYTES")
+    inp.set_data_from_numpy(data)
+    outs = [grpcclient.InferRequestedOutput(name) for name in OUTPUTS]
+    result = client.infer(
+        model, [inp], model_version="" if version is None else str(version), outputs=outs, client_timeout=timeout
+    )
+    preds = [json.loads(row[0]) for row in result.as_numpy("predictions")]
+    return preds, result.as_numpy("probabilities")
+
+
+def _check_metadata(client, version: int) -> list[str]:
+    meta = client.get_model_metadata(ENSEMBLE, str(version), as_json=True)
+    problems = []
+    inputs = {i["name"]: i["datatype"] for i in meta.get("inputs", [])}
+    outputs = {o["name"]: o["datatype"] for o in meta.get("outputs", [])}
+    if inputs != {INPUT: "BYTES"}:
+        problems.append(f"inputs {inputs}, expected {{'TEXT': 'BYTES'}}")
+    if outputs != {"predictions": "BYTES", "probabilities": "FP32"}:
+        problems.append(f"outputs {outputs}, expected predictions BYTES + probabilities FP32")
+    if str(version) not in meta.get("versions", [str(version)]):
+        problems.append(f"versions {meta.get('versions')} lack {version}")
+    return problems
+
+
+def compare(
+    items: list[dict], preds: list[list[dict]], probs: np.ndarray, prob_atol: float, mode: str
+) -> list[dict[str, Any]]:
+    """Differences between served answers and expected ones (near-threshold flips allowed)."""
+    diffs = []
+    for i, (item, pred) in enumerate(zip(items, preds, strict=True)):
+        got = sorted(p["label"] for p in pred)
+        want = sorted(item["labels"])
+        pdiff = float(np.abs(np.asarray(item["probabilities"], dtype=np.float32) - probs[i]).max(initial=0))
+        if (got != want and not item["near_threshold"]) or pdiff > prob_atol:
+            diffs.append(
+                {
+                    "index": i,
+                    "text": item["text"][:80],
+                    "mode": mode,
+                    "expected": want,
+                    "served": got,
+                    "prob_max_abs_diff": pdiff,
+                }
+            )
+    return diffs
+
+
+def smoke_endpoint(endpoint: Endpoint, version: int, expected: dict[str, Any]) -> dict[str, Any]:
+    import tritonclient.grpc as grpcclient
+
+    client = grpcclient.InferenceServerClient(url=endpoint.grpc)
+    items = expected["items"]
+    texts = [it["text"] for it in items]
+    tol = float(expected["prob_atol"])
+    problems = _check_metadata(client, version)
+    latencies, diffs = [], []
+    single_preds, single_probs = [], []
+    for text in texts:
+        t0 = time.perf_counter()
+        p, pr = infer(client, [text], version=version)
+        latencies.append((time.perf_counter() - t0) * 1000)
+        single_preds += p
+        single_probs.append(pr[0])
+    diffs += compare(items, single_preds, np.stack(single_probs), tol, "single")
+    batch_preds, batch_probs = [], []
+    for start in range(0, len(texts), BATCH):
+        p, pr = infer(client, texts[start : start + BATCH], version=version)
+        batch_preds += p
+        batch_probs.append(pr)
+    diffs += compare(items, batch_preds, np.concatenate(batch_probs), tol, f"batch of {BATCH}")
+    lat = np.asarray(latencies)
+    return {
+        "endpoint": endpoint.grpc,
+        "texts": len(texts),
+        "metadata_problems": problems,
+        "differences": diffs,
+        "p50_ms": round(float(np.percentile(lat, 50)), 2),
+        "p95_ms": round(float(np.percentile(lat, 95)), 2),
+        "passed": not problems and not diffs,
+    }
+
+
+def smoke(release: Release, endpoints: Sequence[Endpoint] | None = None) -> StepResult:
+    """Assert the served version N answers the validated decisions on every endpoint."""
+    ws = release.workspace
+    version = published_version(release)
+    ws.require("reload")
+    endpoints = list(endpoints or endpoints_from_settings(release.settings))
+    expected = json.loads(ws.path("parity/expected.json").read_text(encoding="utf-8"))
+    inputs = {"version": version, "endpoints": [e.grpc for e in endpoints]}
+
+    def body(out: Path) -> tuple[dict, str]:
+        reports = []
+        for ep in endpoints:
+            log.info(
+                "smoke: %d golden texts → %s version %d on %s (single, then batches of %d)",
+                len(expected["items"]),
+                ENSEMBLE,
+                version,
+                ep.grpc,
+                BATCH,
+            )
+            try:
+                reports.append(smoke_endpoint(ep, version, expected))
+            except Exception as exc:  # transport or server error: a failed smoke, with the server's words
+                reports.append({"endpoint": ep.grpc, "passed": False, "error": f"{type(exc).__name__}: {exc}"})
+            r = reports[-1]
+            log.info(
+                "smoke: %s — %s%s",
+                ep.grpc,
+                "passed" if r["passed"] else "FAILED",
+                f", p50 {r['p50_ms']} ms, p95 {r['p95_ms']} ms" if "p50_ms" in r else "",
+            )
+        (out / "smoke.json").write_text(json.dumps(reports, indent=1, ensure_ascii=False), encoding="utf-8")
+        failed = [r for r in reports if not r["passed"]]
+        if failed:
+            parts = []
+            for r in failed:
+                if r.get("error"):
+                    parts.append(f"{r['endpoint']}: {r['error']}")
+                    continue
+                d = r["differences"]
+                first = "; ".join(
+                    f"#{x['index']} {x['text']!r} ({x['mode']}): expected {x['expected']}, served "
+                    f"{x['served']}, max |Δp| {x['prob_max_abs_diff']:.2g}"
+                    for x in d[:3]
+                )
+                parts.append(
+                    f"{r['endpoint']}: {len(d)} answers differ{' — ' + first if first else ''}"
+                    + (f"; metadata: {r['metadata_problems']}" if r["metadata_problems"] else "")
+                )
+            raise SmokeError(f"smoke test of {ENSEMBLE} version {version} failed: " + " | ".join(parts))
+        summary = {
+            "version": version,
+            "endpoints": [r["endpoint"] for r in reports],
+            "texts": reports[0]["texts"],
+            "p50_ms": max(r["p50_ms"] for r in reports),
+            "p95_ms": max(r["p95_ms"] for r in reports),
+        }
+        return summary, (
+            f"{summary['texts']} golden texts answered as validated on {len(reports)} endpoint(s), "
+            f"single + batched; p50 {summary['p50_ms']} ms, p95 {summary['p95_ms']} ms"
+        )
+
+    return ws.run_step(STEP, inputs, body, out_dir=OUT_DIR, always_run=True)

@@ -1,0 +1,172 @@
+"""Talking to Triton servers (tritonclient over gRPC): load, unload, readiness, with one retry policy.
+
+Explicit model control has traps this module exists to absorb: a ``load`` that returns OK is
+no proof the model (or the ensemble built on it) is ready, ``unload`` is asynchronous, and the
+interesting error text is the server's own. So every load is followed by per-model, per-version
+readiness checks, transport errors (UNAVAILABLE, connection refused, deadline) are retried with
+backoff — and nothing else is, because a config or ``initialize()`` error will not fix itself.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Any, TypeVar
+
+from seqcls.errors import InputError, ServingError
+from seqcls.settings import Settings
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+RETRYABLE = ("StatusCode.UNAVAILABLE", "StatusCode.DEADLINE_EXCEEDED", "StatusCode.RESOURCE_EXHAUSTED")
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """One Triton replica: its gRPC address (``host:port``) and optional HTTP address."""
+
+    grpc: str
+    http: str | None = None
+
+    def __post_init__(self) -> None:
+        host, _, port = self.grpc.rpartition(":")
+        if not host or not port.isdigit():
+            raise InputError(f"Triton gRPC endpoint {self.grpc!r} is not host:port")
+
+
+def endpoints_from_settings(settings: Settings, grpc: Sequence[str] | None = None) -> list[Endpoint]:
+    grpcs = list(grpc) if grpc else list(settings.triton_grpc)
+    https = list(settings.triton_http) if not grpc else []
+    return [Endpoint(g, https[i] if i < len(https) else None) for i, g in enumerate(grpcs)]
+
+
+def _status(exc: Exception) -> str:
+    status = getattr(exc, "status", None)
+    return str(status() if callable(status) else status or "")
+
+
+def _message(exc: Exception) -> str:
+    msg = getattr(exc, "message", None)
+    return str(msg() if callable(msg) else msg or exc)
+
+
+def retrying(what: str, fn: Callable[[], T], *, attempts: int = 4, base_delay: float = 0.5) -> T:
+    """Call ``fn``, retrying transport failures with exponential backoff; the single retry policy."""
+    from tritonclient.utils import InferenceServerException
+
+    for attempt in range(1, attempts + 1):
+        try:
+            return fn()
+        except InferenceServerException as exc:
+            status = _status(exc)
+            transient = status in RETRYABLE or "failed to connect" in _message(exc).lower()
+            if not transient:
+                raise ServingError(f"{what}: {_message(exc)} ({status or 'no status'})") from exc
+            if attempt == attempts:
+                raise ServingError(
+                    f"{what} failed {attempts} times. Giving up. Last error: {_message(exc)} ({status}); "
+                    "is the server running and reachable?"
+                ) from exc
+            delay = base_delay * 2 ** (attempt - 1)
+            log.warning(
+                "%s: %s (%s) — retrying in %.1fs (%d/%d)", what, _message(exc), status, delay, attempt, attempts
+            )
+            time.sleep(delay)
+    raise AssertionError("unreachable")
+
+
+class TritonOps:
+    """Model-control operations on one endpoint; one cached gRPC client."""
+
+    def __init__(self, endpoint: Endpoint, *, timeout: float = 300.0) -> None:
+        self.endpoint = endpoint
+        self.timeout = timeout
+
+    @cached_property
+    def client(self):
+        import tritonclient.grpc as grpcclient
+
+        return grpcclient.InferenceServerClient(url=self.endpoint.grpc)
+
+    def __repr__(self) -> str:
+        return f"TritonOps({self.endpoint.grpc})"
+
+    def live(self) -> bool:
+        try:
+            return bool(self.client.is_server_live(client_timeout=5))
+        except Exception:
+            return False
+
+    def require_live(self) -> None:
+        retrying(
+            f"Triton at {self.endpoint.grpc} liveness",
+            lambda: self.client.is_server_live(client_timeout=5) or _raise_unavailable(),
+        )
+
+    def ready(self, model: str, version: int | None = None) -> bool:
+        try:
+            return bool(self.client.is_model_ready(model, "" if version is None else str(version), client_timeout=10))
+        except Exception:
+            return False
+
+    def load(self, model: str) -> None:
+        t0 = time.perf_counter()
+        retrying(
+            f"load {model!r} on {self.endpoint.grpc}",
+            lambda: self.client.load_model(model, client_timeout=self.timeout),
+        )
+        log.info("triton %s: loaded %s in %.1fs", self.endpoint.grpc, model, time.perf_counter() - t0)
+
+    def unload(self, model: str, *, wait: float = 30.0) -> None:
+        retrying(f"unload {model!r} on {self.endpoint.grpc}", lambda: self.client.unload_model(model))
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline:  # unload is asynchronous
+            if not self.ready(model):
+                return
+            time.sleep(0.1)
+        raise ServingError(f"{model!r} on {self.endpoint.grpc} still ready {wait:.0f}s after unload")
+
+    def verify_ready(self, model: str, versions: Sequence[int], *, wait: float = 10.0) -> None:
+        """Every listed version of ``model`` is READY (polled briefly: state settles after load)."""
+        deadline = time.monotonic() + wait
+        missing = list(versions)
+        while True:
+            missing = [v for v in versions if not self.ready(model, v)]
+            if not missing or time.monotonic() >= deadline:
+                break
+            time.sleep(0.2)
+        if missing:
+            states = self.index_states(model)
+            raise ServingError(
+                f"{model!r} version(s) {missing} not ready on {self.endpoint.grpc} after load "
+                f"(server says: {states or 'no such model in the repository index'})"
+            )
+
+    def index_states(self, model: str | None = None) -> dict[str, Any]:
+        """``{"name/version": "STATE (reason)"}`` from the repository index."""
+        try:
+            index = self.client.get_model_repository_index(as_json=True).get("models", [])
+        except Exception as exc:
+            return {"error": _message(exc)}
+        out: dict[str, Any] = {}
+        for m in index:
+            if model is None or m.get("name") == model:
+                key = f"{m.get('name')}/{m.get('version', '-')}"
+                out[key] = m.get("state", "?") + (f" ({m['reason']})" if m.get("reason") else "")
+        return out
+
+
+def _raise_unavailable() -> None:
+    from tritonclient.utils import InferenceServerException
+
+    raise InferenceServerException("server not live", status="StatusCode.UNAVAILABLE")
+
+
+def ops_for(endpoints: Sequence[Endpoint], *, timeout: float = 300.0) -> list[TritonOps]:
+    if not endpoints:
+        raise InputError("no Triton endpoint configured; set SEQCLS_TRITON_GRPC or the triton_default connection")
+    return [TritonOps(e, timeout=timeout) for e in endpoints]

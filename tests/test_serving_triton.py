@@ -1,0 +1,273 @@
+"""publish → reload → smoke → rollback against a real local Triton (nvidia-pytriton's tritonserver)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from seqcls.errors import ServingError, SmokeError
+from seqcls.pipeline import run_release
+from seqcls.repository import COMPOSING, ENSEMBLE, MODELS, Repository
+from seqcls.settings import PROJECT_ROOT, Settings
+from seqcls.smoke import infer
+from seqcls.tritonserver import LocalTriton, TritonServerConfig, free_ports
+from seqcls.workspace import open_release
+
+pytestmark = [pytest.mark.slow, pytest.mark.integration]
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[LocalTriton]:
+    http, grpc, metrics = free_ports(3)
+    cfg = TritonServerConfig(
+        repository=tmp_path / "repo",
+        http_port=http,
+        grpc_port=grpc,
+        metrics_port=metrics,
+        state_dir=tmp_path / "triton-state",
+    )
+    srv = LocalTriton(cfg)
+    srv.start()
+    yield srv
+    srv.stop()
+    assert not srv.status().running
+
+
+def _settings(server: LocalTriton, home: Path, source: Path | None = None) -> Settings:
+    cfg = server.config
+    return Settings(
+        home=home,
+        triton_repository=cfg.repository,
+        triton_grpc=(cfg.grpc_url,),
+        triton_http=(cfg.http_url,),
+        model_repository_source=source,
+    )
+
+
+def _client(server: LocalTriton):
+    import tritonclient.grpc as grpcclient
+
+    return grpcclient.InferenceServerClient(url=server.config.grpc_url)
+
+
+def _ready(server: LocalTriton) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    for m in _client(server).get_model_repository_index().models:
+        if m.state == "READY":
+            out.setdefault(m.name, []).append(m.version)
+    return out
+
+
+def test_publish_reload_smoke_and_rerun(server: LocalTriton, tiny_checkpoint: Path, home: Path) -> None:
+    settings = _settings(server, home)
+    results = run_release(open_release(tiny_checkpoint, settings=settings))
+    by = {r.step: r for r in results}
+    assert by["publish"].summary["version"] == 1 and not by["publish"].summary["reused"]
+    assert by["reload"].summary["previous"] is None
+    assert by["smoke"].summary["texts"] == 65 and by["smoke"].summary["p95_ms"] > 0
+    assert _ready(server) == {m: ["1"] for m in MODELS}
+    repo = Repository.from_settings(settings)
+    assert repo.complete_versions() == [1] and repo.serving_version() == 1
+    for m in MODELS:
+        assert json.loads((repo.root / m / "1" / "release.json").read_text())["fingerprint"]
+    # the served answer is what the parity gate expected
+    expected = json.loads((Path(by["validate"].workspace) / "parity" / "expected.json").read_text())
+    preds, probs = infer(_client(server), [expected["items"][0]["text"]])
+    assert sorted(p["label"] for p in preds[0]) == sorted(expected["items"][0]["labels"])
+    np.testing.assert_allclose(probs[0], expected["items"][0]["probabilities"], atol=1e-5)
+    # a re-run changes nothing and says so
+    again = {r.step: r for r in run_release(open_release(tiny_checkpoint, settings=settings))}
+    assert again["export"].status == "skipped" and again["publish"].summary["reused"]
+    assert again["reload"].summary["already_serving"]
+
+
+def test_hot_reload_under_load_then_rollback(
+    server: LocalTriton, tiny_checkpoint: Path, tiny_checkpoint_b: Path, home: Path
+) -> None:
+    settings = _settings(server, home)
+    run_release(open_release(tiny_checkpoint, settings=settings))
+    stop, sent, failed, errors = threading.Event(), [0], [0], []
+
+    def loop() -> None:
+        client = _client(server)
+        deadline = time.monotonic() + 120  # bounded even if the test body hangs
+        while not stop.is_set() and time.monotonic() < deadline:
+            try:
+                infer(client, ["球队在决赛中夺冠", "公司宣布裁员"])
+            except Exception as exc:  # counted, asserted below
+                failed[0] += 1
+                errors.append(str(exc)[:200])
+            sent[0] += 1
+
+    threads = [threading.Thread(target=loop) for _ in range(2)]
+    for t in threads:
+        t.start()
+    try:
+        time.sleep(0.5)
+        release_b = open_release(tiny_checkpoint_b, settings=settings)
+        results = {r.step: r for r in run_release(release_b)}
+        time.sleep(0.5)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
+    reload_seconds = results["reload"].summary["seconds"]
+    print(f"\nhot reload v1→v2: {reload_seconds:.2f}s, requests during the test {sent[0]}, failed {failed[0]}")
+    assert sent[0] > 20 and failed[0] == 0, errors[:3]
+    assert results["reload"].summary["live_composing"] == [1, 2]
+    assert _ready(server)[ENSEMBLE] == ["2"] and all(_ready(server)[m] == ["1", "2"] for m in COMPOSING)
+    # rollback: v1 serves again, v2 unloaded and marked
+    from seqcls.rollback import rollback
+
+    rb = rollback(release_b, reason="test")
+    assert rb.summary["rolled_back"] and rb.summary["serving_version"] == 1
+    assert _ready(server) == {m: ["1"] for m in MODELS}
+    assert release_b.workspace.step("publish")["failed_version"] == 2
+    assert not rollback(release_b, reason="again").summary["rolled_back"]  # safe to repeat
+
+
+def _broken_source(tmp_path: Path, edit) -> Path:
+    src = tmp_path / "broken_source"
+    shutil.copytree(PROJECT_ROOT / "model_repository", src)
+    edit(src)
+    return src
+
+
+def _assert_v1_serving(server: LocalTriton, settings: Settings) -> None:
+    assert _ready(server) == {m: ["1"] for m in MODELS}
+    assert Repository.from_settings(settings).serving_version() == 1
+    preds, _ = infer(_client(server), ["公司宣布裁员"])
+    assert isinstance(preds[0], list)
+
+
+def test_broken_versions_fail_clearly_and_v1_keeps_serving(
+    server: LocalTriton, tiny_checkpoint: Path, home: Path, tmp_path: Path
+) -> None:
+    good = _settings(server, home)
+    run_release(open_release(tiny_checkpoint, settings=good))
+
+    # 1. a config template that does not parse: refused at publish, nothing touched
+    src = _broken_source(
+        tmp_path / "a",
+        lambda s: (s / "seqcls_postprocess" / "config.pbtxt.tmpl").write_text(
+            (s / "seqcls_postprocess" / "config.pbtxt.tmpl").read_text().replace("max_batch_size:", "max_batch_size: x")
+        ),
+    )
+    with pytest.raises(ServingError, match=r"seqcls_postprocess/config\.pbtxt: not a valid Triton model config"):
+        run_release(open_release(tiny_checkpoint, settings=_settings(server, home, src)))
+    _assert_v1_serving(server, good)
+
+    # 2. a model that raises in initialize(): load fails with the server's message → rolled back
+    def raise_in_init(s: Path) -> None:
+        p = s / "tokenizer" / "model.py"
+        p.write_text(
+            p.read_text().replace(
+                "    def initialize(self, args):\n",
+                "    def initialize(self, args):\n        raise RuntimeError('boom-init')\n",
+            )
+        )
+
+    bad = _settings(server, home, _broken_source(tmp_path / "b", raise_in_init))
+    release = open_release(tiny_checkpoint, settings=bad)
+    with pytest.raises(ServingError, match=r"load 'tokenizer'.*boom-init"):
+        run_release(release)
+    _assert_v1_serving(server, good)
+    assert release.workspace.step("rollback")["summary"]["rolled_back"]
+
+    # 3. an output dtype that breaks the ensemble: composing models load, the ensemble does not
+    def fp16_logits(s: Path) -> None:
+        p = s / "seqcls_model" / "config.python-onnxruntime.pbtxt.tmpl"
+        p.write_text(
+            p.read_text().replace('name: "logits" data_type: TYPE_FP32', 'name: "logits" data_type: TYPE_FP16')
+        )
+
+    bad = _settings(server, home, _broken_source(tmp_path / "c", fp16_logits))
+    with pytest.raises(ServingError, match="load 'seqcls'"):
+        run_release(open_release(tiny_checkpoint, settings=bad))
+    _assert_v1_serving(server, good)
+
+    # 4. a version edited after publishing: reload refuses before touching anything
+    def comment(s: Path) -> None:  # a harmless change → a new version
+        p = s / "seqcls" / "config.pbtxt.tmpl"
+        p.write_text(p.read_text() + "# edited\n")
+
+    release = open_release(tiny_checkpoint, settings=_settings(server, home, _broken_source(tmp_path / "d", comment)))
+    repo = Repository.from_settings(good)
+    before = {m: repo.config_text(m) for m in MODELS}
+    run_release(release, until="publish")
+    v = release.workspace.step("publish")["summary"]["version"]
+    (repo.root / "seqcls_postprocess" / str(v) / "release.json").write_text('{"labels": []}')
+    from seqcls.reload import reload
+
+    with pytest.raises(ServingError, match=f"version {v} .* was modified after publishing"):
+        reload(release)
+    assert {m: repo.config_text(m) for m in MODELS} == before
+    _assert_v1_serving(server, good)
+
+
+def test_smoke_failure_rolls_back(
+    server: LocalTriton, tiny_checkpoint: Path, tiny_checkpoint_b: Path, home: Path, tmp_path: Path
+) -> None:
+    # A serving bug the parity gate cannot see (validate runs seqcls_decide.py, not model.py):
+    # the postprocess model negates the logits, so served label sets differ → smoke fails.
+    def negate(s: Path) -> None:
+        p = s / "seqcls_postprocess" / "model.py"
+        p.write_text(p.read_text().replace("seqcls_decide.sigmoid(logits)", "seqcls_decide.sigmoid(-logits)"))
+
+    settings = _settings(server, home)
+    run_release(open_release(tiny_checkpoint, settings=settings))
+    release = open_release(tiny_checkpoint_b, settings=_settings(server, home, _broken_source(tmp_path, negate)))
+    with pytest.raises(SmokeError, match=r"smoke test of seqcls version 2 failed: .*answers differ — #0 "):
+        run_release(release)
+    assert release.workspace.step("smoke")["status"] == "failed"
+    assert release.workspace.step("rollback")["summary"]["serving_version"] == 1
+    _assert_v1_serving(server, settings)
+
+
+def test_hostile_requests(server: LocalTriton, tiny_checkpoint: Path, home: Path) -> None:
+    import tritonclient.grpc as grpcclient
+    from tritonclient.utils import InferenceServerException
+
+    run_release(open_release(tiny_checkpoint, settings=_settings(server, home)), until="smoke")
+    client = _client(server)
+    preds, probs = infer(client, ["", "x" * 1_000_000, "正常文本"])
+    assert len(preds) == 3 and probs.shape == (3, 7)
+
+    def raw(data: np.ndarray, dtype: str = "BYTES"):
+        inp = grpcclient.InferInput("TEXT", list(data.shape), dtype)
+        inp.set_data_from_numpy(data)
+        return client.infer(ENSEMBLE, [inp])
+
+    with pytest.raises(InferenceServerException, match="not valid UTF-8"):
+        raw(np.array([[b"ok"], [b"\xff\xfe\xfd"]], dtype=object))
+    with pytest.raises(InferenceServerException, match="batch"):
+        raw(np.array([[b"t"]] * 65, dtype=object))
+    with pytest.raises(InferenceServerException):
+        raw(np.zeros((1, 1), dtype=np.float32), "FP32")
+
+    # invalid UTF-8 in one request does not fail the others of the same dynamic batch
+    results: list[object] = [None] * 6
+
+    def send(i: int) -> None:
+        text = b"\xff" if i == 0 else "公司宣布裁员".encode()
+        try:
+            results[i] = raw(np.array([[text]], dtype=object)).as_numpy("predictions")
+        except InferenceServerException as exc:
+            results[i] = exc
+
+    threads = [threading.Thread(target=send, args=(i,)) for i in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert isinstance(results[0], InferenceServerException)
+    assert all(isinstance(r, np.ndarray) for r in results[1:])
+    assert client.is_server_live() and client.is_model_ready(ENSEMBLE, "1")
+    assert len(infer(client, ["还活着"])[0]) == 1
