@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+
 from seqcls.config import ReleaseConfig
 from seqcls.errors import CheckpointError, ConversionError, GateError, StepOrderError
 from seqcls.pipeline import run_release
@@ -19,7 +21,7 @@ pytestmark = pytest.mark.slow
 
 def test_release_core_passes_with_figures(tiny_checkpoint: Path, home: Path) -> None:
     release = open_release(tiny_checkpoint)
-    results = run_release(release)
+    results = run_release(release, until="validate")
     assert [r.step for r in results] == ["export", "convert", "validate"]
     assert all(r.status == "ok" for r in results)
     ws = release.workspace
@@ -58,16 +60,16 @@ def test_release_core_passes_with_figures(tiny_checkpoint: Path, home: Path) -> 
 
 def test_rerun_skips_and_changed_inputs_redo(tiny_checkpoint: Path) -> None:
     release = open_release(tiny_checkpoint)
-    run_release(release)
-    again = run_release(open_release(tiny_checkpoint))
+    run_release(release, until="validate")
+    again = run_release(open_release(tiny_checkpoint), until="validate")
     assert [r.status for r in again] == ["skipped", "skipped", "skipped"]
     # a new opset changes convert's inputs → convert and validate redo, export stays skipped
-    changed = run_release(open_release(tiny_checkpoint, ReleaseConfig(opset=13)))
+    changed = run_release(open_release(tiny_checkpoint, ReleaseConfig(opset=13)), until="validate")
     assert [r.status for r in changed] == ["skipped", "ok", "ok"]
     # damaged output → redone, not trusted
     onnx_file = release.workspace.root / "onnx" / "model.onnx"
     onnx_file.write_bytes(onnx_file.read_bytes()[:100])
-    redo = run_release(open_release(tiny_checkpoint, ReleaseConfig(opset=13)))
+    redo = run_release(open_release(tiny_checkpoint, ReleaseConfig(opset=13)), until="validate")
     assert [r.status for r in redo] == ["skipped", "ok", "skipped"]
 
 
@@ -92,7 +94,7 @@ def test_corrupt_params_fail_export_and_are_recorded(tiny_checkpoint: Path) -> N
     (tiny_checkpoint / "model_state.pdparams").write_bytes(pickle.dumps({"nonsense": np.zeros(3)}, protocol=2))
     release = open_release(tiny_checkpoint)
     with pytest.raises((CheckpointError, ConversionError)):
-        run_release(release)
+        run_release(release, until="validate")
     rec = release.workspace.step("export")
     assert rec["status"] == "failed"
     assert not (release.workspace.root / "static").exists()
@@ -147,7 +149,7 @@ def test_gate_fails_on_vocab_edited_after_training(tiny_checkpoint: Path) -> Non
     (tiny_checkpoint / "vocab.txt").write_text("\n".join(vocab) + "\n", encoding="utf-8")
     release = open_release(tiny_checkpoint)
     with pytest.raises(GateError, match=r"tokenizer ids differ on \d+/65 texts \(first: #0"):
-        run_release(release)
+        run_release(release, until="validate")
 
 
 def test_cli_contract(tiny_checkpoint: Path, home: Path) -> None:
@@ -173,12 +175,21 @@ def test_cli_contract(tiny_checkpoint: Path, home: Path) -> None:
     )
     assert bad.returncode == 1 and "model name '../evil' is not allowed" in bad.stderr
     rel = subprocess.run(
-        [*cmd, "release", "--checkpoint", str(tiny_checkpoint), "--json"],
+        [*cmd, "release", "--checkpoint", str(tiny_checkpoint), "--until", "validate", "--json"],
         capture_output=True,
         text=True,
         timeout=300,
-        env={**__import__("os").environ, "SEQCLS_HOME": str(home)},
+        env={**os.environ, "SEQCLS_HOME": str(home)},
     )
     assert rel.returncode == 0, rel.stderr
     data = json.loads(rel.stdout)
     assert [r["status"] for r in data["results"]] == ["skipped", "ok", "ok"]
+    # the full release needs a Triton server: without one the message says how to start it
+    full = subprocess.run(
+        [*cmd, "release", "--checkpoint", str(tiny_checkpoint), "--grpc", "127.0.0.1:9"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "SEQCLS_HOME": str(home)},
+    )
+    assert full.returncode == 1 and "seqcls triton start" in full.stderr

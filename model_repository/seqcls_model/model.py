@@ -80,10 +80,12 @@ class TritonPythonModel:
             start = 0
             for i in group:
                 n = feeds[i][0].shape[0]
-                results[i] = logits[start:start + n]
+                results[i] = logits[start : start + n]
                 start += n
-        return [pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor("logits", r.astype(np.float32))])
-                for r in results]
+        return [
+            pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor("logits", r.astype(np.float32))])
+            for r in results
+        ]
 
 
 def _pad(x, length, value):

@@ -34,18 +34,34 @@ class TritonPythonModel:
         for request in requests:
             logits = pb_utils.get_input_tensor_by_name(request, "logits").as_numpy()
             if logits.ndim != 2 or logits.shape[1] != len(self.labels):
-                responses.append(pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(
-                    f"seqcls_postprocess: logits shape {list(logits.shape)}, expected [N, {len(self.labels)}]")))
+                responses.append(
+                    pb_utils.InferenceResponse(
+                        output_tensors=[],
+                        error=pb_utils.TritonError(
+                            f"seqcls_postprocess: logits shape {list(logits.shape)}, expected [N, {len(self.labels)}]"
+                        ),
+                    )
+                )
                 continue
             probs = seqcls_decide.sigmoid(logits)
             rows = seqcls_decide.decide(probs, self.thresholds, self.labels, hierarchy=self.hierarchy)
             payload = np.array(
-                [[json.dumps([{"label": lbl, "confidence": round(c, 6)} for lbl, c in row],
-                             ensure_ascii=False).encode("utf-8")] for row in rows],
+                [
+                    [
+                        json.dumps(
+                            [{"label": lbl, "confidence": round(c, 6)} for lbl, c in row], ensure_ascii=False
+                        ).encode("utf-8")
+                    ]
+                    for row in rows
+                ],
                 dtype=object,
             )
-            responses.append(pb_utils.InferenceResponse(output_tensors=[
-                pb_utils.Tensor("predictions", payload),
-                pb_utils.Tensor("probabilities", probs.astype(np.float32)),
-            ]))
+            responses.append(
+                pb_utils.InferenceResponse(
+                    output_tensors=[
+                        pb_utils.Tensor("predictions", payload),
+                        pb_utils.Tensor("probabilities", probs.astype(np.float32)),
+                    ]
+                )
+            )
         return responses

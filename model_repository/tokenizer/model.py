@@ -55,16 +55,25 @@ class TritonPythonModel:
             flat.extend("" if bad else t for t in texts)
         ids = seqcls_text.encode(self.tokenizer, flat) if flat else []
         responses = []
-        for (start, count), error in zip(per_request, errors):
+        for (start, count), error in zip(per_request, errors, strict=True):
             if error:
-                responses.append(pb_utils.InferenceResponse(
-                    output_tensors=[], error=pb_utils.TritonError(f"tokenizer: {error}")))
+                responses.append(
+                    pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(f"tokenizer: {error}"))
+                )
                 continue
             input_ids, type_ids = seqcls_text.pad(
-                ids[start:start + count], strategy=self.padding, max_length=self.max_length,
-                pad_id=self.pad_id, buckets=self.buckets)
-            responses.append(pb_utils.InferenceResponse(output_tensors=[
-                pb_utils.Tensor("input_ids", input_ids),
-                pb_utils.Tensor("token_type_ids", type_ids),
-            ]))
+                ids[start : start + count],
+                strategy=self.padding,
+                max_length=self.max_length,
+                pad_id=self.pad_id,
+                buckets=self.buckets,
+            )
+            responses.append(
+                pb_utils.InferenceResponse(
+                    output_tensors=[
+                        pb_utils.Tensor("input_ids", input_ids),
+                        pb_utils.Tensor("token_type_ids", type_ids),
+                    ]
+                )
+            )
         return responses

@@ -124,7 +124,7 @@ def _cmd_release(args: argparse.Namespace) -> tuple[int, Callable[[], None]]:
     from seqcls.pipeline import run_release
 
     release = _release_from_args(args)
-    results = run_release(release)
+    results = run_release(release, until=args.until)
     return 0, lambda: _print_results(args, release.workspace.root, results)
 
 
@@ -185,6 +185,7 @@ def build_parser() -> argparse.ArgumentParser:
         p.set_defaults(func=_cmd_step)
     p = sub.add_parser("release", help="run every step in order (skipping those already done)")
     _add_release_args(p)
+    p.add_argument("--until", choices=list(STEPS), default=None, help="stop after this step")
     p.set_defaults(func=_cmd_release)
     p = sub.add_parser("triton", help="the local Triton server (nvidia-pytriton's tritonserver, loopback)")
     p.add_argument("action", choices=["start", "stop", "status"])

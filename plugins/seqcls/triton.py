@@ -102,10 +102,18 @@ class TritonOps:
             return False
 
     def require_live(self) -> None:
-        retrying(
-            f"Triton at {self.endpoint.grpc} liveness",
-            lambda: self.client.is_server_live(client_timeout=5) or _raise_unavailable(),
-        )
+        try:
+            retrying(
+                f"Triton at {self.endpoint.grpc} liveness",
+                lambda: self.client.is_server_live(client_timeout=5) or _raise_unavailable(),
+                attempts=3,
+            )
+        except ServingError as exc:
+            raise ServingError(
+                f"Triton is not answering at {self.endpoint.grpc} ({exc}). For the local server run "
+                "`seqcls triton start`; for another server check SEQCLS_TRITON_GRPC or the triton_default "
+                "Airflow connection."
+            ) from exc
 
     def ready(self, model: str, version: int | None = None) -> bool:
         try:

@@ -44,24 +44,32 @@ GOLDEN_MIN = 24
 
 @dataclass(frozen=True)
 class TrainConfig:
-    """Model size and optimisation settings; the defaults fit ~2-3 minutes on two CPU cores."""
+    """Model size and optimisation settings; the defaults fit ~3 minutes on two CPU cores.
+
+    Training from scratch on ~1,200 texts: a wider initialisation than BERT's 0.02 and small
+    batches (more updates per second on a CPU) get the model past the "predict the label
+    priors" plateau within a couple of epochs instead of dozens.
+    """
 
     hidden_size: int = 128
     num_layers: int = 2
     num_heads: int = 4
     max_position: int = 512
+    initializer_range: float = 0.05
+    dropout: float = 0.1
     learning_rate: float = 1e-3
     weight_decay: float = 0.01
     warmup_ratio: float = 0.1
-    batch_size: int = 32
-    epochs: int = 30
-    max_seconds: float = 200.0
-    patience: int = 5
+    batch_size: int = 16
+    epochs: int = 24
+    max_seconds: float = 180.0
+    patience: int = 10
     threads: int = 2
 
 
-#: ``quick=True``: just enough training for tests (tens of seconds).
-QUICK = TrainConfig(epochs=8, max_seconds=30.0, patience=8)
+#: ``quick=True``: just enough training for tests (tens of seconds); no dropout and a wider init
+#: make 4 epochs reach a usable model (test micro-F1 ~0.9) at the cost of some generalisation.
+QUICK = TrainConfig(epochs=4, max_seconds=40.0, dropout=0.0, initializer_range=0.1)
 
 
 @dataclass
@@ -173,24 +181,24 @@ def select_golden(
 ) -> list[int]:
     """Indices of held-out texts for the smoke test: correct and confident, spread over labels.
 
-    Candidates are exact-match predictions with no probability within ``margin`` of 0.5; they
-    are taken round-robin over their rarest leaf label (so all labels get checked), most
-    confident first. If too few qualify (an under-trained quick run) the most confident texts
-    fill up the list, so golden.txt is never empty; the pipeline only needs stable decisions.
+    Candidates are exact-match predictions with no probability within ``margin`` of 0.5. They
+    are queued by their leaf label (two-branch texts get a queue of their own) and taken
+    round-robin, most confident first, so every label gets checked. If too few qualify (an
+    under-trained quick run) the most confident remaining texts top the list up to
+    ``GOLDEN_MIN``: the pipeline needs stable decisions more than correct ones.
     """
     pred = (probs >= THRESHOLD).astype("float32")
     confidence = np.abs(probs - THRESHOLD).min(axis=1)
     exact = (pred == gold).all(axis=1)
     candidates = [i for i in range(len(texts)) if exact[i] and confidence[i] >= margin]
     candidates.sort(key=lambda i: (-confidence[i], i))
-    by_label: dict[int, list[int]] = {}
-    leaf_count = gold.sum(axis=0)
+    by_key: dict[int, list[int]] = {}
     for i in candidates:
-        leaves = [j for j in np.flatnonzero(gold[i]) if "##" in labels[j]] or list(np.flatnonzero(gold[i]))
-        key = int(min(leaves, key=lambda j: (leaf_count[j], j))) if leaves else -1
-        by_label.setdefault(key, []).append(i)
+        leaves = [int(j) for j in np.flatnonzero(gold[i]) if "##" in labels[j]]
+        key = leaves[0] if len(leaves) == 1 else -1  # -1: several events (or none)
+        by_key.setdefault(key, []).append(i)
     chosen: list[int] = []
-    queues = [by_label[k] for k in sorted(by_label)]
+    queues = [by_key[k] for k in sorted(by_key)]
     while len(chosen) < limit and any(queues):
         for queue in queues:
             if queue and len(chosen) < limit:
@@ -235,8 +243,8 @@ def train_demo_checkpoint(
 ) -> TrainResult:
     """Train the demo ERNIE and save it (plus golden.txt and metrics.json) into ``out_dir``.
 
-    ``epochs`` / ``max_seconds`` override the mode's defaults (30 epochs / 200 s full,
-    8 epochs / 30 s quick); training also stops early when dev micro-F1 stops improving, and
+    ``epochs`` / ``max_seconds`` override the mode's defaults (24 epochs / 180 s full,
+    4 epochs / 40 s quick); training also stops early when dev micro-F1 stops improving, and
     the best-on-dev weights are the ones saved. Training is seeded and runs on the CPU.
     ``config`` replaces the mode's settings entirely (model size, learning rate, ...).
     """
@@ -277,6 +285,9 @@ def train_demo_checkpoint(
         intermediate_size=cfg.hidden_size * 4,
         max_position_embeddings=cfg.max_position,
         type_vocab_size=4,
+        hidden_dropout_prob=cfg.dropout,
+        attention_probs_dropout_prob=cfg.dropout,
+        initializer_range=cfg.initializer_range,
         num_labels=len(LABELS),
         pad_token_id=pad_id,
     )
@@ -294,6 +305,7 @@ def train_demo_checkpoint(
     )
     loss_fn = paddle.nn.BCEWithLogitsLoss()
     rng = np.random.default_rng(seed)
+    train_started = time.monotonic()
     log.info(
         "training demo ERNIE: %d train / %d dev / %d test texts, %d labels, vocab %d, "
         "hidden %d x %d layers, up to %d epochs / %.0f s",
@@ -331,8 +343,8 @@ def train_demo_checkpoint(
         if stale >= cfg.patience:
             log.info("dev micro-F1 has not improved for %d epochs; stopping", stale)
             break
-        # Stop if another epoch (about as long as the average one so far) would overrun the budget.
-        if elapsed + elapsed / epoch > budget:
+        # Stop if another epoch (as long as the average one so far) would overrun the budget.
+        if elapsed + (time.monotonic() - train_started) / epoch > budget:
             log.info("time budget of %.0f s reached after %d epochs", budget, epoch)
             break
 
