@@ -129,10 +129,18 @@ def _cmd_release(args: argparse.Namespace) -> tuple[int, Callable[[], None]]:
 
 
 def _cmd_demo_checkpoint(args: argparse.Namespace) -> tuple[int, Callable[[], None]]:
-    from seqcls.testing import build_tiny_checkpoint
+    if args.tiny:
+        from seqcls.testing import build_tiny_checkpoint
 
-    path = build_tiny_checkpoint(args.out, seed=args.seed, logit_scale=300.0)
-    return 0, lambda: print(f"checkpoint: {path}")
+        path = build_tiny_checkpoint(args.out, seed=args.seed, logit_scale=300.0)
+        return 0, lambda: print(f"checkpoint: {path} (tiny, random weights)")
+    from seqcls.demo.train import train_demo_checkpoint
+
+    result = train_demo_checkpoint(args.out, seed=args.seed, quick=args.quick)
+    return 0, lambda: print(
+        f"checkpoint: {result.path} (trained {result.epochs} epochs in {result.seconds:.0f}s; held-out "
+        f"micro-F1 {result.micro_f1:.3f}, macro-F1 {result.macro_f1:.3f})"
+    )
 
 
 def _cmd_triton(args: argparse.Namespace) -> tuple[int, Callable[[], None]]:
@@ -174,10 +182,12 @@ def build_parser() -> argparse.ArgumentParser:
         "export": "dygraph checkpoint → static graph",
         "convert": "static graph → ONNX (verified)",
         "validate": "parity gate: tokenizer ids, logits, decisions",
+        "register": "MLflow model version with lineage, alias candidate (idempotent per fingerprint)",
         "publish": "write the release as a new immutable Triton version",
         "reload": "load the published version on every Triton endpoint (explicit mode), readiness verified",
         "smoke": "golden texts over gRPC must give the validated answers",
-        "rollback": "serve what was served before this release",
+        "promote": "MLflow alias champion → this version (previous kept as previous-champion)",
+        "rollback": "serve what was served before this release; undo its registry changes",
     }
     for name in [*STEPS, *EXTRA_STEPS]:
         p = sub.add_parser(name, help=helps.get(name, name))
@@ -192,9 +202,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--home", type=Path, default=None)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=_cmd_triton)
-    p = sub.add_parser("demo-checkpoint", help="build a small checkpoint to try the pipeline on")
+    p = sub.add_parser("demo-checkpoint", help="train the demo classifier (bundled dataset, ~2 min on 2 CPU cores)")
     p.add_argument("out", type=Path, help="directory to write the checkpoint to")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--quick", action="store_true", help="train briefly (~25 s; lower F1)")
+    p.add_argument("--tiny", action="store_true", help="no training: a tiny random model (for plumbing tests)")
     p.set_defaults(func=_cmd_demo_checkpoint)
     return parser
 

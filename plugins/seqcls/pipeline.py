@@ -2,7 +2,7 @@
 
 Each step is a function ``(Release) -> StepResult`` in its own module; this table is the one
 place that knows their order, used by the CLI and mirrored by the Airflow DAG's task chain.
-A failure after ``publish`` triggers a rollback before the error propagates, so a failed
+A failure from ``publish`` on triggers a rollback before the error propagates, so a failed
 release leaves the served model as it was.
 """
 
@@ -35,6 +35,18 @@ def _validate(release: Release) -> StepResult:
     return validate(release)
 
 
+def _register(release: Release) -> StepResult:
+    from seqcls.registry import register
+
+    return register(release)
+
+
+def _promote(release: Release) -> StepResult:
+    from seqcls.registry import promote
+
+    return promote(release)
+
+
 def _publish(release: Release) -> StepResult:
     from seqcls.publish import publish
 
@@ -63,19 +75,21 @@ STEPS: dict[str, Callable[[Release], StepResult]] = {
     "export": _export,
     "convert": _convert,
     "validate": _validate,
+    "register": _register,
     "publish": _publish,
     "reload": _reload,
     "smoke": _smoke,
+    "promote": _promote,
 }
-#: Steps after which a failure must be undone on the live servers.
-GUARDED = ("reload", "smoke")
+#: Steps whose failure must be undone (registry changes from register, live servers from reload).
+GUARDED = ("publish", "reload", "smoke", "promote")
 EXTRA_STEPS: dict[str, Callable[[Release], StepResult]] = {"rollback": _rollback}
 
 
 def run_release(release: Release, *, until: str | None = None) -> list[StepResult]:
     """Run every step in order (skipping those already done); stop after ``until`` if given.
 
-    If a step after ``publish`` fails, roll back (restoring what was served) and re-raise.
+    If a step from ``publish`` on fails, roll back (what was served, the registry) and re-raise.
     """
     results = []
     for name, fn in STEPS.items():

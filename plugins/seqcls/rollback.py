@@ -35,8 +35,14 @@ def _prior(release: Release) -> dict | None:
     return None
 
 
-def rollback(release: Release, endpoints: Sequence[Endpoint] | None = None, *, reason: str = "") -> StepResult:
-    """Undo this release's reload on every endpoint; a no-op (status ok) when nothing is to undo."""
+def rollback(
+    release: Release, endpoints: Sequence[Endpoint] | None = None, *, reason: str = "", registry: bool = True
+) -> StepResult:
+    """Undo this release on every endpoint, then in the registry; a no-op when nothing is to undo.
+
+    Triton first: serving the old model again matters more than the ledger, and must not wait
+    for (or fail with) an unreachable MLflow.
+    """
     ws = release.workspace
     try:
         version = published_version(release)
@@ -86,4 +92,12 @@ def rollback(release: Release, endpoints: Sequence[Endpoint] | None = None, *, r
     result = ws.run_step(STEP, inputs, body, out_dir=OUT_DIR, always_run=True)
     if result.summary.get("rolled_back"):
         ws.mark("publish", failed_version=version, rolled_back=True, rollback_reason=reason)
+    if registry:
+        from seqcls.registry import undo
+
+        registry_result = undo(release, reason=reason)
+        result.summary["registry"] = registry_result
+        ws.mark(STEP, registry=registry_result)
+        if registry_result.get("actions"):
+            result.message += "; registry: " + "; ".join(registry_result["actions"])
     return result

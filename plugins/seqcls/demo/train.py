@@ -22,7 +22,7 @@ import math
 import random
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -44,7 +44,7 @@ GOLDEN_MIN = 24
 
 @dataclass(frozen=True)
 class TrainConfig:
-    """Model size and optimisation settings; the defaults fit ~3 minutes on two CPU cores.
+    """Model size and optimisation settings; the defaults take ~2-3 minutes on two CPU cores.
 
     Training from scratch on ~1,200 texts: a wider initialisation than BERT's 0.02 and small
     batches (more updates per second on a CPU) get the model past the "predict the label
@@ -107,7 +107,9 @@ def _multi_hot(rows: Sequence[dict], labels: Sequence[str]) -> np.ndarray:
     return out
 
 
-def _batches(ids: list[list[int]], order: Sequence[int], batch_size: int, pad_id: int):
+def _batches(
+    ids: list[list[int]], order: Sequence[int], batch_size: int, pad_id: int
+) -> Iterator[tuple[list[int], np.ndarray]]:
     """(indices, padded input_ids) per batch; padding is masked by ERNIE (pad_token_id)."""
     for start in range(0, len(order), batch_size):
         idx = list(order[start : start + batch_size])
