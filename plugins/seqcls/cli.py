@@ -172,6 +172,12 @@ def _cmd_triton(args: argparse.Namespace) -> tuple[int, Callable[[], None]]:
     return code, show
 
 
+def _cmd_bench(args: argparse.Namespace) -> tuple[int, Callable[[], None]]:
+    from seqcls import bench
+
+    return bench.run_from_args(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     from seqcls.pipeline import EXTRA_STEPS, STEPS
 
@@ -202,6 +208,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--home", type=Path, default=None)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=_cmd_triton)
+    p = sub.add_parser("bench", help="benchmark every serving profile on a real local Triton (see README)")
+    p.add_argument("--home", type=Path, default=None)
+    p.set_defaults(func=_cmd_bench, bench_parser=p)
+    try:
+        from seqcls import bench
+
+        bench.add_arguments(p)
+    except ImportError:  # the benchmark module is optional for the release path
+        pass
     p = sub.add_parser("demo-checkpoint", help="train the demo classifier (bundled dataset, ~2 min on 2 CPU cores)")
     p.add_argument("out", type=Path, help="directory to write the checkpoint to")
     p.add_argument("--seed", type=int, default=0)

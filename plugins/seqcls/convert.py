@@ -10,6 +10,7 @@ float output whose last dimension is the number of labels.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 from collections.abc import Iterator
@@ -26,6 +27,7 @@ OUT_DIR = "onnx"
 MODEL_FILE = "model.onnx"
 INPUT_NAMES = ("input_ids", "token_type_ids")
 OUTPUT_NAME = "logits"
+SERVED_FILE = "served.onnx"  # the profile's optimised model (fp32-fused, int8); fp32 serves model.onnx
 
 
 @contextlib.contextmanager
@@ -150,6 +152,7 @@ def convert(release: Release) -> StepResult:
         "opset": cfg.opset,
         "num_labels": release.checkpoint.num_labels,
         "output_name": OUTPUT_NAME,
+        "profile": cfg.profile,
     }
 
     def body(out: Path) -> tuple[dict, str]:
@@ -163,6 +166,21 @@ def convert(release: Release) -> StepResult:
             f"{MODEL_FILE} {facts['bytes'] / 1e6:.1f} MB, opset {facts['opset']}, output "
             f"{facts['renamed_from']!r} → {OUTPUT_NAME!r}, checker passed"
         )
+        if cfg.profile != "fp32":
+            from seqcls.optimize import optimize_onnx
+
+            config = json.loads((release.checkpoint.path / "config.json").read_text(encoding="utf-8"))
+            log.info("convert: applying serving profile %s → %s", cfg.profile, SERVED_FILE)
+            facts["optimize"] = optimize_onnx(
+                out / MODEL_FILE,
+                out / SERVED_FILE,
+                cfg.profile,
+                num_heads=int(config.get("num_attention_heads", 12)),
+                hidden_size=int(config.get("hidden_size", 768)),
+            )
+            verify_onnx(out / SERVED_FILE, release.checkpoint.num_labels)
+            facts["served_file"] = f"{OUT_DIR}/{SERVED_FILE}"
+            msg += f"; profile {cfg.profile}: {SERVED_FILE} {(out / SERVED_FILE).stat().st_size / 1e6:.1f} MB"
         return facts, msg
 
     return ws.run_step(STEP, inputs, body, out_dir=OUT_DIR)

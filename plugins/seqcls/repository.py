@@ -70,6 +70,7 @@ class ServingOptions:
     graph_optimization_level: str = "all"
     gpu_accelerator: str = "none"
     keep_previous_loaded: bool = True
+    tokenizer_impl: str = "hf"  # "hf": seqcls_text (fast); "paddlenlp": the classic per-request tokenizer
 
     def __post_init__(self) -> None:
         from seqcls.settings import DEVICES, RUNTIMES
@@ -81,6 +82,7 @@ class ServingOptions:
             "batching": (self.batching, BATCHINGS),
             "graph_optimization_level": (self.graph_optimization_level, tuple(GRAPH_LEVELS)),
             "gpu_accelerator": (self.gpu_accelerator, ACCELERATORS),
+            "tokenizer_impl": (self.tokenizer_impl, ("hf", "paddlenlp")),
         }
         for name, (value, allowed) in checks.items():
             if value not in allowed:

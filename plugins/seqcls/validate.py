@@ -47,8 +47,11 @@ class Tolerance:
 
 
 def served_onnx(release: Release) -> Path:
-    """The ONNX file that serving will run (profiles other than fp32 may replace it later)."""
-    return release.workspace.path("onnx/model.onnx")
+    """The ONNX file serving runs: ``onnx/model.onnx`` (fp32) or the profile's ``onnx/served.onnx``."""
+    served = release.workspace.path("onnx/served.onnx")
+    return (
+        served if release.config.profile != "fp32" and served.is_file() else release.workspace.path("onnx/model.onnx")
+    )
 
 
 def golden_texts(release: Release) -> tuple[list[str], str]:

@@ -1,0 +1,251 @@
+"""The seqcls side of the Airflow integration: DAG params → library objects, and task summaries.
+
+``dags/seqcls_release.py`` is a thin shell: every task turns its params into
+:class:`~seqcls.settings.Settings` + :class:`~seqcls.config.ReleaseConfig`, re-opens the release
+workspace (deterministic, so no XCom is needed to find it) and calls one library step. The
+helpers here do that mapping and nothing else; release logic stays in the step modules.
+
+This module imports nothing from Airflow, so the heavy Paddle tasks can call it from another
+interpreter (``@task.external_python``) where Airflow may not be installed. Connections are read
+through :mod:`seqcls.airflow.hooks` (imported lazily, only by :func:`task_settings`), and the UI
+links live in :mod:`seqcls.airflow.plugin`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Mapping
+from dataclasses import fields
+from pathlib import Path
+from typing import Any
+
+from seqcls.config import ReleaseConfig
+from seqcls.errors import CheckpointError, InputError
+from seqcls.settings import Settings
+
+log = logging.getLogger("seqcls.airflow")
+
+#: DAG task id → the manifest step it runs (in order). ``resolve_checkpoint`` opens the
+#: workspace; ``rollback`` runs only after a failure.
+TASK_STEPS: dict[str, str] = {
+    "export_static": "export",
+    "convert_onnx": "convert",
+    "validate_parity": "validate",
+    "register_model": "register",
+    "publish_repository": "publish",
+    "reload_triton": "reload",
+    "smoke_test": "smoke",
+    "promote": "promote",
+}
+TASK_ORDER: tuple[str, ...] = ("resolve_checkpoint", *TASK_STEPS, "rollback")
+#: Tasks whose failure leaves something to undo on the servers or in the registry.
+ROLLBACK_ON: tuple[str, ...] = ("publish_repository", "reload_triton", "smoke_test")
+
+LATEST = "latest"
+#: DAG params that are not release parameters (they pick a checkpoint, a runtime, connections...).
+NON_RELEASE_PARAMS = frozenset({"checkpoint", "runtime", "triton_conn_id", "mlflow_conn_id", "skip_if_champion"})
+RELEASE_PARAMS = frozenset(f.name for f in fields(ReleaseConfig))
+
+#: XCom keys holding URLs the UI shows as task extra links (see ``seqcls.airflow.plugin``).
+MLFLOW_URL_KEY = "seqcls_mlflow_url"
+TRITON_URL_KEY = "seqcls_triton_url"
+
+
+def as_params(params: Mapping[str, Any] | str | None) -> dict[str, Any]:
+    """Params as a plain dict (a Mapping from the context, or JSON rendered by a template)."""
+    if params is None:
+        return {}
+    if isinstance(params, str):
+        try:
+            params = json.loads(params)
+        except ValueError as exc:
+            raise InputError(f"DAG params are not valid JSON ({exc}): {params[:200]!r}") from exc
+    if not isinstance(params, Mapping):
+        raise InputError(f"DAG params must be a mapping, got {type(params).__name__}")
+    return {k: params[k] for k in params}
+
+
+def config_from_params(params: Mapping[str, Any] | str | None) -> ReleaseConfig:
+    """The validated release config; a bad value raises InputError naming the param."""
+    values = as_params(params)
+    unknown = sorted(set(values) - RELEASE_PARAMS - NON_RELEASE_PARAMS)
+    if unknown:
+        raise InputError(f"unknown DAG param(s): {', '.join(unknown)}")
+    thresholds = values.get("thresholds")
+    if isinstance(thresholds, str):  # the trigger form may send an object as JSON text
+        try:
+            values["thresholds"] = json.loads(thresholds) if thresholds.strip() else {}
+        except ValueError as exc:
+            raise InputError(f"thresholds must be a JSON object label -> threshold ({exc})") from exc
+    return ReleaseConfig.from_dict({k: v for k, v in values.items() if k in RELEASE_PARAMS})
+
+
+def locate_checkpoint(value: str | None, settings: Settings) -> Path:
+    """The ``checkpoint`` param as a directory: absolute, relative to the checkpoints root, or
+    ``latest`` (the newest checkpoint under the root)."""
+    text = (value or "").strip()
+    if not text:
+        raise InputError("checkpoint is empty: give a checkpoint directory or 'latest'")
+    if text == LATEST:
+        from seqcls.checkpoint import find_latest
+
+        path = find_latest(settings.checkpoints_root)
+        log.info("checkpoint 'latest' under %s → %s", settings.checkpoints_root, path)
+        return path
+    path = Path(text).expanduser()
+    if not path.is_absolute():  # relative to the checkpoints root, without climbing out of it
+        if ".." in path.parts:
+            raise InputError(f"checkpoint {text!r}: '..' is not allowed in a path relative to the checkpoints root")
+        path = Path(settings.checkpoints_root or ".") / path
+    return path
+
+
+def settings_from_params(params: Mapping[str, Any] | str | None, **overrides: Any) -> Settings:
+    """Settings from the environment + the ``runtime`` param (no Airflow Connections)."""
+    values = as_params(params)
+    return Settings.from_env(runtime=values.get("runtime") or None, **overrides)
+
+
+def task_settings(params: Mapping[str, Any] | str | None) -> Settings:
+    """Settings for a task that talks to Triton or MLflow: the param-named Connections win."""
+    from seqcls.airflow.hooks import MlflowHook, TritonHook
+
+    values = as_params(params)
+    triton = TritonHook(values.get("triton_conn_id") or TritonHook.default_conn_name)
+    mlflow = MlflowHook(values.get("mlflow_conn_id") or MlflowHook.default_conn_name)
+    return settings_from_params(values, **triton.settings_overrides(), mlflow_tracking_uri=mlflow.tracking_uri)
+
+
+def open_for_task(
+    checkpoint: str | None,
+    params: Mapping[str, Any] | str | None,
+    settings: Settings | None = None,
+    *,
+    fingerprint: str | None = None,
+):
+    """Re-open the release a run works on: from resolve_checkpoint's XCom, else from params.
+
+    ``checkpoint``/``fingerprint`` are what ``resolve_checkpoint`` resolved (empty under
+    ``airflow tasks test``, where the ``checkpoint`` param is used instead). A fingerprint that
+    no longer matches means the checkpoint directory changed during the run.
+    """
+    from seqcls.workspace import open_release
+
+    values = as_params(params)
+    settings = settings or settings_from_params(values)
+    config = config_from_params(values)
+    path = locate_checkpoint(checkpoint or values.get("checkpoint"), settings)
+    release = open_release(path, config, settings)
+    if fingerprint and release.checkpoint.fingerprint != fingerprint:
+        raise CheckpointError(
+            f"{path}: fingerprint is now {release.checkpoint.short_fingerprint}, but this run resolved "
+            f"{fingerprint[:16]}: the checkpoint changed during the run; trigger a new run."
+        )
+    return release
+
+
+def _figure(value: Any) -> str | None:
+    if isinstance(value, bool) or value is None:
+        return None if value is None else str(value).lower()
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, str) and len(value) <= 80:
+        return value
+    return None
+
+
+def report(result, *, logger: logging.Logger | None = None) -> dict[str, Any]:
+    """Log a step's outcome as a short story; return the small dict a task pushes to XCom."""
+    logger = logger or log
+    logger.info("%s", result.line())
+    figures = {k: v for k, v in result.summary.items() if _figure(v) is not None}
+    if figures:
+        logger.info("%s figures: %s", result.step, ", ".join(f"{k}={_figure(v)}" for k, v in figures.items()))
+    root = Path(result.workspace)
+    if result.outputs:
+        sizes = []
+        for rel in list(result.outputs)[:8]:
+            p = root / rel
+            size = p.stat().st_size if p.is_file() else 0
+            sizes.append(f"{rel} ({size / 1e6:.2f} MB)" if size >= 10_000 else rel)
+        more = f" and {len(result.outputs) - 8} more" if len(result.outputs) > 8 else ""
+        logger.info("%s artifacts in %s: %s%s", result.step, root, ", ".join(sizes), more)
+    else:
+        logger.info("%s workspace: %s", result.step, root)
+    return {
+        "step": result.step,
+        "status": result.status,
+        "seconds": round(float(result.seconds), 3),
+        "message": result.message,
+        "workspace": str(root),
+        **{k: v for k, v in figures.items() if not isinstance(v, str) or len(v) <= 200},
+    }
+
+
+def champion_skip_reason(release, *, model_name: str) -> str | None:
+    """Why a run need not release: this fingerprint already is the MLflow champion (else None)."""
+    from seqcls.registry import champion_fingerprint
+
+    champion = champion_fingerprint(release.settings, model_name)
+    if champion and champion == release.checkpoint.fingerprint:
+        return (
+            f"checkpoint {release.checkpoint.path} (fingerprint {release.checkpoint.short_fingerprint}) is "
+            f"already the MLflow champion of {model_name!r}: nothing to release"
+        )
+    log.info(
+        "MLflow champion of %r: %s; this checkpoint: %s",
+        model_name,
+        champion[:16] if champion else "none yet",
+        release.checkpoint.short_fingerprint,
+    )
+    return None
+
+
+def triton_model_url(settings: Settings, version: int | None, model: str = "seqcls") -> str | None:
+    """Triton's HTTP metadata URL for the served ensemble version (first endpoint), if known."""
+    if not version or not settings.triton_http:
+        return None
+    host = settings.triton_http[0]
+    base = host if host.startswith(("http://", "https://")) else f"http://{host}"
+    return f"{base.rstrip('/')}/v2/models/{model}/versions/{version}"
+
+
+def mlflow_version_url(settings: Settings, model_name: str, version: int | None) -> str | None:
+    if not version:
+        return None
+    from seqcls.registry import model_version_url
+
+    return model_version_url(settings, model_name, version)
+
+
+def configure_logging() -> None:
+    """In an external interpreter nothing configures logging: send INFO to stdout (the task log)."""
+    root = logging.getLogger()
+    if not root.handlers:
+        import sys
+
+        logging.basicConfig(level=logging.INFO, stream=sys.stdout, format="%(levelname)s %(name)s: %(message)s")
+
+
+__all__ = [
+    "LATEST",
+    "MLFLOW_URL_KEY",
+    "ROLLBACK_ON",
+    "TASK_ORDER",
+    "TASK_STEPS",
+    "TRITON_URL_KEY",
+    "as_params",
+    "champion_skip_reason",
+    "config_from_params",
+    "configure_logging",
+    "locate_checkpoint",
+    "mlflow_version_url",
+    "open_for_task",
+    "report",
+    "settings_from_params",
+    "task_settings",
+    "triton_model_url",
+]

@@ -1,0 +1,167 @@
+"""Airflow hooks for the two systems a release talks to: Triton servers and MLflow.
+
+Each hook resolves one Connection into the arguments the seqcls library takes — a list of
+:class:`~seqcls.triton.Endpoint` plus the live repository path, or a tracking URI — and caches
+one client. No release logic lives here; retries are the library's (``seqcls.triton.retrying``).
+
+Connection formats (the same ones ``docker-compose.airflow.yml`` defines)::
+
+    triton_default  conn_type generic; host/port = one replica's gRPC address, or extras
+                    grpc_endpoints  "triton-a:8001,triton-b:8001"   one per replica
+                    http_endpoints  "triton-a:8000,triton-b:8000"   same order (optional)
+                    repository      "/models"  the live model repository as the workers see it
+    mlflow_default  conn_type generic; extra tracking_uri, else schema://host:port (schema http)
+
+Resolution order: constructor arguments > Connection > ``SEQCLS_*`` environment > embedded
+defaults. A Connection that does not exist is not an error: the hook logs that it falls back to
+:mod:`seqcls.settings` (the local embedded setup: Triton on 127.0.0.1, MLflow on sqlite).
+"""
+
+from __future__ import annotations
+
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+from airflow.sdk import BaseHook
+from airflow.sdk.exceptions import AirflowNotFoundException
+
+from seqcls.errors import InputError
+from seqcls.settings import Settings
+from seqcls.triton import Endpoint
+
+
+def _split(value: Any) -> list[str]:
+    if not value:
+        return []
+    if isinstance(value, list | tuple):
+        return [str(v).strip() for v in value if str(v).strip()]
+    return [p.strip() for p in str(value).split(",") if p.strip()]
+
+
+class _SeqclsHook(BaseHook):
+    """Shared: one Connection, looked up once; ``None`` (logged) when it does not exist."""
+
+    conn_name_attr = "conn_id"
+    default_conn_name = ""
+    conn_type = "generic"
+    fallback = ""
+
+    def __init__(self, conn_id: str | None = None) -> None:
+        super().__init__()
+        self.conn_id = conn_id or self.default_conn_name
+        setattr(self, self.conn_name_attr, self.conn_id)  # e.g. self.triton_conn_id, provider style
+
+    @cached_property
+    def connection(self):
+        try:
+            return self.get_connection(self.conn_id)
+        except AirflowNotFoundException:
+            self.log.info("Airflow connection %r is not defined; using %s", self.conn_id, self.fallback)
+            return None
+
+    @property
+    def extra(self) -> dict[str, Any]:
+        conn = self.connection
+        return dict(conn.extra_dejson) if conn is not None else {}
+
+
+class TritonHook(_SeqclsHook):
+    """Triton endpoints (one per replica) and the live model repository from a Connection."""
+
+    conn_name_attr = "triton_conn_id"
+    default_conn_name = "triton_default"
+    hook_name = "Triton Inference Server (seqcls)"
+    fallback = "SEQCLS_TRITON_GRPC / SEQCLS_TRITON_HTTP / SEQCLS_TRITON_REPOSITORY or the local defaults"
+    DEFAULT_GRPC_PORT = 8001
+
+    def __init__(
+        self,
+        triton_conn_id: str | None = None,
+        *,
+        grpc: list[str] | None = None,
+        http: list[str] | None = None,
+        repository: str | Path | None = None,
+    ) -> None:
+        super().__init__(triton_conn_id)
+        self._grpc, self._http, self._repository = grpc, http, repository
+
+    @cached_property
+    def endpoints(self) -> list[Endpoint]:
+        """Endpoints from arguments / the Connection; empty → the caller uses its settings."""
+        grpc = _split(self._grpc) or _split(self.extra.get("grpc_endpoints"))
+        if not grpc and self.connection is not None and self.connection.host:
+            grpc = [f"{self.connection.host}:{self.connection.port or self.DEFAULT_GRPC_PORT}"]
+        http = _split(self._http) or _split(self.extra.get("http_endpoints"))
+        if http and len(http) != len(grpc):
+            raise InputError(
+                f"connection {self.conn_id!r}: {len(grpc)} gRPC endpoint(s) {grpc} but {len(http)} HTTP "
+                f"endpoint(s) {http}; list one of each per Triton replica, in the same order."
+            )
+        endpoints = [Endpoint(g, http[i] if http else None) for i, g in enumerate(grpc)]
+        if endpoints:
+            self.log.info(
+                "Triton from connection %r: %s",
+                self.conn_id,
+                ", ".join(f"gRPC {e.grpc}" + (f" / HTTP {e.http}" if e.http else "") for e in endpoints),
+            )
+        return endpoints
+
+    @cached_property
+    def repository(self) -> Path | None:
+        value = self._repository or self.extra.get("repository")
+        return Path(value) if value else None
+
+    def settings_overrides(self) -> dict[str, Any]:
+        """Keyword overrides for :meth:`Settings.from_env` (None = keep the settings' value)."""
+        eps = self.endpoints
+        return {
+            "triton_grpc": tuple(e.grpc for e in eps) or None,
+            "triton_http": tuple(e.http for e in eps if e.http) or None,
+            "triton_repository": self.repository,
+        }
+
+    def get_conn(self) -> list[Endpoint]:
+        """The endpoints every serving step should talk to (settings defaults when unset)."""
+        if self.endpoints:
+            return self.endpoints
+        from seqcls.triton import endpoints_from_settings
+
+        return endpoints_from_settings(Settings.from_env())
+
+
+class MlflowHook(_SeqclsHook):
+    """The MLflow tracking/registry URI from a Connection, and one cached ``MlflowClient``."""
+
+    conn_name_attr = "mlflow_conn_id"
+    default_conn_name = "mlflow_default"
+    hook_name = "MLflow (seqcls)"
+    fallback = "SEQCLS_MLFLOW_TRACKING_URI / MLFLOW_TRACKING_URI or the sqlite store under SEQCLS_HOME"
+
+    def __init__(self, mlflow_conn_id: str | None = None, *, tracking_uri: str | None = None) -> None:
+        super().__init__(mlflow_conn_id)
+        self._tracking_uri = tracking_uri
+
+    @cached_property
+    def tracking_uri(self) -> str | None:
+        """URI from arguments / the Connection; None → the settings' default."""
+        uri = self._tracking_uri or self.extra.get("tracking_uri")
+        conn = self.connection
+        if not uri and conn is not None and conn.host:
+            scheme = conn.schema or "http"
+            uri = f"{scheme}://{conn.host}" + (f":{conn.port}" if conn.port else "")
+        if uri:
+            self.log.info("MLflow from connection %r: %s", self.conn_id, uri)
+        return uri or None
+
+    def get_conn(self):
+        return self.client
+
+    @cached_property
+    def client(self):
+        from seqcls.registry import client
+
+        return client(Settings.from_env(mlflow_tracking_uri=self.tracking_uri))
+
+
+__all__ = ["MlflowHook", "TritonHook"]
