@@ -8,7 +8,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.seqcls-installed-$(shell cat requirements.txt pyproject.toml | sha256sum | cut -c1-12)
 PYTEST_ARGS ?=
 
-.PHONY: setup system-deps demo test lint clean-demo
+.PHONY: setup system-deps demo test lint clean-demo airflow-ui bench
 
 setup: $(STAMP)
 
@@ -29,6 +29,15 @@ system-deps:
 # Main job end to end on embedded defaults (builds the demo checkpoint once, then releases it).
 demo: setup
 	@bash scripts/demo.sh
+
+# The Airflow UI (api-server, scheduler, dag-processor, triggerer) + local Triton on 127.0.0.1:8080,
+# login admin / seqcls-demo, until Ctrl-C.
+airflow-ui: setup
+	.venv/bin/seqcls airflow-ui
+
+# The serving benchmark (see README: Performance); QUICK=1 for the seconds-long harness check.
+bench: setup
+	.venv/bin/seqcls bench $(if $(QUICK),--quick,)
 
 # The test suite CI runs (.ci/run calls exactly this): lint, then every test tier.
 test: setup

@@ -1,12 +1,10 @@
 #!/usr/bin/env bash
-# The main job on embedded defaults: build (or reuse) the demo checkpoint and release it.
-# Everything lives under var/demo/ (SEQCLS_HOME) unless SEQCLS_HOME is set.
+# The main job on embedded defaults (see README): `seqcls demo` trains or reuses the demo
+# checkpoint, starts the local Triton, runs the seqcls_release DAG with Airflow on sqlite and
+# prints what is served. State lives under var/demo/ (SEQCLS_DEMO_DIR to move it).
+# KEEP=1 leaves the local Triton running afterwards.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-export SEQCLS_HOME="${SEQCLS_HOME:-$PWD/var/demo/home}"
-CKPT="${SEQCLS_DEMO_CHECKPOINT:-$PWD/var/demo/checkpoint}"
-SEQCLS=.venv/bin/seqcls
-if [ ! -f "$CKPT/config.json" ]; then
-  "$SEQCLS" demo-checkpoint "$CKPT"
-fi
-"$SEQCLS" release --checkpoint "$CKPT"
+args=()
+[ "${KEEP:-}" = "1" ] && args+=(--keep-servers)
+exec .venv/bin/seqcls demo "${args[@]}"

@@ -172,6 +172,46 @@ def _cmd_triton(args: argparse.Namespace) -> tuple[int, Callable[[], None]]:
     return code, show
 
 
+def _cmd_demo(args: argparse.Namespace) -> tuple[int, Callable[[], None]]:
+    from seqcls.demo.run import report, run_demo
+
+    result = run_demo(keep_servers=args.keep_servers, quick=args.quick)
+    return 0, lambda: print(report(result))
+
+
+def _cmd_airflow_ui(args: argparse.Namespace) -> tuple[int, Callable[[], None]]:
+    import signal
+    import time
+
+    from seqcls.demo.run import demo_dir
+    from seqcls.demo.stack import USER, AirflowStack
+    from seqcls.settings import Settings
+    from seqcls.tritonserver import LocalTriton, TritonServerConfig
+
+    root = demo_dir()
+    settings = Settings.from_env(home=Path(os.environ.get("SEQCLS_HOME") or root / "home"))
+    triton = LocalTriton(TritonServerConfig.from_settings(settings))
+    triton.start()
+    stack = AirflowStack(root, settings, port=args.port, password=args.password)
+    try:
+        stack.start()
+        print(
+            f"Airflow UI: {stack.url}  (user {USER}, password {args.password}); DAG seqcls_release — trigger it "
+            "with a checkpoint directory. Triton gRPC " + settings.triton_grpc[0] + ". Ctrl-C stops everything.",
+            file=sys.stderr,
+            flush=True,
+        )
+        signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+        while True:
+            time.sleep(1)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        stack.stop()
+        triton.stop()
+    return 0, lambda: print("stopped: Airflow components and the local Triton")
+
+
 def _cmd_bench(args: argparse.Namespace) -> tuple[int, Callable[[], None]]:
     from seqcls import bench
 
@@ -208,6 +248,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--home", type=Path, default=None)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=_cmd_triton)
+    p = sub.add_parser("demo", help="the main job: train the demo model, release it through the Airflow DAG")
+    p.add_argument("--keep-servers", action="store_true", help="leave the local Triton running afterwards")
+    p.add_argument("--quick", action="store_true", help="train the demo model briefly (~25 s)")
+    p.set_defaults(func=_cmd_demo)
+    p = sub.add_parser("airflow-ui", help="run the Airflow UI + scheduler + local Triton on 127.0.0.1 until Ctrl-C")
+    p.add_argument("--port", type=int, default=8080)
+    p.add_argument("--password", default="seqcls-demo", help="password of user admin")
+    p.set_defaults(func=_cmd_airflow_ui)
     p = sub.add_parser("bench", help="benchmark every serving profile on a real local Triton (see README)")
     p.add_argument("--home", type=Path, default=None)
     p.set_defaults(func=_cmd_bench, bench_parser=p)

@@ -97,6 +97,12 @@ def find_version(c, name: str, fingerprint: str):
     return max(found, key=lambda v: int(v.version)) if found else None
 
 
+def alias_version(settings: Settings, model_name: str, alias: str) -> int | None:
+    """The version an alias points to (None when unset or the model is not registered)."""
+    mv = _alias(client(settings), model_name, alias)
+    return int(mv.version) if mv is not None else None
+
+
 def champion_fingerprint(settings: Settings, model_name: str) -> str | None:
     """Fingerprint of the version the ``champion`` alias points to (None: no champion yet)."""
     c = client(settings)
