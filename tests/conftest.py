@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from seqcls.tritonserver import LocalTriton, TritonServerConfig, free_ports
 
 # Keep every test off the user's real ~/.seqcls and ~/airflow, and the logs readable.
 os.environ.setdefault("GLOG_minloglevel", "2")
@@ -64,3 +67,36 @@ def tiny_checkpoint_b(tiny_checkpoint_b_src: Path, tmp_path: Path) -> Path:
     dst = tmp_path / "ckpt_b"
     shutil.copytree(tiny_checkpoint_b_src, dst)
     return dst
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[LocalTriton]:
+    """A real local Triton (explicit mode, loopback, free ports) for one test; stopped afterwards."""
+
+    http, grpc, metrics = free_ports(3)
+    cfg = TritonServerConfig(
+        repository=tmp_path / "repo",
+        http_port=http,
+        grpc_port=grpc,
+        metrics_port=metrics,
+        state_dir=tmp_path / "triton-state",
+    )
+    srv = LocalTriton(cfg)
+    srv.start()
+    yield srv
+    srv.stop()
+    assert not srv.status().running
+
+
+def settings_for(server, home: Path, source: Path | None = None):
+    """Settings pointing the library at ``server`` (its repository and endpoints)."""
+    from seqcls.settings import Settings
+
+    cfg = server.config
+    return Settings(
+        home=home,
+        triton_repository=cfg.repository,
+        triton_grpc=(cfg.grpc_url,),
+        triton_http=(cfg.http_url,),
+        model_repository_source=source,
+    )

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+
 from seqcls.checkpoint import find_latest, resolve_checkpoint
 from seqcls.errors import CheckpointError
 

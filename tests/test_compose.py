@@ -19,6 +19,7 @@ from urllib.parse import urlsplit
 
 import pytest
 import yaml
+
 from seqcls import settings
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -135,9 +136,7 @@ def _pins(path: Path) -> dict[str, str]:
 
 
 def _settings_env_names() -> set[str]:
-    return {
-        value for name, value in vars(settings).items() if name.startswith("ENV_") and isinstance(value, str)
-    }
+    return {value for name, value in vars(settings).items() if name.startswith("ENV_") and isinstance(value, str)}
 
 
 def _host_port(endpoint: str) -> tuple[str, int]:
@@ -229,9 +228,7 @@ def test_triton_explicit_model_control(services: dict) -> None:
 
 
 @pytest.mark.parametrize("name", AIRFLOW_SERVICES)
-def test_triton_repository_is_one_named_volume_shared_with_airflow(
-    compose: dict, services: dict, name: str
-) -> None:
+def test_triton_repository_is_one_named_volume_shared_with_airflow(compose: dict, services: dict, name: str) -> None:
     repository = _options(_command(services["triton"]))["--model-repository"]
     airflow_env = _env(services[name])
     assert airflow_env.get(settings.ENV_TRITON_REPOSITORY) == repository, (

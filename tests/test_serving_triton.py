@@ -6,7 +6,6 @@ import json
 import shutil
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -17,38 +16,11 @@ from seqcls.pipeline import run_release
 from seqcls.repository import COMPOSING, ENSEMBLE, MODELS, Repository
 from seqcls.settings import PROJECT_ROOT, Settings
 from seqcls.smoke import infer
-from seqcls.tritonserver import LocalTriton, TritonServerConfig, free_ports
+from seqcls.tritonserver import LocalTriton
 from seqcls.workspace import open_release
+from tests.conftest import settings_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
-
-
-@pytest.fixture
-def server(tmp_path: Path) -> Iterator[LocalTriton]:
-    http, grpc, metrics = free_ports(3)
-    cfg = TritonServerConfig(
-        repository=tmp_path / "repo",
-        http_port=http,
-        grpc_port=grpc,
-        metrics_port=metrics,
-        state_dir=tmp_path / "triton-state",
-    )
-    srv = LocalTriton(cfg)
-    srv.start()
-    yield srv
-    srv.stop()
-    assert not srv.status().running
-
-
-def _settings(server: LocalTriton, home: Path, source: Path | None = None) -> Settings:
-    cfg = server.config
-    return Settings(
-        home=home,
-        triton_repository=cfg.repository,
-        triton_grpc=(cfg.grpc_url,),
-        triton_http=(cfg.http_url,),
-        model_repository_source=source,
-    )
 
 
 def _client(server: LocalTriton):
@@ -66,7 +38,7 @@ def _ready(server: LocalTriton) -> dict[str, list[str]]:
 
 
 def test_publish_reload_smoke_and_rerun(server: LocalTriton, tiny_checkpoint: Path, home: Path) -> None:
-    settings = _settings(server, home)
+    settings = settings_for(server, home)
     results = run_release(open_release(tiny_checkpoint, settings=settings))
     by = {r.step: r for r in results}
     assert by["publish"].summary["version"] == 1 and not by["publish"].summary["reused"]
@@ -91,7 +63,7 @@ def test_publish_reload_smoke_and_rerun(server: LocalTriton, tiny_checkpoint: Pa
 def test_hot_reload_under_load_then_rollback(
     server: LocalTriton, tiny_checkpoint: Path, tiny_checkpoint_b: Path, home: Path
 ) -> None:
-    settings = _settings(server, home)
+    settings = settings_for(server, home)
     run_release(open_release(tiny_checkpoint, settings=settings))
     stop, sent, failed, errors = threading.Event(), [0], [0], []
 
@@ -150,7 +122,7 @@ def _assert_v1_serving(server: LocalTriton, settings: Settings) -> None:
 def test_broken_versions_fail_clearly_and_v1_keeps_serving(
     server: LocalTriton, tiny_checkpoint: Path, home: Path, tmp_path: Path
 ) -> None:
-    good = _settings(server, home)
+    good = settings_for(server, home)
     run_release(open_release(tiny_checkpoint, settings=good))
 
     # 1. a config template that does not parse: refused at publish, nothing touched
@@ -161,7 +133,7 @@ def test_broken_versions_fail_clearly_and_v1_keeps_serving(
         ),
     )
     with pytest.raises(ServingError, match=r"seqcls_postprocess/config\.pbtxt: not a valid Triton model config"):
-        run_release(open_release(tiny_checkpoint, settings=_settings(server, home, src)))
+        run_release(open_release(tiny_checkpoint, settings=settings_for(server, home, src)))
     _assert_v1_serving(server, good)
 
     # 2. a model that raises in initialize(): load fails with the server's message → rolled back
@@ -174,7 +146,7 @@ def test_broken_versions_fail_clearly_and_v1_keeps_serving(
             )
         )
 
-    bad = _settings(server, home, _broken_source(tmp_path / "b", raise_in_init))
+    bad = settings_for(server, home, _broken_source(tmp_path / "b", raise_in_init))
     release = open_release(tiny_checkpoint, settings=bad)
     with pytest.raises(ServingError, match=r"load 'tokenizer'.*boom-init"):
         run_release(release)
@@ -188,7 +160,7 @@ def test_broken_versions_fail_clearly_and_v1_keeps_serving(
             p.read_text().replace('name: "logits" data_type: TYPE_FP32', 'name: "logits" data_type: TYPE_FP16')
         )
 
-    bad = _settings(server, home, _broken_source(tmp_path / "c", fp16_logits))
+    bad = settings_for(server, home, _broken_source(tmp_path / "c", fp16_logits))
     with pytest.raises(ServingError, match="load 'seqcls'"):
         run_release(open_release(tiny_checkpoint, settings=bad))
     _assert_v1_serving(server, good)
@@ -198,7 +170,9 @@ def test_broken_versions_fail_clearly_and_v1_keeps_serving(
         p = s / "seqcls" / "config.pbtxt.tmpl"
         p.write_text(p.read_text() + "# edited\n")
 
-    release = open_release(tiny_checkpoint, settings=_settings(server, home, _broken_source(tmp_path / "d", comment)))
+    release = open_release(
+        tiny_checkpoint, settings=settings_for(server, home, _broken_source(tmp_path / "d", comment))
+    )
     repo = Repository.from_settings(good)
     before = {m: repo.config_text(m) for m in MODELS}
     run_release(release, until="publish")
@@ -221,9 +195,9 @@ def test_smoke_failure_rolls_back(
         p = s / "seqcls_postprocess" / "model.py"
         p.write_text(p.read_text().replace("seqcls_decide.sigmoid(logits)", "seqcls_decide.sigmoid(-logits)"))
 
-    settings = _settings(server, home)
+    settings = settings_for(server, home)
     run_release(open_release(tiny_checkpoint, settings=settings))
-    release = open_release(tiny_checkpoint_b, settings=_settings(server, home, _broken_source(tmp_path, negate)))
+    release = open_release(tiny_checkpoint_b, settings=settings_for(server, home, _broken_source(tmp_path, negate)))
     with pytest.raises(SmokeError, match=r"smoke test of seqcls version 2 failed: .*answers differ — #0 "):
         run_release(release)
     assert release.workspace.step("smoke")["status"] == "failed"
@@ -235,7 +209,7 @@ def test_hostile_requests(server: LocalTriton, tiny_checkpoint: Path, home: Path
     import tritonclient.grpc as grpcclient
     from tritonclient.utils import InferenceServerException
 
-    run_release(open_release(tiny_checkpoint, settings=_settings(server, home)), until="smoke")
+    run_release(open_release(tiny_checkpoint, settings=settings_for(server, home)), until="smoke")
     client = _client(server)
     preds, probs = infer(client, ["", "x" * 1_000_000, "正常文本"])
     assert len(preds) == 3 and probs.shape == (3, 7)

@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import psutil
 import pytest
+
 from seqcls.errors import InputError, ServingError
 from seqcls.settings import Settings
 from seqcls.tritonserver import (

@@ -1,0 +1,438 @@
+"""The seqcls_release DAG on a real Airflow 3 (sqlite, migrated once), a real local Triton and MLflow.
+
+Airflow reads its configuration once per process, at first import, so this module points it at
+a private AIRFLOW_HOME before anything imports airflow (never ~/airflow). Runs use ``dag.test()``
+(tasks in this process, no scheduler): its DagRun state and per-task states are asserted, the
+task logs (captured output) must tell the story with figures.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+DAGS = ROOT / "dags"
+PLUGINS = ROOT / "plugins"
+DAG_ID = "seqcls_release"
+TASKS = (
+    "resolve_checkpoint",
+    "export_static",
+    "convert_onnx",
+    "validate_parity",
+    "register_model",
+    "publish_repository",
+    "reload_triton",
+    "smoke_test",
+    "promote",
+    "rollback",
+)
+
+
+def _private_airflow_home() -> Path:
+    """One AIRFLOW_HOME per pytest process (shared by the Airflow test modules), removed at exit."""
+    home = os.environ.get("SEQCLS_TEST_AIRFLOW_HOME")
+    if not home:
+        if "airflow.configuration" in sys.modules:
+            pytest.skip("airflow was imported before the Airflow tests could isolate AIRFLOW_HOME")
+        home = tempfile.mkdtemp(prefix="seqcls-airflow-")
+        atexit.register(shutil.rmtree, home, ignore_errors=True)
+        os.environ.update(
+            SEQCLS_TEST_AIRFLOW_HOME=home,
+            AIRFLOW_HOME=home,
+            AIRFLOW__CORE__LOAD_EXAMPLES="False",
+            AIRFLOW__CORE__DAGS_FOLDER=str(DAGS),
+            AIRFLOW__CORE__PLUGINS_FOLDER=str(PLUGINS),
+            AIRFLOW__CORE__PARALLELISM="4",
+        )
+        os.environ.pop("SEQCLS_PADDLE_PYTHON", None)
+        os.environ.pop("SEQCLS_SCHEDULE", None)
+    return Path(home)
+
+
+AIRFLOW_HOME = _private_airflow_home()
+
+
+def _airflow(*args: str, timeout: float = 120, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    cmd = [str(Path(sys.executable).with_name("airflow")), *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env or os.environ.copy())
+
+
+@pytest.fixture(scope="session")
+def airflow_db() -> Path:
+    """`airflow db migrate` once per test session (sqlite in the private AIRFLOW_HOME)."""
+    marker = AIRFLOW_HOME / ".seqcls-migrated"
+    if not marker.exists():
+        t0 = time.perf_counter()
+        out = _airflow("db", "migrate", timeout=300)
+        assert out.returncode == 0, out.stderr[-3000:]
+        marker.write_text(f"{time.perf_counter() - t0:.1f}s\n")
+    return AIRFLOW_HOME
+
+
+def _parse(monkeypatch: pytest.MonkeyPatch | None = None, **env: str | None):
+    """Parse the dags folder (fresh each time: the DAG reads its env at parse time)."""
+    from airflow.dag_processing.dagbag import DagBag
+
+    mp = monkeypatch or pytest.MonkeyPatch()
+    for key, value in env.items():
+        if value is None:
+            mp.delenv(key, raising=False)
+        else:
+            mp.setenv(key, value)
+    bag = DagBag(dag_folder=str(DAGS))
+    assert bag.import_errors == {}, bag.import_errors
+    assert list(bag.dags) == [DAG_ID]
+    return bag.dags[DAG_ID]
+
+
+def _run(dag, conf: dict) -> tuple[object, dict[str, str]]:
+    t0 = time.perf_counter()
+    dr = dag.test(run_conf=conf)
+    tis = {ti.task_id: ti for ti in dr.get_task_instances()}
+    states = {tid: str(getattr(ti.state, "value", ti.state)) for tid, ti in tis.items()}
+    timing = ", ".join(f"{tid} {tis[tid].duration or 0:.1f}s" for tid in TASKS if tid in tis)
+    print(f"\n{DAG_ID} run {dr.state} in {time.perf_counter() - t0:.1f}s: {timing}")
+    return dr, states
+
+
+def _ready(server) -> dict[str, list[str]]:
+    import tritonclient.grpc as grpcclient
+
+    client = grpcclient.InferenceServerClient(url=server.config.grpc_url)
+    out: dict[str, list[str]] = {}
+    for m in client.get_model_repository_index().models:
+        if m.state == "READY":
+            out.setdefault(m.name, []).append(m.version)
+    return out
+
+
+def _champion(model: str = "seqcls"):
+    from seqcls.registry import CHAMPION, _alias, client
+    from seqcls.settings import Settings
+
+    return _alias(client(Settings.from_env()), model, CHAMPION)
+
+
+@pytest.fixture
+def triton(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[object]:
+    """A real local Triton on free loopback ports, wired in as the `triton_default` connection."""
+    from seqcls.tritonserver import LocalTriton, TritonServerConfig, free_ports
+
+    http, grpc, metrics = free_ports(3)
+    cfg = TritonServerConfig(
+        repository=tmp_path / "triton-repo",
+        http_port=http,
+        grpc_port=grpc,
+        metrics_port=metrics,
+        state_dir=tmp_path / "triton-state",
+    )
+    server = LocalTriton(cfg)
+    server.start()
+    conn = {
+        "conn_type": "generic",
+        "host": "127.0.0.1",
+        "port": grpc,
+        "extra": {"grpc_endpoints": cfg.grpc_url, "http_endpoints": cfg.http_url, "repository": str(cfg.repository)},
+    }
+    monkeypatch.setenv("AIRFLOW_CONN_TRITON_DEFAULT", json.dumps(conn))
+    yield server
+    server.stop()
+    assert not server.status().running
+
+
+# ----------------------------------------------------------------------------- fast: no services
+
+
+def test_params_map_to_release_config_and_name_the_bad_one(tmp_path: Path) -> None:
+    from seqcls.airflow import config_from_params, locate_checkpoint, settings_from_params
+    from seqcls.errors import InputError
+
+    cfg = config_from_params({"checkpoint": "latest", "model_name": "m1", "thresholds": '{"体育": 0.7}', "opset": 15})
+    assert (cfg.model_name, cfg.opset, cfg.thresholds) == ("m1", 15, {"体育": 0.7})
+    for bad, name in (({"model_name": "../evil"}, "model name"), ({"atol": 2}, "atol"), ({"nope": 1}, "nope")):
+        with pytest.raises(InputError, match=name):
+            config_from_params(bad)
+    settings = settings_from_params({}, checkpoints_root=tmp_path)
+    assert locate_checkpoint("run-7", settings) == tmp_path / "run-7"
+    with pytest.raises(InputError, match=r"'\.\.' is not allowed"):
+        locate_checkpoint("../outside", settings)
+
+
+def test_hooks_read_connections_and_fall_back_to_settings(monkeypatch: pytest.MonkeyPatch) -> None:
+    from seqcls.airflow import task_settings
+    from seqcls.airflow.hooks import MlflowHook, TritonHook
+    from seqcls.errors import InputError
+
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_TRITON_DEFAULT",
+        json.dumps({"conn_type": "generic", "extra": {"grpc_endpoints": "a:1, b:2", "http_endpoints": "a:3,b:4"}}),
+    )
+    monkeypatch.setenv("AIRFLOW_CONN_TRITON_ONE", json.dumps({"conn_type": "generic", "host": "t", "port": 9001}))
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_TRITON_BAD", json.dumps({"extra": {"grpc_endpoints": "a:1", "http_endpoints": "a:3,b:4"}})
+    )
+    monkeypatch.setenv("AIRFLOW_CONN_MLFLOW_DEFAULT", json.dumps({"conn_type": "generic", "host": "ml", "port": 5000}))
+    hook = TritonHook()
+    assert [(e.grpc, e.http) for e in hook.get_conn()] == [("a:1", "a:3"), ("b:2", "b:4")]
+    assert [e.grpc for e in TritonHook("triton_one").get_conn()] == ["t:9001"]
+    assert TritonHook("triton_one", grpc=["x:1"]).endpoints[0].grpc == "x:1"  # arguments beat the connection
+    with pytest.raises(InputError, match="one of each per Triton replica"):
+        TritonHook("triton_bad").get_conn()
+    assert MlflowHook().tracking_uri == "http://ml:5000"
+    # a missing connection: settings defaults (the local embedded setup)
+    assert TritonHook("nope").settings_overrides() == {
+        "triton_grpc": None,
+        "triton_http": None,
+        "triton_repository": None,
+    }
+    settings = task_settings({"triton_conn_id": "nope", "mlflow_conn_id": "nope"})
+    assert settings.triton_grpc == ("127.0.0.1:8001",) and str(settings.mlflow_tracking_uri).startswith("sqlite:///")
+    settings = task_settings({"runtime": "onnxruntime"})
+    assert settings.triton_grpc == ("a:1", "b:2") and settings.mlflow_tracking_uri == "http://ml:5000"
+    assert settings.runtime == "onnxruntime"
+
+
+# ----------------------------------------------------------------------------- parse + plugin
+
+
+@pytest.mark.slow
+def test_dag_imports_with_the_release_shape(monkeypatch: pytest.MonkeyPatch) -> None:
+    from airflow.sdk import TriggerRule
+
+    dag = _parse(monkeypatch, SEQCLS_SCHEDULE=None, SEQCLS_PADDLE_PYTHON=None)
+    assert tuple(t.task_id for t in dag.topological_sort()) == TASKS
+    assert dag.schedule is None and dag.catchup is False and dag.max_active_runs == 1
+    assert dag.doc_md and "seqcls_release" in dag.doc_md
+    assert dag.get_task("rollback").trigger_rule == TriggerRule.ONE_FAILED
+    assert dag.get_task("rollback").upstream_task_ids == {"publish_repository", "reload_triton", "smoke_test"}
+    assert dag.get_task("export_static").upstream_task_ids == {"resolve_checkpoint"}
+    assert type(dag.get_task("export_static")).__name__ == "_PythonDecoratedOperator"
+    for name, param in dag.params.items():
+        assert param.schema.get("title"), f"param {name} has no title for the trigger form"
+    assert dag.params["checkpoint"] == "latest" and dag.params["triton_conn_id"] == "triton_default"
+    # schedule and interpreter are chosen by env at parse time
+    dag = _parse(monkeypatch, SEQCLS_SCHEDULE="asset", SEQCLS_PADDLE_PYTHON=sys.executable)
+    assert [a.uri for a in dag.schedule] == ["seqcls://checkpoints/seqcls"]
+    assert type(dag.get_task("export_static")).__name__ == "_PythonExternalDecoratedOperator"
+    assert dag.get_task("export_static").python == sys.executable
+    dag = _parse(monkeypatch, SEQCLS_SCHEDULE="0 3 * * *", SEQCLS_PADDLE_PYTHON=None)
+    assert dag.schedule == "0 3 * * *" and type(dag.timetable).__name__ == "CronTriggerTimetable"
+
+
+@pytest.mark.slow
+def test_plugin_is_listed_without_import_errors() -> None:
+    out = _airflow("plugins", "-o", "json", timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    plugins = {p["name"]: p for p in json.loads(out.stdout[out.stdout.index("[") :])}
+    assert plugins["seqcls"]["source"] == "$PLUGINS_FOLDER/seqcls_plugin.py"
+    links = " ".join(plugins["seqcls"]["global_operator_extra_links"])
+    assert "MlflowModelVersionLink" in links and "TritonModelLink" in links
+    code = "import json; from airflow import plugins_manager as pm; print(json.dumps(pm._get_plugins()[1]))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == {}
+
+
+# ----------------------------------------------------------------------------- runs (dag.test)
+
+
+@pytest.mark.slow
+@pytest.mark.integration
+@pytest.mark.timeout(600)
+def test_release_skip_then_smoke_failure_rolls_back(
+    airflow_db: Path,
+    triton,
+    tiny_checkpoint: Path,
+    tiny_checkpoint_b: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    from seqcls.repository import ENSEMBLE, MODELS, Repository
+    from seqcls.settings import PROJECT_ROOT, Settings
+
+    root = tmp_path / "checkpoints"
+    ckpt_a = root / "run-a"
+    shutil.copytree(tiny_checkpoint, ckpt_a)
+    monkeypatch.setenv("SEQCLS_CHECKPOINTS_ROOT", str(root))
+    dag = _parse(monkeypatch, SEQCLS_PADDLE_PYTHON=None)
+
+    # 1. a full release: Triton serves version 1, MLflow champion is it, the logs tell the story
+    dr, states = _run(dag, {"checkpoint": str(ckpt_a)})
+    assert dr.state == "success", states
+    assert states == {**{t: "success" for t in TASKS}, "rollback": "skipped"}
+    assert _ready(triton) == {m: ["1"] for m in MODELS}
+    settings = Settings.from_env(triton_repository=triton.config.repository)
+    assert Repository.from_settings(settings).serving_version() == 1
+    champion = _champion()
+    from seqcls.checkpoint import resolve_checkpoint
+
+    fp_a = resolve_checkpoint(ckpt_a).fingerprint
+    assert champion is not None and champion.version == "1" and champion.tags["fingerprint"] == fp_a
+    logs = capfd.readouterr()
+    text = logs.out + logs.err
+    for line in (
+        "manual run releases",
+        "export: ok in",
+        "convert figures: opset=14",
+        "validate figures: provider=CPUExecutionProvider, texts=65",
+        "logits_max_abs_diff=",
+        "register: ok in",
+        "publish: ok in",
+        "reload: ok in",
+        "smoke figures: version=1, texts=65, p50_ms=",
+        "promote: ok in",
+        "champion → seqcls version 1",
+        f"publish link: http://{triton.config.http_url.split('://')[-1]}/v2/models/{ENSEMBLE}/versions/1",
+    ):
+        assert line in text, f"task logs lack {line!r}"
+    # the plugin's extra link reads the URL the task pushed (as the API server does)
+    from seqcls.airflow.plugin import MlflowModelVersionLink, TritonModelLink
+
+    ti = next(t for t in dr.get_task_instances() if t.task_id == "reload_triton")
+    assert TritonModelLink().get_link(dag.get_task("reload_triton"), ti_key=ti.key).endswith("/versions/1")
+    assert MlflowModelVersionLink().get_link(dag.get_task("reload_triton"), ti_key=ti.key) == ""
+
+    # 2. what a scheduled run does — `latest`, already champion — ends with every task skipped
+    dr, states = _run(dag, {})
+    assert dr.state == "success" and set(states.values()) == {"skipped"}, states
+    assert "is already the MLflow champion" in "".join(capfd.readouterr())
+
+    # 3. a release whose served answers differ: smoke fails → rollback → version 1 serves again
+    def negate(src: Path) -> None:
+        p = src / "seqcls_postprocess" / "model.py"
+        p.write_text(p.read_text().replace("seqcls_decide.sigmoid(logits)", "seqcls_decide.sigmoid(-logits)"))
+
+    broken = tmp_path / "broken_source"
+    shutil.copytree(PROJECT_ROOT / "model_repository", broken)
+    negate(broken)
+    monkeypatch.setenv("SEQCLS_MODEL_REPOSITORY_SOURCE", str(broken))
+    dr, states = _run(dag, {"checkpoint": str(tiny_checkpoint_b)})
+    assert dr.state == "failed", states
+    assert states == {
+        **{t: "success" for t in TASKS[:7]},
+        "smoke_test": "failed",
+        "promote": "upstream_failed",
+        "rollback": "success",
+    }
+    assert _ready(triton) == {m: ["1"] for m in MODELS}
+    assert Repository.from_settings(settings).serving_version() == 1
+    champion = _champion()
+    assert champion.version == "1" and champion.tags["fingerprint"] == fp_a
+    text = "".join(capfd.readouterr())
+    assert "smoke test of seqcls version 2 failed" in text
+    assert "rollback: ok in" in text and "serving 1 again" in text
+
+
+@pytest.mark.slow
+@pytest.mark.integration
+@pytest.mark.timeout(400)
+def test_parity_failure_in_external_python_registers_and_publishes_nothing(
+    airflow_db: Path, tiny_checkpoint: Path, home: Path, monkeypatch: pytest.MonkeyPatch, capfd
+) -> None:
+    # Heavy steps in another interpreter (here: this venv's, where seqcls is installed).
+    dag = _parse(monkeypatch, SEQCLS_PADDLE_PYTHON=sys.executable)
+    # An editor padded a vocab line: PaddleNLP keeps "公 ", the serving tokenizer trims it.
+    vocab = (tiny_checkpoint / "vocab.txt").read_text(encoding="utf-8").splitlines()
+    vocab[vocab.index("公")] = "公 "
+    (tiny_checkpoint / "vocab.txt").write_text("\n".join(vocab) + "\n", encoding="utf-8")
+
+    dr, states = _run(dag, {"checkpoint": str(tiny_checkpoint)})
+    assert dr.state == "failed", states
+    assert states == {
+        "resolve_checkpoint": "success",
+        "export_static": "success",
+        "convert_onnx": "success",
+        "validate_parity": "failed",
+        **{t: "upstream_failed" for t in TASKS[4:9]},
+        "rollback": "skipped",
+    }
+    text = "".join(capfd.readouterr())
+    assert "Executing cmd: " + sys.executable in text  # really ran in the external interpreter
+    assert "tokenizer ids differ on" in text
+    from seqcls.registry import client
+    from seqcls.settings import Settings
+
+    assert client(Settings.from_env()).search_registered_models() == []
+    repo = Settings.from_env().triton_repository
+    assert not repo.exists() or not any(repo.iterdir())
+
+
+@pytest.mark.slow
+@pytest.mark.integration
+@pytest.mark.timeout(300)
+def test_bad_params_fail_before_any_work(
+    airflow_db: Path, tiny_checkpoint: Path, home: Path, monkeypatch: pytest.MonkeyPatch, capfd
+) -> None:
+    from airflow.sdk.exceptions import ParamValidationError
+
+    dag = _parse(monkeypatch, SEQCLS_PADDLE_PYTHON=None)
+    with pytest.raises(ParamValidationError, match="opset"):  # the trigger form's schema
+        dag.test(run_conf={"checkpoint": str(tiny_checkpoint), "opset": 99})
+    # passes the schema, refused by the library: no path traversal through the model name
+    dr, states = _run(dag, {"checkpoint": str(tiny_checkpoint), "model_name": "x..y"})
+    assert dr.state == "failed"
+    assert states == {
+        "resolve_checkpoint": "failed",
+        **{t: "upstream_failed" for t in TASKS[1:9]},
+        "rollback": "skipped",
+    }
+    assert "bad release input: model name 'x..y' is not allowed" in "".join(capfd.readouterr())
+    assert not (home / "releases").exists()
+
+
+# ----------------------------------------------------------------------------- airflow tasks test
+
+
+@pytest.mark.slow
+@pytest.mark.integration
+@pytest.mark.timeout(600)
+def test_tasks_test_script_runs_every_task(airflow_db: Path, triton, tiny_checkpoint: Path, tmp_path: Path) -> None:
+    cmd = [
+        sys.executable,
+        str(ROOT / "scripts" / "airflow-tasks-test.py"),
+        "--checkpoint",
+        str(tiny_checkpoint),
+        "--logs",
+        str(tmp_path / "logs"),
+        "--task-timeout",
+        "300",
+    ]
+    t0 = time.perf_counter()
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=560, env=os.environ.copy())
+    print(f"\n{out.stdout}{out.stderr[-3000:]}\ntasks-test script: {time.perf_counter() - t0:.0f}s")
+    assert out.returncode == 0
+    for task_id in TASKS:
+        assert f"✓ {task_id} " in out.stdout
+    assert "✓ rollback skipped" in out.stdout
+    assert _ready(triton)["seqcls"] == ["1"]
+    assert _champion().version == "1"
+
+
+@pytest.mark.slow
+@pytest.mark.integration
+@pytest.mark.timeout(300)
+def test_tasks_test_script_stops_at_the_first_failure(airflow_db: Path, tiny_checkpoint: Path, tmp_path: Path) -> None:
+    """`tasks test` exits 0 on a failed task: the script must notice (here: export) and stop."""
+    config = json.loads((tiny_checkpoint / "config.json").read_text())
+    config["num_hidden_layers"] += 1  # the weights lack a layer: cheap checks pass, export refuses
+    (tiny_checkpoint / "config.json").write_text(json.dumps(config))
+    cmd = [sys.executable, str(ROOT / "scripts" / "airflow-tasks-test.py"), "--checkpoint", str(tiny_checkpoint)]
+    out = subprocess.run(
+        [*cmd, "--logs", str(tmp_path / "logs")], capture_output=True, text=True, timeout=280, env=os.environ.copy()
+    )
+    assert out.returncode == 1, out.stdout + out.stderr[-2000:]
+    assert "✓ resolve_checkpoint success" in out.stdout and "convert_onnx" not in out.stdout + out.stderr
+    assert "✗ export_static" in out.stderr and "manifest: export failed — CheckpointError" in out.stderr
+    assert str(tmp_path / "logs" / "01-export_static.log") in out.stderr
