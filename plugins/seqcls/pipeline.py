@@ -8,8 +8,10 @@ release leaves the served model as it was.
 
 from __future__ import annotations
 
+import importlib
 import logging
 from collections.abc import Callable
+from typing import Any
 
 from seqcls.errors import SeqclsError
 from seqcls.workspace import Release, StepResult
@@ -17,73 +19,31 @@ from seqcls.workspace import Release, StepResult
 log = logging.getLogger(__name__)
 
 
-def _export(release: Release) -> StepResult:
-    from seqcls.export import export
+def _lazy(module: str, name: str, **kwargs: Any) -> Callable[[Release], StepResult]:
+    """A step function imported on first call, so importing the pipeline stays cheap."""
 
-    return export(release)
+    def run(release: Release) -> StepResult:
+        return getattr(importlib.import_module(module), name)(release, **kwargs)
 
-
-def _convert(release: Release) -> StepResult:
-    from seqcls.convert import convert
-
-    return convert(release)
-
-
-def _validate(release: Release) -> StepResult:
-    from seqcls.validate import validate
-
-    return validate(release)
-
-
-def _register(release: Release) -> StepResult:
-    from seqcls.registry import register
-
-    return register(release)
-
-
-def _promote(release: Release) -> StepResult:
-    from seqcls.registry import promote
-
-    return promote(release)
-
-
-def _publish(release: Release) -> StepResult:
-    from seqcls.publish import publish
-
-    return publish(release)
-
-
-def _reload(release: Release) -> StepResult:
-    from seqcls.reload import reload
-
-    return reload(release)
-
-
-def _smoke(release: Release) -> StepResult:
-    from seqcls.smoke import smoke
-
-    return smoke(release)
-
-
-def _rollback(release: Release) -> StepResult:
-    from seqcls.rollback import rollback
-
-    return rollback(release, reason="requested")
+    run.__name__ = name
+    return run
 
 
 STEPS: dict[str, Callable[[Release], StepResult]] = {
-    "export": _export,
-    "convert": _convert,
-    "validate": _validate,
-    "register": _register,
-    "publish": _publish,
-    "reload": _reload,
-    "smoke": _smoke,
-    "promote": _promote,
+    "export": _lazy("seqcls.export", "export"),
+    "convert": _lazy("seqcls.convert", "convert"),
+    "validate": _lazy("seqcls.validate", "validate"),
+    "register": _lazy("seqcls.registry", "register"),
+    "publish": _lazy("seqcls.publish", "publish"),
+    "reload": _lazy("seqcls.reload", "reload"),
+    "smoke": _lazy("seqcls.smoke", "smoke"),
+    "promote": _lazy("seqcls.registry", "promote"),
 }
 #: Steps whose failure must be undone (registry changes from register, live servers from reload).
 GUARDED = ("publish", "reload", "smoke", "promote")
-EXTRA_STEPS: dict[str, Callable[[Release], StepResult]] = {"rollback": _rollback}
+EXTRA_STEPS: dict[str, Callable[[Release], StepResult]] = {
+    "rollback": _lazy("seqcls.rollback", "rollback", reason="requested")
+}
 
 
 def run_release(release: Release, *, until: str | None = None) -> list[StepResult]:
