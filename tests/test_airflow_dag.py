@@ -55,8 +55,6 @@ def _private_airflow_home() -> Path:
             AIRFLOW__CORE__PLUGINS_FOLDER=str(PLUGINS),
             AIRFLOW__CORE__PARALLELISM="4",
         )
-        os.environ.pop("SEQCLS_PADDLE_PYTHON", None)
-        os.environ.pop("SEQCLS_SCHEDULE", None)
     return Path(home)
 
 
@@ -66,6 +64,21 @@ AIRFLOW_HOME = _private_airflow_home()
 def _airflow(*args: str, timeout: float = 120, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     cmd = [str(Path(sys.executable).with_name("airflow")), *args]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env or os.environ.copy())
+
+
+@pytest.fixture(autouse=True)
+def _task_logs_reach_this_test() -> Iterator[None]:
+    """Airflow configures logging once per process, binding the root StreamHandler to the
+    sys.stdout of that moment (pytest's capture file of an earlier test): point it at fd 1, which
+    pytest redirects to this test's capture (capfd included)."""
+    import logging
+
+    stream = open(1, "w", buffering=1, encoding="utf-8", errors="replace", closefd=False)  # noqa: SIM115
+    for handler in logging.getLogger().handlers:
+        if type(handler) is logging.StreamHandler:
+            handler.stream = stream  # not setStream(): it flushes the old, possibly closed stream
+    yield
+    stream.flush()
 
 
 @pytest.fixture(scope="session")
@@ -102,7 +115,8 @@ def _run(dag, conf: dict) -> tuple[object, dict[str, str]]:
     tis = {ti.task_id: ti for ti in dr.get_task_instances()}
     states = {tid: str(getattr(ti.state, "value", ti.state)) for tid, ti in tis.items()}
     timing = ", ".join(f"{tid} {tis[tid].duration or 0:.1f}s" for tid in TASKS if tid in tis)
-    print(f"\n{DAG_ID} run {dr.state} in {time.perf_counter() - t0:.1f}s: {timing}")
+    # dag.test() swaps sys.stdout; the original stream still reaches pytest's capture / the terminal
+    print(f"\n{DAG_ID} run {dr.state} in {time.perf_counter() - t0:.1f}s: {timing}", file=sys.__stderr__, flush=True)
     return dr, states
 
 
@@ -125,30 +139,17 @@ def _champion(model: str = "seqcls"):
 
 
 @pytest.fixture
-def triton(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[object]:
-    """A real local Triton on free loopback ports, wired in as the `triton_default` connection."""
-    from seqcls.tritonserver import LocalTriton, TritonServerConfig, free_ports
-
-    http, grpc, metrics = free_ports(3)
-    cfg = TritonServerConfig(
-        repository=tmp_path / "triton-repo",
-        http_port=http,
-        grpc_port=grpc,
-        metrics_port=metrics,
-        state_dir=tmp_path / "triton-state",
-    )
-    server = LocalTriton(cfg)
-    server.start()
+def triton(server, monkeypatch: pytest.MonkeyPatch):
+    """conftest's real local Triton, wired in as the `triton_default` connection."""
+    cfg = server.config
     conn = {
         "conn_type": "generic",
         "host": "127.0.0.1",
-        "port": grpc,
+        "port": cfg.grpc_port,
         "extra": {"grpc_endpoints": cfg.grpc_url, "http_endpoints": cfg.http_url, "repository": str(cfg.repository)},
     }
     monkeypatch.setenv("AIRFLOW_CONN_TRITON_DEFAULT", json.dumps(conn))
-    yield server
-    server.stop()
-    assert not server.status().running
+    return server
 
 
 # ----------------------------------------------------------------------------- fast: no services
@@ -279,7 +280,7 @@ def test_release_skip_then_smoke_failure_rolls_back(
     from seqcls.checkpoint import resolve_checkpoint
 
     fp_a = resolve_checkpoint(ckpt_a).fingerprint
-    assert champion is not None and champion.version == "1" and champion.tags["fingerprint"] == fp_a
+    assert champion is not None and int(champion.version) == 1 and champion.tags["fingerprint"] == fp_a
     logs = capfd.readouterr()
     text = logs.out + logs.err
     for line in (
@@ -308,6 +309,19 @@ def test_release_skip_then_smoke_failure_rolls_back(
     dr, states = _run(dag, {})
     assert dr.state == "success" and set(states.values()) == {"skipped"}, states
     assert "is already the MLflow champion" in "".join(capfd.readouterr())
+    # a real scheduled / asset-triggered run ignores the checkpoint and skip_if_champion params
+    from types import SimpleNamespace
+
+    from airflow.sdk.exceptions import AirflowSkipException
+
+    resolve = dag.get_task("resolve_checkpoint").python_callable
+    for run_type in ("scheduled", "asset_triggered"):
+        with pytest.raises(AirflowSkipException, match="already the MLflow champion"):
+            resolve(
+                params={**dag.params.dump(), "checkpoint": "/nowhere", "skip_if_champion": False},
+                dag_run=SimpleNamespace(run_type=run_type),
+                ti=None,
+            )
 
     # 3. a release whose served answers differ: smoke fails → rollback → version 1 serves again
     def negate(src: Path) -> None:
@@ -329,7 +343,7 @@ def test_release_skip_then_smoke_failure_rolls_back(
     assert _ready(triton) == {m: ["1"] for m in MODELS}
     assert Repository.from_settings(settings).serving_version() == 1
     champion = _champion()
-    assert champion.version == "1" and champion.tags["fingerprint"] == fp_a
+    assert int(champion.version) == 1 and champion.tags["fingerprint"] == fp_a
     text = "".join(capfd.readouterr())
     assert "smoke test of seqcls version 2 failed" in text
     assert "rollback: ok in" in text and "serving 1 again" in text
@@ -417,7 +431,7 @@ def test_tasks_test_script_runs_every_task(airflow_db: Path, triton, tiny_checkp
         assert f"✓ {task_id} " in out.stdout
     assert "✓ rollback skipped" in out.stdout
     assert _ready(triton)["seqcls"] == ["1"]
-    assert _champion().version == "1"
+    assert int(_champion().version) == 1
 
 
 @pytest.mark.slow

@@ -2,7 +2,7 @@
 
 Each step is a function ``(Release) -> StepResult`` in its own module; this table is the one
 place that knows their order, used by the CLI and mirrored by the Airflow DAG's task chain.
-A failure from ``publish`` on triggers a rollback before the error propagates, so a failed
+A failure of ``publish``, ``reload`` or ``smoke`` triggers a rollback before the error propagates, so a failed
 release leaves the served model as it was.
 """
 
@@ -40,7 +40,8 @@ STEPS: dict[str, Callable[[Release], StepResult]] = {
     "promote": _lazy("seqcls.registry", "promote"),
 }
 #: Steps whose failure must be undone (registry changes from register, live servers from reload).
-GUARDED = ("publish", "reload", "smoke", "promote")
+#: Not promote: the smoke-tested version keeps serving and a re-run promotes it (as in the DAG).
+GUARDED = ("publish", "reload", "smoke")
 EXTRA_STEPS: dict[str, Callable[[Release], StepResult]] = {
     "rollback": _lazy("seqcls.rollback", "rollback", reason="requested")
 }
@@ -49,7 +50,7 @@ EXTRA_STEPS: dict[str, Callable[[Release], StepResult]] = {
 def run_release(release: Release, *, until: str | None = None) -> list[StepResult]:
     """Run every step in order (skipping those already done); stop after ``until`` if given.
 
-    If a step from ``publish`` on fails, roll back (what was served, the registry) and re-raise.
+    If publish, reload or smoke fails, roll back (what was served, the registry) and re-raise.
     """
     results = []
     for name, fn in STEPS.items():

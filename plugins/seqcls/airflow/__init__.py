@@ -157,8 +157,23 @@ def _figure(value: Any) -> str | None:
     return None
 
 
-def report(result, *, logger: logging.Logger | None = None) -> dict[str, Any]:
-    """Log a step's outcome as a short story; return the small dict a task pushes to XCom."""
+def step_links(result, settings: Settings) -> dict[str, str]:
+    """XCom key → URL for the UI's extra links (MLflow model version, Triton model version)."""
+    version = result.summary.get("version")
+    urls: dict[str, str | None] = {}
+    if result.step in ("register", "promote"):
+        urls[MLFLOW_URL_KEY] = mlflow_version_url(settings, result.summary.get("model_name", ""), version)
+    elif result.step in ("publish", "reload", "smoke"):
+        urls[TRITON_URL_KEY] = triton_model_url(settings, version)
+    return {k: v for k, v in urls.items() if v}
+
+
+def report(result, *, ti=None, settings: Settings | None = None, logger: logging.Logger | None = None) -> dict:
+    """Log a step's outcome as a short story; return the small dict a task pushes to XCom.
+
+    With the task instance ``ti`` and ``settings``, also push the URLs the plugin's extra links
+    show (:func:`step_links`).
+    """
     logger = logger or log
     logger.info("%s", result.line())
     figures = {k: v for k, v in result.summary.items() if _figure(v) is not None}
@@ -175,6 +190,10 @@ def report(result, *, logger: logging.Logger | None = None) -> dict[str, Any]:
         logger.info("%s artifacts in %s: %s%s", result.step, root, ", ".join(sizes), more)
     else:
         logger.info("%s workspace: %s", result.step, root)
+    if ti is not None and settings is not None:
+        for key, url in step_links(result, settings).items():
+            ti.xcom_push(key=key, value=url)
+            logger.info("%s link: %s", result.step, url)
     return {
         "step": result.step,
         "status": result.status,
@@ -204,10 +223,12 @@ def champion_skip_reason(release, *, model_name: str) -> str | None:
     return None
 
 
-def triton_model_url(settings: Settings, version: int | None, model: str = "seqcls") -> str | None:
+def triton_model_url(settings: Settings, version: int | None) -> str | None:
     """Triton's HTTP metadata URL for the served ensemble version (first endpoint), if known."""
     if not version or not settings.triton_http:
         return None
+    from seqcls.repository import ENSEMBLE as model
+
     host = settings.triton_http[0]
     base = host if host.startswith(("http://", "https://")) else f"http://{host}"
     return f"{base.rstrip('/')}/v2/models/{model}/versions/{version}"
@@ -246,6 +267,7 @@ __all__ = [
     "open_for_task",
     "report",
     "settings_from_params",
+    "step_links",
     "task_settings",
     "triton_model_url",
 ]

@@ -1,0 +1,352 @@
+"""
+# seqcls_release — a trained ERNIE classifier to Triton, recorded in MLflow
+
+The release checklist, one task per step of the `seqcls` library (each task re-opens the
+release workspace `$SEQCLS_HOME/releases/<model>/<fingerprint>/` from its params and calls one
+step; every step is idempotent, so re-running a run or a task redoes only what is missing):
+
+- `resolve_checkpoint` — validates the params and the checkpoint (cheap, before any heavy
+  work), resolves `latest`; skips the whole run when the checkpoint already is the MLflow champion
+- `export_static` — checkpoint → Paddle static graph
+- `convert_onnx` — static graph → ONNX (paddle2onnx), output `logits`
+- `validate_parity` — the parity gate: tokenizer ids, logits within atol/rtol, label sets
+- `register_model` — MLflow model version + alias `candidate` (extra link *MLflow model version*)
+- `publish_repository` — new immutable Triton version N of the four models; nothing live changes
+- `reload_triton` — every Triton endpoint serves N, N-1 kept loaded (extra link *Triton model*)
+- `smoke_test` — the golden texts over gRPC answer what the parity gate validated
+- `promote` — alias `champion` → this version (`previous-champion` kept)
+- `rollback` — only when `publish_repository`, `reload_triton` or `smoke_test` **failed**:
+  Triton serves what it served before and the registry is restored; the run still ends failed
+  (`promote` never ran). A failure before publish leaves nothing to undo: rollback is skipped.
+  A failed `promote` (MLflow unreachable) is not rolled back: the smoke-tested version keeps
+  serving, the run fails, and re-running it (every other step is idempotent) promotes it.
+
+**Params** (trigger form): `checkpoint` is a directory (absolute, or relative to
+`SEQCLS_CHECKPOINTS_ROOT`) or `latest`; the rest are release parameters validated by
+`seqcls.config.ReleaseConfig` (a bad value fails `resolve_checkpoint`, naming the param) plus the
+Connections to use: `triton_conn_id` (extras `grpc_endpoints`, `http_endpoints`, `repository`)
+and `mlflow_conn_id` (extra `tracking_uri`). A missing Connection falls back to the `SEQCLS_*`
+environment / the local embedded setup.
+
+**Schedule** — `SEQCLS_SCHEDULE` at parse time: unset = manual only (releases are deliberate);
+a cron expression or preset (`@daily`) = scheduled; `asset` = runs when the training pipeline
+updates the Asset `seqcls://checkpoints/<model>` (`outlets=[Asset(...)]`, or
+`POST /api/v2/assets/events`); `<model>` is `SEQCLS_MODEL_NAME` (default `seqcls`, also the
+`model_name` param's default). Scheduled and asset-triggered runs always release `latest` and
+end with every task **skipped** (run state success, nothing re-released) when it already is the
+champion — manual runs too, unless `skip_if_champion` is off (e.g. to reload a restarted Triton).
+
+**One release at a time** — `max_active_runs=1`: publish → reload → smoke → promote/rollback
+is a critical section spanning five tasks in separate processes; the library's repository lock
+serialises each step, but two runs interleaving (B publishes between A's reload and A's smoke,
+A rolls back to what B served...) would corrupt what "previous" means. Airflow has no lock
+that spans tasks, a pool only serialises task slots, so the scheduler serialises whole runs:
+later triggers wait queued. (`airflow tasks test` and `dag.test()` bypass the scheduler.)
+
+**Heavy steps elsewhere** — `SEQCLS_PADDLE_PYTHON` at parse time: export/convert/validate run
+through `@task.external_python` in that interpreter (seqcls must be installed there; Airflow
+need not be), else in the worker's own.
+"""
+
+from __future__ import annotations
+
+import os
+from datetime import UTC, datetime, timedelta
+
+from airflow.sdk import Asset, Param, TriggerRule, chain, dag, task
+
+from seqcls.config import PROFILES, PROVIDERS, ReleaseConfig
+from seqcls.settings import DEFAULT_MODEL_NAME, ENV_PADDLE_PYTHON, ENV_RUNTIME, RUNTIMES, validate_model_name
+
+DAG_ID = "seqcls_release"
+MODEL_NAME = validate_model_name(os.environ.get("SEQCLS_MODEL_NAME") or DEFAULT_MODEL_NAME)
+PADDLE_PYTHON = os.environ.get(ENV_PADDLE_PYTHON) or None
+HEAVY_TIMEOUT = timedelta(hours=3)
+SERVING_TIMEOUT = timedelta(minutes=20)
+CHECKPOINTS_ASSET = Asset(name=f"seqcls-checkpoints-{MODEL_NAME}", uri=f"seqcls://checkpoints/{MODEL_NAME}")
+
+
+def _schedule(value: str | None):
+    value = (value or "").strip()
+    if value.lower() in ("", "none", "manual"):
+        return None
+    if value.lower() == "asset":
+        return [CHECKPOINTS_ASSET]
+    return value  # a cron expression or preset; Airflow rejects a bad one at parse time
+
+
+# What resolve_checkpoint resolved; empty under `airflow tasks test` (no XCom between calls),
+# where every task falls back to the `checkpoint` param.
+CHECKPOINT = "{{ ti.xcom_pull(task_ids='resolve_checkpoint', key='checkpoint') or '' }}"
+FINGERPRINT = "{{ ti.xcom_pull(task_ids='resolve_checkpoint', key='fingerprint') or '' }}"
+PARAMS_JSON = "{{ params | tojson }}"
+
+_defaults = ReleaseConfig()
+_prob = {"type": "number", "exclusiveMinimum": 0, "exclusiveMaximum": 1}
+PARAMS = {
+    "checkpoint": Param(
+        "latest",
+        type="string",
+        minLength=1,
+        title="Checkpoint",
+        description="Checkpoint directory (save_pretrained output + label.txt), absolute or relative to "
+        "SEQCLS_CHECKPOINTS_ROOT; 'latest' = the newest checkpoint there. Scheduled runs use 'latest'.",
+    ),
+    "model_name": Param(
+        MODEL_NAME,
+        type="string",
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$",
+        title="Model name",
+        description="MLflow registered model and release workspace name (letters, digits, _ . -).",
+    ),
+    "opset": Param(_defaults.opset, type="integer", minimum=11, maximum=21, title="ONNX opset"),
+    "max_length": Param(
+        _defaults.max_length,
+        type="integer",
+        minimum=8,
+        maximum=4096,
+        title="Max length",
+        description="Tokenizer max_length (tokens per text).",
+    ),
+    "threshold": Param(
+        _defaults.threshold, **_prob, title="Threshold", description="Decision threshold on sigmoid probabilities."
+    ),
+    "thresholds": Param(
+        {},
+        type="object",
+        additionalProperties=_prob,
+        title="Per-label thresholds",
+        description='JSON object label → threshold, e.g. {"体育##夺冠": 0.6}; other labels use Threshold.',
+    ),
+    "hierarchy": Param(
+        _defaults.hierarchy,
+        type="boolean",
+        title="Hierarchical labels",
+        description="A predicted child label (parent##child) implies its parent.",
+    ),
+    "atol": Param(
+        _defaults.atol, type="number", minimum=0, maximum=1, title="Parity atol", description="Logits absolute tol."
+    ),
+    "rtol": Param(
+        _defaults.rtol, type="number", minimum=0, maximum=1, title="Parity rtol", description="Logits relative tol."
+    ),
+    "provider": Param(
+        _defaults.provider,
+        type="string",
+        enum=list(PROVIDERS),
+        title="ONNX Runtime provider",
+        description="Provider the parity gate runs ONNX on.",
+    ),
+    "require_gpu": Param(
+        _defaults.require_gpu,
+        type="boolean",
+        title="Require GPU",
+        description="Fail the parity gate when CUDA is not available.",
+    ),
+    "profile": Param(
+        _defaults.profile,
+        type="string",
+        enum=list(PROFILES),
+        title="Serving profile",
+        description="fp32, fp32-fused (ORT-fused graph) or int8 (dynamic quantisation), each gated.",
+    ),
+    "runtime": Param(
+        os.environ.get(ENV_RUNTIME) or RUNTIMES[0],
+        type="string",
+        enum=list(RUNTIMES),
+        title="Triton runtime",
+        description="python-onnxruntime (python backend, local Triton) or onnxruntime (native backend, NGC image).",
+    ),
+    "skip_if_champion": Param(
+        True,
+        type="boolean",
+        title="Skip if already champion",
+        description="End as skipped when the checkpoint already is the MLflow champion (always on for "
+        "scheduled and asset-triggered runs). Turn off to release it again, e.g. after a Triton restart.",
+    ),
+    "triton_conn_id": Param("triton_default", type="string", minLength=1, title="Triton connection"),
+    "mlflow_conn_id": Param("mlflow_default", type="string", minLength=1, title="MLflow connection"),
+}
+
+
+def heavy_task(fn):
+    """A Paddle step as a task: through @task.external_python in SEQCLS_PADDLE_PYTHON when set,
+    else a plain @task in the worker. The function's source is what runs over there: imports stay
+    inside, params arrive rendered as JSON (no Airflow needed there), and it is wrapped here
+    rather than decorated (the copied source must not name this helper)."""
+    if PADDLE_PYTHON:
+        return task.external_python(python=PADDLE_PYTHON, expect_airflow=False, execution_timeout=HEAVY_TIMEOUT)(fn)
+    return task(execution_timeout=HEAVY_TIMEOUT)(fn)
+
+
+def export_static(checkpoint: str, fingerprint: str, params_json: str) -> dict:
+    """Checkpoint → Paddle static graph (paddle.jit.to_static + jit.save)."""
+    from seqcls.airflow import configure_logging, open_for_task, report
+    from seqcls.export import export
+
+    configure_logging()
+    return report(export(open_for_task(checkpoint, params_json, fingerprint=fingerprint)))
+
+
+def convert_onnx(checkpoint: str, fingerprint: str, params_json: str) -> dict:
+    """Static graph → ONNX (paddle2onnx, checker on), output renamed `logits`."""
+    from seqcls.airflow import configure_logging, open_for_task, report
+    from seqcls.convert import convert
+
+    configure_logging()
+    return report(convert(open_for_task(checkpoint, params_json, fingerprint=fingerprint)))
+
+
+def validate_parity(checkpoint: str, fingerprint: str, params_json: str) -> dict:
+    """The parity gate: Paddle vs ONNX Runtime on the golden texts; the report names the diffs."""
+    from seqcls.airflow import configure_logging, open_for_task, report
+    from seqcls.validate import validate
+
+    configure_logging()
+    return report(validate(open_for_task(checkpoint, params_json, fingerprint=fingerprint)))
+
+
+@dag(
+    dag_id=DAG_ID,
+    schedule=_schedule(os.environ.get("SEQCLS_SCHEDULE")),
+    start_date=datetime(2025, 1, 1, tzinfo=UTC),
+    catchup=False,
+    max_active_runs=1,
+    doc_md=__doc__,
+    params=PARAMS,
+    default_args={"retries": 0, "execution_timeout": SERVING_TIMEOUT},
+    tags=["seqcls", "release", "triton", "mlflow"],
+)
+def seqcls_release():
+    @task(execution_timeout=timedelta(minutes=10))
+    def resolve_checkpoint(params=None, dag_run=None, ti=None) -> dict:
+        """Validate params + checkpoint before any heavy work; skip when it already is champion."""
+        import logging
+
+        from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
+
+        from seqcls.airflow import LATEST, champion_skip_reason, config_from_params, locate_checkpoint, task_settings
+        from seqcls.errors import InputError
+        from seqcls.workspace import open_release
+
+        log = logging.getLogger("seqcls.airflow")
+        run_type = getattr(dag_run.run_type, "value", dag_run.run_type)
+        automatic = run_type != "manual"  # scheduled, asset-triggered, backfill: release `latest`
+        try:
+            settings = task_settings(params)
+            config = config_from_params(params)
+            path = locate_checkpoint(LATEST if automatic else params.get("checkpoint"), settings)
+            release = open_release(path, config, settings)
+        except InputError as exc:  # the user's input: no retry can fix it
+            raise AirflowFailException(f"bad release input: {exc}") from exc
+        skip = automatic or params.get("skip_if_champion", True)
+        if skip and (reason := champion_skip_reason(release, model_name=config.model_name)):
+            raise AirflowSkipException(reason)
+        ckpt = release.checkpoint
+        log.info(
+            "%s run releases %s as %r: %d labels, vocab %d, weights %s, fingerprint %s → workspace %s",
+            run_type,
+            ckpt.path,
+            config.model_name,
+            ckpt.num_labels,
+            ckpt.vocab_size,
+            ckpt.weights.name,
+            ckpt.short_fingerprint,
+            release.workspace.root,
+        )
+        ti.xcom_push(key="checkpoint", value=str(ckpt.path))
+        ti.xcom_push(key="fingerprint", value=ckpt.fingerprint)
+        return {
+            "checkpoint": str(ckpt.path),
+            "fingerprint": ckpt.fingerprint,
+            "model_name": config.model_name,
+            "labels": ckpt.num_labels,
+            "workspace": str(release.workspace.root),
+        }
+
+    @task
+    def register_model(checkpoint: str, fingerprint: str, params=None, ti=None) -> dict:
+        """MLflow model version for this fingerprint (idempotent) + alias `candidate`."""
+        from seqcls.airflow import open_for_task, report, task_settings
+        from seqcls.registry import register
+
+        settings = task_settings(params)
+        release = open_for_task(checkpoint, params, settings, fingerprint=fingerprint)
+        return report(register(release), ti=ti, settings=settings)
+
+    @task
+    def publish_repository(checkpoint: str, fingerprint: str, params=None, ti=None) -> dict:
+        """Write Triton version N of tokenizer, seqcls_model, seqcls_postprocess and the ensemble."""
+        from seqcls.airflow import open_for_task, report, task_settings
+        from seqcls.publish import publish
+
+        settings = task_settings(params)
+        release = open_for_task(checkpoint, params, settings, fingerprint=fingerprint)
+        return report(publish(release), ti=ti, settings=settings)
+
+    @task
+    def reload_triton(checkpoint: str, fingerprint: str, params=None, ti=None) -> dict:
+        """Serve version N on every Triton endpoint, readiness verified per model and version."""
+        from seqcls.airflow import open_for_task, report, task_settings
+        from seqcls.reload import reload
+        from seqcls.triton import endpoints_from_settings
+
+        settings = task_settings(params)
+        release = open_for_task(checkpoint, params, settings, fingerprint=fingerprint)
+        return report(reload(release, endpoints_from_settings(settings)), ti=ti, settings=settings)
+
+    @task
+    def smoke_test(checkpoint: str, fingerprint: str, params=None, ti=None) -> dict:
+        """Golden texts through the served ensemble (gRPC) must answer what the gate validated."""
+        from seqcls.airflow import open_for_task, report, task_settings
+        from seqcls.smoke import smoke
+        from seqcls.triton import endpoints_from_settings
+
+        settings = task_settings(params)
+        release = open_for_task(checkpoint, params, settings, fingerprint=fingerprint)
+        return report(smoke(release, endpoints_from_settings(settings)), ti=ti, settings=settings)
+
+    @task
+    def promote(checkpoint: str, fingerprint: str, params=None, ti=None) -> dict:
+        """Alias `champion` → this version; the one it replaces becomes `previous-champion`."""
+        from seqcls.airflow import open_for_task, report, task_settings
+        from seqcls.registry import promote as promote_version
+
+        settings = task_settings(params)
+        release = open_for_task(checkpoint, params, settings, fingerprint=fingerprint)
+        return report(promote_version(release), ti=ti, settings=settings)
+
+    @task(trigger_rule=TriggerRule.ONE_FAILED)
+    def rollback(checkpoint: str, fingerprint: str, params=None, ti=None) -> dict:
+        """After publish/reload/smoke FAILED (not merely upstream-failed): undo this release."""
+        from airflow.sdk.exceptions import AirflowSkipException
+
+        from seqcls.airflow import ROLLBACK_ON, open_for_task, report, task_settings
+        from seqcls.rollback import rollback as undo_release
+        from seqcls.triton import endpoints_from_settings
+
+        states = ti.get_task_states(dag_id=ti.dag_id, run_ids=[ti.run_id], task_ids=list(ROLLBACK_ON))
+        states = states.get(ti.run_id, {})
+        failed = [t for t in ROLLBACK_ON if states.get(t) == "failed"]
+        if not failed:  # an earlier step failed: nothing reached the registry or Triton
+            raise AirflowSkipException(f"no serving step failed in this run ({states}); nothing to roll back")
+        settings = task_settings(params)
+        release = open_for_task(checkpoint, params, settings, fingerprint=fingerprint)
+        reason = f"{', '.join(failed)} failed in run {ti.run_id}"
+        return report(undo_release(release, endpoints_from_settings(settings), reason=reason))
+
+    step = {"checkpoint": CHECKPOINT, "fingerprint": FINGERPRINT}
+    resolved = resolve_checkpoint()
+    exported = heavy_task(export_static)(params_json=PARAMS_JSON, **step)
+    converted = heavy_task(convert_onnx)(params_json=PARAMS_JSON, **step)
+    validated = heavy_task(validate_parity)(params_json=PARAMS_JSON, **step)
+    registered = register_model(**step)
+    published = publish_repository(**step)
+    reloaded = reload_triton(**step)
+    smoked = smoke_test(**step)
+    promoted = promote(**step)
+    chain(resolved, exported, converted, validated, registered, published, reloaded, smoked, promoted)
+    [published, reloaded, smoked] >> rollback(**step)
+
+
+seqcls_release()
