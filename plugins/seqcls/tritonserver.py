@@ -209,6 +209,9 @@ class TritonServerConfig:
             "state_dir": settings.triton_dir,
             "http_port": http_port,
             "grpc_port": grpc_port,
+            # Triton's convention (8000 → 8002) also for custom ports, so two local servers on
+            # different endpoints never fight over the default metrics port.
+            "metrics_port": http_port + 2 if http_port + 2 != grpc_port else http_port + 3,
             "host": http_host,
         }
         known = {f.name for f in fields(cls)}
