@@ -259,12 +259,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("bench", help="benchmark every serving profile on a real local Triton (see README)")
     p.add_argument("--home", type=Path, default=None)
     p.set_defaults(func=_cmd_bench, bench_parser=p)
-    try:
-        from seqcls import bench
+    from seqcls import bench
 
-        bench.add_arguments(p)
-    except ImportError:  # the benchmark module is optional for the release path
-        pass
+    bench.add_arguments(p)
     p = sub.add_parser("demo-checkpoint", help="train the demo classifier (bundled dataset, ~2 min on 2 CPU cores)")
     p.add_argument("out", type=Path, help="directory to write the checkpoint to")
     p.add_argument("--seed", type=int, default=0)

@@ -129,17 +129,24 @@ def build_tiny_checkpoint(
     golden: Sequence[str] | None = None,
     logit_scale: float = 1.0,
     safetensors: bool = False,
+    vocab_size: int | None = None,
 ) -> Path:
     """A randomly initialised tiny ERNIE classifier saved as a real checkpoint directory.
 
     ``logit_scale`` multiplies the classifier weights: > 1 spreads probabilities away from 0.5,
-    which makes thresholded decisions stable (as a trained model's are).
+    which makes thresholded decisions stable (as a trained model's are). ``vocab_size`` pads the
+    vocabulary built from ``corpus`` with synthetic ``[unusedN]`` tokens (never produced by the
+    tokenizer) up to that size, for a model with a realistic embedding table.
     """
     import paddle
     from paddlenlp.transformers import ErnieConfig, ErnieForSequenceClassification
 
     paddle.seed(seed)
     vocab = build_vocab(corpus)
+    if vocab_size is not None:
+        if vocab_size < len(vocab):
+            raise ValueError(f"vocab_size={vocab_size} is smaller than the corpus vocabulary ({len(vocab)} tokens)")
+        vocab += [f"[unused{i}]" for i in range(vocab_size - len(vocab))]
     config = ErnieConfig(
         vocab_size=len(vocab),
         hidden_size=hidden_size,

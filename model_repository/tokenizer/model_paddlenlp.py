@@ -1,0 +1,75 @@
+"""Triton python model ``tokenizer``, CLASSIC flavour: PaddleNLP's tokenizer, one request at a time.
+
+What the PaddleNLP ``triton_serving`` sample does, kept as the baseline the benchmark compares
+against (``ServingOptions(tokenizer_impl="paddlenlp")`` publishes this file as ``model.py``):
+``paddlenlp.transformers.AutoTokenizer`` — which imports paddle, ~0.5 GB per stub process — and a
+Python loop over the requests of a batch, each tokenized on its own and padded to its longest
+text. Unlike the sample it loads the release's own vocabulary (``vocab.txt`` and, when
+published, ``tokenizer_config.json`` from this version directory) instead of downloading
+``ernie-3.0-medium-zh`` from a hub, and an invalid request fails alone. Outputs are the same as
+the fast ``model.py``: ``input_ids`` and ``token_type_ids`` (INT64 ``[N, L]``) per request.
+"""
+
+import json
+import os
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+def _load_tokenizer(version_dir, do_lower_case):
+    if os.path.isfile(os.path.join(version_dir, "tokenizer_config.json")):
+        from paddlenlp.transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(version_dir)
+    # Only vocab.txt published: the class the release's checkpoint uses (ERNIE), same vocabulary.
+    from paddlenlp.transformers import ErnieTokenizer
+
+    return ErnieTokenizer(os.path.join(version_dir, "vocab.txt"), do_lower_case=do_lower_case)
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        version_dir = os.path.join(args["model_repository"], args["model_version"])
+        with open(os.path.join(version_dir, "release.json"), encoding="utf-8") as fh:
+            release = json.load(fh)
+        self.max_length = int(release["max_length"])
+        self.tokenizer = _load_tokenizer(version_dir, bool(release.get("do_lower_case", True)))
+        self.pad_id = int(release.get("pad_id", self.tokenizer.pad_token_id or 0))
+
+    def _encode(self, texts):
+        enc = self.tokenizer(texts, max_length=self.max_length, truncation=True, padding=False)
+        ids = [list(map(int, x)) for x in enc["input_ids"]]
+        types = [list(map(int, x)) for x in enc["token_type_ids"]]
+        length = max(len(x) for x in ids)
+        input_ids = np.full((len(ids), length), self.pad_id, dtype=np.int64)
+        type_ids = np.zeros((len(ids), length), dtype=np.int64)
+        for row, (a, b) in enumerate(zip(ids, types, strict=True)):
+            input_ids[row, : len(a)] = a
+            type_ids[row, : len(b)] = b
+        return input_ids, type_ids
+
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            raw = pb_utils.get_input_tensor_by_name(request, "TEXT").as_numpy().reshape(-1)
+            try:
+                texts = [x.decode("utf-8") if isinstance(x, bytes) else str(x) for x in raw]
+            except UnicodeDecodeError as exc:
+                responses.append(
+                    pb_utils.InferenceResponse(
+                        output_tensors=[],
+                        error=pb_utils.TritonError(f"tokenizer: text is not valid UTF-8 ({exc.reason})"),
+                    )
+                )
+                continue
+            input_ids, type_ids = self._encode(texts)
+            responses.append(
+                pb_utils.InferenceResponse(
+                    output_tensors=[
+                        pb_utils.Tensor("input_ids", input_ids),
+                        pb_utils.Tensor("token_type_ids", type_ids),
+                    ]
+                )
+            )
+        return responses
