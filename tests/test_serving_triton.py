@@ -245,3 +245,19 @@ def test_hostile_requests(server: LocalTriton, tiny_checkpoint: Path, home: Path
     assert all(isinstance(r, np.ndarray) for r in results[1:])
     assert client.is_server_live() and client.is_model_ready(ENSEMBLE, "1")
     assert len(infer(client, ["还活着"])[0]) == 1
+
+
+def test_int8_profile_release_smokes_on_decision_agreement(
+    server: LocalTriton, tiny_checkpoint: Path, home: Path
+) -> None:
+    from seqcls.config import ReleaseConfig
+
+    release = open_release(tiny_checkpoint, ReleaseConfig(profile="int8"), settings_for(server, home))
+    results = {r.step: r for r in run_release(release)}
+    expected = json.loads(release.workspace.path("parity/expected.json").read_text())
+    assert expected["gate"] == "agreement" and expected["min_agreement"] == 0.995
+    report = json.loads(release.workspace.path("smoke/smoke.json").read_text())[0]
+    assert report["passed"] and report["agreement"] >= 0.995
+    assert results["promote"].status == "ok"
+    served = Repository.from_settings(settings_for(server, home)).root / "seqcls_model" / "1" / "model.onnx"
+    assert served.stat().st_size < (release.workspace.path("onnx/model.onnx")).stat().st_size  # int8 weights

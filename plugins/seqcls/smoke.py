@@ -3,7 +3,8 @@
 Over gRPC on every endpoint, pinned to version N (``model_version``): metadata has the
 contract's inputs/outputs; every golden text, sent alone and in batched requests, gets exactly
 the label set recorded in ``parity/expected.json`` (only near-threshold texts may differ) and
-probabilities within tolerance. Latency percentiles are reported. A failure names the texts.
+probabilities within tolerance. A profile gated on decision agreement (int8) is held to the same
+agreement here. Latency percentiles are reported. A failure names the texts.
 """
 
 from __future__ import annotations
@@ -110,6 +111,15 @@ def smoke_endpoint(endpoint: Endpoint, version: int, expected: dict[str, Any]) -
         batch_probs.append(pr)
     diffs += compare(items, batch_preds, np.concatenate(batch_probs), tol, f"batch of {BATCH}")
     lat = np.asarray(latencies)
+    agreement = None
+    if expected.get("gate") == "agreement":
+        # A quantised profile was gated on decision agreement, not exactness: same rule here.
+        decisions = 2 * len(items) * len(expected["labels"])
+        changed = sum(len(set(d["expected"]) ^ set(d["served"])) for d in diffs)
+        agreement = 1.0 - changed / max(decisions, 1)
+        passed = not problems and agreement >= float(expected["min_agreement"])
+    else:
+        passed = not problems and not diffs
     return {
         "endpoint": endpoint.grpc,
         "texts": len(texts),
@@ -117,7 +127,8 @@ def smoke_endpoint(endpoint: Endpoint, version: int, expected: dict[str, Any]) -
         "differences": diffs,
         "p50_ms": round(float(np.percentile(lat, 50)), 2),
         "p95_ms": round(float(np.percentile(lat, 95)), 2),
-        "passed": not problems and not diffs,
+        "agreement": agreement,
+        "passed": passed,
     }
 
 

@@ -402,14 +402,19 @@ def validate(release: Release) -> StepResult:
         )
         if not report["passed"]:
             raise GateError(_summary_paragraph(release, report, str(ws.path(f"failed/{STEP}"))))
-        decisions = decide_mod.decide(p_got, thresholds, labels, hierarchy=cfg.hierarchy)
-        near = decide_mod.near_threshold(p_got, thresholds, cfg.near_margin)
+        # Expected answers as served: each text alone (a single-text request is padded to itself;
+        # quantised models move with padding, so batched-16 outputs would not be what is served).
+        p_alone = decide_mod.sigmoid(np.concatenate([ort_logits(session, [ids]) for ids in got_ids]))
+        decisions = decide_mod.decide(p_alone, thresholds, labels, hierarchy=cfg.hierarchy)
+        near = decide_mod.near_threshold(p_alone, thresholds, cfg.near_margin)
         expected = {
             "labels": labels,
             "thresholds": [float(t) for t in thresholds],
             "hierarchy": cfg.hierarchy,
             "max_length": cfg.max_length,
             "prob_atol": max(tol.prob_atol * 10, 1e-4),
+            "gate": "exact" if exact else "agreement",
+            "min_agreement": cfg.min_decision_agreement,
             "items": [
                 {
                     "text": t,
@@ -418,7 +423,7 @@ def validate(release: Release) -> StepResult:
                     "probabilities": [round(float(x), 7) for x in p],
                     "near_threshold": bool(n),
                 }
-                for t, dec, p, n in zip(texts, decisions, p_got, near, strict=True)
+                for t, dec, p, n in zip(texts, decisions, p_alone, near, strict=True)
             ],
         }
         (out / "expected.json").write_text(json.dumps(expected, indent=1, ensure_ascii=False), encoding="utf-8")
