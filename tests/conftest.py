@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import atexit
 import os
 import shutil
+import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -100,3 +103,25 @@ def settings_for(server, home: Path, source: Path | None = None):
         triton_http=(cfg.http_url,),
         model_repository_source=source,
     )
+
+
+def private_airflow_home() -> Path:
+    """One AIRFLOW_HOME per pytest process, shared by the Airflow test modules (never ~/airflow), removed at exit.
+
+    Set before anything imports airflow: its configuration is read once per process.
+    """
+    home = os.environ.get("SEQCLS_TEST_AIRFLOW_HOME")
+    if not home:
+        if "airflow.configuration" in sys.modules:
+            pytest.skip("airflow was imported before the Airflow tests could isolate AIRFLOW_HOME")
+        home = tempfile.mkdtemp(prefix="seqcls-airflow-")
+        atexit.register(shutil.rmtree, home, ignore_errors=True)
+        os.environ.update(
+            SEQCLS_TEST_AIRFLOW_HOME=home,
+            AIRFLOW_HOME=home,
+            AIRFLOW__CORE__LOAD_EXAMPLES="False",
+            AIRFLOW__CORE__DAGS_FOLDER=str(Path(__file__).resolve().parents[1] / "dags"),
+            AIRFLOW__CORE__PLUGINS_FOLDER=str(Path(__file__).resolve().parents[1] / "plugins"),
+            AIRFLOW__CORE__PARALLELISM="4",
+        )
+    return Path(home)

@@ -9,21 +9,20 @@ asserts nothing is left running or listening. Every wait is bounded.
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import json
 import os
 import secrets
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import psutil
 import pytest
+
+from tests.conftest import private_airflow_home
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
@@ -32,26 +31,7 @@ DAG_ID = "seqcls_release"
 AIRFLOW = str(Path(sys.executable).with_name("airflow"))
 
 
-def _private_airflow_home() -> Path:
-    """The AIRFLOW_HOME shared with test_airflow_dag.py in this pytest process (never ~/airflow)."""
-    home = os.environ.get("SEQCLS_TEST_AIRFLOW_HOME")
-    if not home:
-        if "airflow.configuration" in sys.modules:
-            pytest.skip("airflow was imported before the Airflow tests could isolate AIRFLOW_HOME")
-        home = tempfile.mkdtemp(prefix="seqcls-airflow-")
-        atexit.register(shutil.rmtree, home, ignore_errors=True)
-        os.environ.update(
-            SEQCLS_TEST_AIRFLOW_HOME=home,
-            AIRFLOW_HOME=home,
-            AIRFLOW__CORE__LOAD_EXAMPLES="False",
-            AIRFLOW__CORE__DAGS_FOLDER=str(ROOT / "dags"),
-            AIRFLOW__CORE__PLUGINS_FOLDER=str(ROOT / "plugins"),
-            AIRFLOW__CORE__PARALLELISM="4",
-        )
-    return Path(home)
-
-
-AIRFLOW_HOME = _private_airflow_home()
+AIRFLOW_HOME = private_airflow_home()
 
 
 def _migrated() -> None:

@@ -8,18 +8,18 @@ task logs (captured output) must tell the story with figures.
 
 from __future__ import annotations
 
-import atexit
 import json
 import os
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from tests.conftest import private_airflow_home
 
 ROOT = Path(__file__).resolve().parents[1]
 DAGS = ROOT / "dags"
@@ -39,26 +39,7 @@ TASKS = (
 )
 
 
-def _private_airflow_home() -> Path:
-    """One AIRFLOW_HOME per pytest process (shared by the Airflow test modules), removed at exit."""
-    home = os.environ.get("SEQCLS_TEST_AIRFLOW_HOME")
-    if not home:
-        if "airflow.configuration" in sys.modules:
-            pytest.skip("airflow was imported before the Airflow tests could isolate AIRFLOW_HOME")
-        home = tempfile.mkdtemp(prefix="seqcls-airflow-")
-        atexit.register(shutil.rmtree, home, ignore_errors=True)
-        os.environ.update(
-            SEQCLS_TEST_AIRFLOW_HOME=home,
-            AIRFLOW_HOME=home,
-            AIRFLOW__CORE__LOAD_EXAMPLES="False",
-            AIRFLOW__CORE__DAGS_FOLDER=str(DAGS),
-            AIRFLOW__CORE__PLUGINS_FOLDER=str(PLUGINS),
-            AIRFLOW__CORE__PARALLELISM="4",
-        )
-    return Path(home)
-
-
-AIRFLOW_HOME = _private_airflow_home()
+AIRFLOW_HOME = private_airflow_home()
 
 
 def _airflow(*args: str, timeout: float = 120, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
