@@ -33,7 +33,6 @@ import platform
 import shutil
 import threading
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -43,7 +42,7 @@ from seqcls.bench import measure
 from seqcls.bench.corpus import make_corpus, make_labels
 from seqcls.bench.model import MEDIUM, TINY, ModelSpec, build_checkpoint
 from seqcls.errors import GateError, SeqclsError
-from seqcls.repository import TOKENIZER, ServingOptions
+from seqcls.repository import ServingOptions
 
 log = logging.getLogger("seqcls.bench")
 
@@ -353,41 +352,6 @@ def batch_dependence(checkpoint: Path, home: Path, texts: list[str], batch: int 
     return out
 
 
-# ----------------------------------------------------------------------------- classic tokenizer
-
-
-@contextlib.contextmanager
-def classic_tokenizer_files() -> Iterator[bool]:
-    """Publish ``tokenizer/model_paddlenlp.py`` as ``model.py`` when ``tokenizer_impl="paddlenlp"``.
-
-    Until ``publish`` selects the tokenizer file from ``ServingOptions.tokenizer_impl`` itself
-    (and ships ``tokenizer_config.json``), the benchmark substitutes it for the duration of the
-    block. Yields whether the substitution was needed.
-    """
-    from seqcls import publish as pub
-
-    original = pub._files_for
-
-    def files_for(release, model, options):
-        files = original(release, model, options)
-        if model != TOKENIZER or options.tokenizer_impl != "paddlenlp":
-            return files
-        if Path(files["model.py"]).name == "model_paddlenlp.py":
-            return files
-        files = dict(files)
-        files["model.py"] = Path(files["model.py"]).with_name("model_paddlenlp.py")
-        for name in ("tokenizer_config.json", "special_tokens_map.json"):
-            if (release.checkpoint.path / name).is_file():
-                files[name] = release.checkpoint.path / name
-        return files
-
-    pub._files_for = files_for
-    try:
-        yield True
-    finally:
-        pub._files_for = original
-
-
 # ----------------------------------------------------------------------------- tokenizers
 
 
@@ -558,8 +522,7 @@ def serve_config(
         settings = _settings(home, server)
         release = _release(checkpoint, config.profile, settings)
         t0 = time.perf_counter()
-        with classic_tokenizer_files():
-            pub = publish(release, config.options)
+        pub = publish(release, config.options)
         rel = reload(release, options=config.options)
         entry["steps"] = {"publish": round(pub.seconds, 2), "reload": round(rel.seconds, 2)}
         try:
@@ -713,8 +676,7 @@ def head_to_head(
         for i, config in enumerate(plan):
             server = stack.enter_context(_Server(work, 100 + i, keep, state=f"state-h2h-{i}"))
             release = _release(checkpoint, config.profile, _settings(home, server))
-            with classic_tokenizer_files():
-                publish(release, config.options)
+            publish(release, config.options)
             reload(release, options=config.options)
             measure.run_load(
                 server.config.grpc_url,
