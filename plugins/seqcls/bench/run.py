@@ -352,6 +352,18 @@ def batch_dependence(checkpoint: Path, home: Path, texts: list[str], batch: int 
     return out
 
 
+def _warm_up(server, texts: list[str], budget: Budget) -> None:
+    """Unmeasured load first, so stubs, ORT sessions and caches are hot before cells are timed."""
+    measure.run_load(
+        server.config.grpc_url,
+        texts,
+        clients=max(CLIENTS),
+        texts_per_request=1,
+        max_requests=budget.cell_requests,
+        max_seconds=budget.warmup_seconds,
+    )
+
+
 # ----------------------------------------------------------------------------- tokenizers
 
 
@@ -534,14 +546,7 @@ def serve_config(
             log.error("bench: smoke failed for %s: %s", config.name, str(exc)[:300])
         entry["ready_seconds"] = round(time.perf_counter() - t0, 2)
         log.info("bench: %s serving (%s) — %s", config.name, config.describe(), entry["steps"])
-        measure.run_load(
-            server.config.grpc_url,
-            texts,
-            clients=max(CLIENTS),
-            texts_per_request=1,
-            max_requests=budget.cell_requests,
-            max_seconds=budget.warmup_seconds,
-        )
+        _warm_up(server, texts, budget)
         entry["inprocess"] = _inprocess(release, config, texts, budget)
         log.info(
             "bench: %s in-process limit — %s",
@@ -678,14 +683,7 @@ def head_to_head(
             release = _release(checkpoint, config.profile, _settings(home, server))
             publish(release, config.options)
             reload(release, options=config.options)
-            measure.run_load(
-                server.config.grpc_url,
-                texts,
-                clients=max(CLIENTS),
-                texts_per_request=1,
-                max_requests=budget.cell_requests,
-                max_seconds=budget.warmup_seconds,
-            )
+            _warm_up(server, texts, budget)
             servers[config.name] = server
             out["configs"][config.name] = {"cells": []}
         log.info("bench: head-to-head — %s up, %d interleaved rounds", ", ".join(servers), budget.h2h_rounds)
