@@ -46,7 +46,7 @@ test: setup
 
 lint: setup
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/ruff format --check plugins tests dags model_repository
+	$(VENV)/bin/ruff format --check plugins tools tests dags model_repository
 
 clean-demo:
 	rm -rf var/demo

@@ -111,7 +111,7 @@ def ensure_checkpoint(settings: Settings, *, quick: bool = False) -> tuple[Path,
         metrics = ckpt / "metrics.json"
         log.info("demo: reusing the trained checkpoint %s", ckpt)
         return ckpt, json.loads(metrics.read_text()) if metrics.is_file() else None
-    from seqcls.demo.train import train_demo_checkpoint
+    from seqcls_tools.demo.train import train_demo_checkpoint
 
     log.info("demo: training the demo classifier into %s (bundled dataset, 2 CPU cores)", ckpt)
     # epoch-bound, not time-bound: the same F1 on a busy machine as on a quiet one
@@ -127,9 +127,9 @@ def ensure_checkpoint(settings: Settings, *, quick: bool = False) -> tuple[Path,
 def run_demo(*, keep_servers: bool = False, quick: bool = False, timeout: float = 1800) -> DemoResult:
     """Release the demo checkpoint through the Airflow DAG and report what Triton serves."""
     from seqcls import registry
+    from seqcls.localtriton import LocalTriton, TritonServerConfig
     from seqcls.repository import Repository
     from seqcls.smoke import infer
-    from seqcls.tritonserver import LocalTriton, TritonServerConfig
     from seqcls.workspace import open_release
 
     root = demo_dir()

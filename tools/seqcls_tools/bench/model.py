@@ -81,7 +81,7 @@ def build_checkpoint(
     import paddle
     from paddlenlp.transformers import ErnieForSequenceClassification, ErnieTokenizer
 
-    from seqcls.testing import build_tiny_checkpoint
+    from seqcls_tools.testing import build_tiny_checkpoint
 
     build_tiny_checkpoint(
         out_dir,

@@ -1,8 +1,8 @@
 """Train the demo classifier: a small ERNIE from scratch on the demo dataset, saved as a real checkpoint.
 
 No pretrained ERNIE can be downloaded here, so the demo trains a few-layer model from random
-initialisation on ``seqcls.demo``'s dataset (a couple of minutes on two CPU cores). The result is
-saved exactly as a PaddleNLP multi-label training job saves it (``seqcls.testing.save_checkpoint``),
+initialisation on ``seqcls_tools.demo``'s dataset (a couple of minutes on two CPU cores). The result is
+saved exactly as a PaddleNLP multi-label training job saves it (``seqcls_tools.testing.save_checkpoint``),
 so the release pipeline handles it like any production checkpoint, with:
 
 * ``golden.txt``: held-out texts predicted correctly *and* confidently (no probability within
@@ -10,7 +10,7 @@ so the release pipeline handles it like any production checkpoint, with:
   that small numeric differences after conversion (Paddle -> ONNX -> Triton) cannot flip;
 * ``metrics.json``: test F1s, epochs, seconds, seed, and the golden texts' logits.
 
-Usage: ``python -m seqcls.demo.train OUT_DIR [--quick] [--seed N]``.
+Usage: ``python -m seqcls_tools.demo.train OUT_DIR [--quick] [--seed N]``.
 """
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ from typing import Any
 
 import numpy as np
 
-from seqcls.demo import LABELS, load_split
-from seqcls.testing import build_vocab, save_checkpoint
+from seqcls_tools.demo import LABELS, load_split
+from seqcls_tools.testing import build_vocab, save_checkpoint
 
 log = logging.getLogger(__name__)
 

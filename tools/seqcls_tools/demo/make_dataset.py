@@ -8,7 +8,7 @@ recurs with different words: a model has to learn the trigger words, not memoris
 About a fifth of the texts (21%) describe two events from different branches.
 
 The generated ``data/{train,dev,test}.jsonl`` are committed (versioned data); running
-``python -m seqcls.demo.make_dataset`` rewrites them byte-identically.
+``python -m seqcls_tools.demo.make_dataset`` rewrites them byte-identically.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import re
 from collections.abc import Callable
 from pathlib import Path
 
-from seqcls.demo import DATA_DIR, LABELS, SPLITS
+from seqcls_tools.demo import DATA_DIR, LABELS, SPLITS
 
 log = logging.getLogger(__name__)
 

@@ -21,9 +21,9 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from seqcls.demo.run import _airflow, airflow_env
 from seqcls.errors import SeqclsError
 from seqcls.settings import Settings
+from seqcls_tools.demo.run import _airflow, airflow_env
 
 log = logging.getLogger(__name__)
 

@@ -25,11 +25,11 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from seqcls.bench.run import BenchConfig, run_bench
+from seqcls_tools.bench.run import BenchConfig, run_bench
 
 __all__ = ["BenchConfig", "add_arguments", "format_summary", "run_bench", "run_from_args"]
 
-log = logging.getLogger("seqcls.bench")
+log = logging.getLogger("seqcls_tools.bench")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -59,7 +59,7 @@ def _default_out(home: Path | None) -> Path:
 
 def format_summary(results: dict[str, Any], out: Path) -> str:
     """What ``seqcls bench`` prints: the Markdown report, where the files are, the ratios last."""
-    from seqcls.bench import report
+    from seqcls_tools.bench import report
 
     lines = [report.markdown(results).split("\n## Ratios vs targets")[0].rstrip(), ""]
     lines += [f"files: {out / 'results.json'}, {out / 'results.md'}, {out / 'plot.png'}", ""]

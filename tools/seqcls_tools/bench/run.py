@@ -38,13 +38,13 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from seqcls.bench import measure
-from seqcls.bench.corpus import make_corpus, make_labels
-from seqcls.bench.model import MEDIUM, TINY, ModelSpec, build_checkpoint
 from seqcls.errors import GateError, SeqclsError
 from seqcls.repository import ServingOptions
+from seqcls_tools.bench import measure
+from seqcls_tools.bench.corpus import make_corpus, make_labels
+from seqcls_tools.bench.model import MEDIUM, TINY, ModelSpec, build_checkpoint
 
-log = logging.getLogger("seqcls.bench")
+log = logging.getLogger("seqcls_tools.bench")
 
 PROFILES = ("fp32", "fp32-fused", "int8")
 CLIENTS = (1, 4, 8)
@@ -403,7 +403,7 @@ class _Server:
     """A fresh local Triton for one configuration; stopped (and its repository removed) on exit."""
 
     def __init__(self, work: Path, index: int, keep: bool, state: str = "state") -> None:
-        from seqcls.tritonserver import LocalTriton, TritonServerConfig, free_ports
+        from seqcls.localtriton import LocalTriton, TritonServerConfig, free_ports
 
         http, grpc, metrics = free_ports(3)
         self.repo = work / "triton" / f"repo-{index}"
@@ -728,7 +728,7 @@ def pick_winner(configs: dict[str, dict[str, Any]]) -> str | None:
     }
     if not fp32:
         return None
-    from seqcls.bench.report import cell_value
+    from seqcls_tools.bench.report import cell_value
 
     top = max(CLIENTS)
     cpu = {n: cell_value(e, top, 1, "cpu_ms_per_sentence") for n, e in fp32.items()}
@@ -743,7 +743,7 @@ def pick_winner(configs: dict[str, dict[str, Any]]) -> str | None:
 def run_bench(cfg: BenchConfig) -> dict[str, Any]:
     """Run the whole benchmark; writes ``results.json``, ``results.md`` and ``plot.png`` to
     ``cfg.out`` and returns the results (with ``ratios``)."""
-    from seqcls.bench import report
+    from seqcls_tools.bench import report
 
     assert cfg.spec is not None and cfg.budget is not None
     budget = cfg.budget

@@ -1,0 +1,101 @@
+"""The development subcommands of ``seqcls``: ``demo``, ``airflow-ui``, ``bench``, ``demo-checkpoint``.
+
+``seqcls.cli.build_parser`` calls :func:`add_commands` on its subparsers. Every command function
+has the contract of ``seqcls.cli``'s own: ``(args) -> (exit code, printer)``, run while stdout is
+routed to stderr, the printer called afterwards to write the results to stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+__all__ = ["add_commands"]
+
+
+def _cmd_demo_checkpoint(args: argparse.Namespace) -> tuple[int, Callable[[], None]]:
+    if args.tiny:
+        from seqcls_tools.testing import build_tiny_checkpoint
+
+        path = build_tiny_checkpoint(args.out, seed=args.seed, logit_scale=300.0)
+        return 0, lambda: print(f"checkpoint: {path} (tiny, random weights)")
+    from seqcls_tools.demo.train import train_demo_checkpoint
+
+    result = train_demo_checkpoint(args.out, seed=args.seed, quick=args.quick)
+    return 0, lambda: print(
+        f"checkpoint: {result.path} (trained {result.epochs} epochs in {result.seconds:.0f}s; held-out "
+        f"micro-F1 {result.micro_f1:.3f}, macro-F1 {result.macro_f1:.3f})"
+    )
+
+
+def _cmd_demo(args: argparse.Namespace) -> tuple[int, Callable[[], None]]:
+    from seqcls_tools.demo.run import report, run_demo
+
+    result = run_demo(keep_servers=args.keep_servers, quick=args.quick)
+    return 0, lambda: print(report(result))
+
+
+def _cmd_airflow_ui(args: argparse.Namespace) -> tuple[int, Callable[[], None]]:
+    import signal
+    import time
+
+    from seqcls.localtriton import LocalTriton, TritonServerConfig
+    from seqcls.settings import Settings
+    from seqcls_tools.demo.run import demo_dir
+    from seqcls_tools.demo.stack import USER, AirflowStack
+
+    root = demo_dir()
+    settings = Settings.from_env(home=Path(os.environ.get("SEQCLS_HOME") or root / "home"))
+    triton = LocalTriton(TritonServerConfig.from_settings(settings))
+    triton.start()
+    stack = AirflowStack(root, settings, port=args.port, password=args.password)
+    try:
+        stack.start()
+        print(
+            f"Airflow UI: {stack.url}  (user {USER}, password {args.password}); DAG seqcls_release — trigger it "
+            "with a checkpoint directory. Triton gRPC " + settings.triton_grpc[0] + ". Ctrl-C stops everything.",
+            file=sys.stderr,
+            flush=True,
+        )
+        signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+        while True:
+            time.sleep(1)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        stack.stop()
+        triton.stop()
+    return 0, lambda: print("stopped: Airflow components and the local Triton")
+
+
+def _cmd_bench(args: argparse.Namespace) -> tuple[int, Callable[[], None]]:
+    from seqcls_tools import bench
+
+    return bench.run_from_args(args)
+
+
+def add_commands(sub: argparse._SubParsersAction) -> None:
+    """Register ``demo``, ``airflow-ui``, ``bench`` and ``demo-checkpoint`` on ``seqcls``'s subparsers."""
+    from seqcls_tools import bench
+
+    p = sub.add_parser("demo", help="the main job: train the demo model, release it through the Airflow DAG")
+    p.add_argument("--keep-servers", action="store_true", help="leave the local Triton running afterwards")
+    p.add_argument("--quick", action="store_true", help="train the demo model briefly (~25 s)")
+    p.set_defaults(func=_cmd_demo)
+    p = sub.add_parser("airflow-ui", help="run the Airflow UI + scheduler + local Triton on 127.0.0.1 until Ctrl-C")
+    p.add_argument("--port", type=int, default=8080)
+    p.add_argument("--password", default="seqcls-demo", help="password of user admin")
+    p.set_defaults(func=_cmd_airflow_ui)
+    p = sub.add_parser("bench", help="benchmark every serving profile on a real local Triton (see README)")
+    p.add_argument("--home", type=Path, default=None)
+    p.set_defaults(func=_cmd_bench, bench_parser=p)
+    bench.add_arguments(p)
+    p = sub.add_parser("demo-checkpoint", help="train the demo classifier (bundled dataset, ~2 min on 2 CPU cores)")
+    p.add_argument("out", type=Path, help="directory to write the checkpoint to")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--quick", action="store_true", help="train briefly (~25 s; lower F1)")
+    p.add_argument("--tiny", action="store_true", help="no training: a tiny random model (for plumbing tests)")
+    p.set_defaults(func=_cmd_demo_checkpoint)
