@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from seqcls.tritonserver import LocalTriton, TritonServerConfig, free_ports
+from seqcls.localtriton import LocalTriton, TritonServerConfig, free_ports
 
 # Keep every test off the user's real ~/.seqcls and ~/airflow, and the logs readable.
 os.environ.setdefault("GLOG_minloglevel", "2")
@@ -40,7 +40,7 @@ def home(_isolated_home: Path) -> Path:
 
 
 def _build(path: Path, **kwargs) -> Path:
-    from seqcls.testing import build_tiny_checkpoint
+    from seqcls_tools.testing import build_tiny_checkpoint
 
     return build_tiny_checkpoint(path, **kwargs)
 

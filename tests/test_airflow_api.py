@@ -57,7 +57,7 @@ class Airflow:
     COMPONENTS = ("api-server", "scheduler", "dag-processor")
 
     def __init__(self, workdir: Path, env: dict[str, str]) -> None:
-        from seqcls.tritonserver import free_ports
+        from seqcls.localtriton import free_ports
 
         self.workdir = workdir
         self.api_port, self.log_port, self.trigger_log_port = free_ports(3)

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from seqcls.demo.stack import DEFAULT_PASSWORD, USER, AirflowStack
+from seqcls.localtriton import free_ports
 from seqcls.repository import Repository
 from seqcls.settings import PROJECT_ROOT
-from seqcls.tritonserver import free_ports
+from seqcls_tools.demo.stack import DEFAULT_PASSWORD, USER, AirflowStack
 from tests.conftest import settings_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]

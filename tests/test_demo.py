@@ -8,9 +8,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from seqcls.demo import DATA_DIR, HIERARCHY, LABELS, SPLITS, load_split
-from seqcls.demo.make_dataset import write_dataset
-from seqcls.demo.train import f1_scores, select_golden
+from seqcls_tools.demo import DATA_DIR, HIERARCHY, LABELS, SPLITS, load_split
+from seqcls_tools.demo.make_dataset import write_dataset
+from seqcls_tools.demo.train import f1_scores, select_golden
 
 
 @pytest.fixture(scope="module")
@@ -115,7 +115,7 @@ def test_quick_training_writes_a_reloadable_checkpoint(tmp_path: Path, splits: d
     paddle = pytest.importorskip("paddle")
     from paddlenlp.transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-    from seqcls.demo.train import train_demo_checkpoint
+    from seqcls_tools.demo.train import train_demo_checkpoint
 
     out = tmp_path / "ckpt"
     result = train_demo_checkpoint(out, seed=0, quick=True)

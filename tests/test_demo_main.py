@@ -11,7 +11,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from seqcls.tritonserver import free_ports
+from seqcls.localtriton import free_ports
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 

@@ -139,7 +139,7 @@ def test_failed_gate_registers_nothing(tiny_checkpoint: Path, home: Path) -> Non
 
 @pytest.fixture
 def mlflow_server(tmp_path: Path) -> Iterator[str]:
-    from seqcls.tritonserver import free_port
+    from seqcls.localtriton import free_port
 
     port = free_port()
     env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}

@@ -12,11 +12,11 @@ import numpy as np
 import pytest
 
 from seqcls.errors import ServingError, SmokeError
+from seqcls.localtriton import LocalTriton
 from seqcls.pipeline import run_release
 from seqcls.repository import COMPOSING, ENSEMBLE, MODELS, Repository
 from seqcls.settings import PROJECT_ROOT, Settings
 from seqcls.smoke import infer
-from seqcls.tritonserver import LocalTriton
 from seqcls.workspace import open_release
 from tests.conftest import settings_for
 

@@ -19,8 +19,7 @@ import psutil
 import pytest
 
 from seqcls.errors import InputError, ServingError
-from seqcls.settings import Settings
-from seqcls.tritonserver import (
+from seqcls.localtriton import (
     LocalTriton,
     TritonDistribution,
     TritonServerConfig,
@@ -29,6 +28,7 @@ from seqcls.tritonserver import (
     free_ports,
     wait_until_live,
 )
+from seqcls.settings import Settings
 
 # ----------------------------------------------------------------------------- helpers
 
@@ -443,7 +443,7 @@ def test_stop_falls_back_to_sigkill_and_cleans_up(tmp_path: Path, caplog: pytest
         client.close()
         procs = server_processes(srv.status().pid)
         prefix = json.loads(srv.state_path.read_text())["shm_prefix"]
-        with caplog.at_level(logging.WARNING, logger="seqcls.tritonserver"):
+        with caplog.at_level(logging.WARNING, logger="seqcls.localtriton"):
             srv.stop(timeout=0)  # no grace period: SIGKILL right after SIGTERM
         assert "SIGKILL" in caplog.text
     finally:
