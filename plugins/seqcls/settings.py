@@ -27,6 +27,7 @@ ENV_DEVICE = "SEQCLS_DEVICE"  # cpu | gpu: what serving configs are rendered for
 ENV_PADDLE_PYTHON = "SEQCLS_PADDLE_PYTHON"  # external interpreter for heavy Paddle steps
 ENV_MODEL_REPOSITORY_SOURCE = "SEQCLS_MODEL_REPOSITORY_SOURCE"
 ENV_CHECKPOINTS_ROOT = "SEQCLS_CHECKPOINTS_ROOT"
+ENV_FAULT_PLAN = "SEQCLS_FAULT_PLAN"  # test-only: see seqcls.faults
 
 DEFAULT_MODEL_NAME = "seqcls"
 DEFAULT_GRPC = "127.0.0.1:8001"
@@ -56,6 +57,11 @@ def _split_endpoints(value: str) -> tuple[str, ...]:
 
 def default_home() -> Path:
     return Path(os.environ.get(ENV_HOME) or Path.home() / ".seqcls").expanduser()
+
+
+def fault_plan() -> str:
+    """The test-only fault plan (``SEQCLS_FAULT_PLAN``); empty in production. See :mod:`seqcls.faults`."""
+    return os.environ.get(ENV_FAULT_PLAN, "")
 
 
 @dataclass(frozen=True)

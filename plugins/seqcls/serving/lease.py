@@ -1,0 +1,369 @@
+"""One release at a time per model, across processes and machines that share the model repository.
+
+A release spans processes (Airflow runs publish → reload → smoke → promote as separate tasks of
+one DAG run), so the lease is a record with an owner id, not a file descriptor held throughout:
+``<repository>/.seqcls-lease.<model_name>.json``. Network file systems: ``flock`` on a Linux NFS
+client is emulated with POSIX byte-range locks (NLM for NFSv3, native in NFSv4 with server-side
+lease expiry), and we hold it only for sub-second read-modify-writes of that record, never while
+waiting. The lease itself is data — owner, ``renewed_at`` and a ttl — replaced atomically by a
+same-directory rename (atomic on POSIX and on NFS), so a crashed machine's lease expires by its
+ttl instead of relying on the file system's lock recovery; a dead holder on this host is
+recovered at once from its pid. Clocks across machines must roughly agree (ttl ≫ clock skew).
+Object stores (S3, GCS mounts) give neither rename nor locks and are not supported for the lease.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import logging
+import os
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, replace
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Literal
+
+from seqcls.errors import ServingError
+from seqcls.serving.state import atomic_write_text
+from seqcls.settings import validate_model_name
+
+log = logging.getLogger(__name__)
+
+LEASE_PREFIX = ".seqcls-lease."
+KINDS = ("process", "run")
+DEFAULT_TTL = 900.0  # seconds; a holder renews at every step, a CLI holder also from a heartbeat
+Kind = Literal["process", "run"]
+
+
+class LeaseError(ServingError):
+    """The model's release lease is held by someone else (or was lost); the message names the holder."""
+
+
+def _iso(t: float) -> str:
+    return datetime.fromtimestamp(t, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def _epoch(s: str) -> float:
+    return datetime.fromisoformat(s.replace("Z", "+00:00")).timestamp()
+
+
+def _pid_start(pid: int) -> float | None:
+    try:
+        import psutil
+
+        return psutil.Process(pid).create_time()
+    except Exception:  # psutil missing or process gone: no pid-reuse guard
+        return None
+
+
+def _pid_alive(pid: int, started: float | None) -> bool:
+    """Whether ``pid`` on this host is still the process that took the lease."""
+    try:
+        import psutil
+    except ImportError:  # pragma: no cover - psutil is a dependency
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
+    try:
+        proc = psutil.Process(pid)
+        if proc.status() == psutil.STATUS_ZOMBIE:
+            return False
+        return started is None or abs(proc.create_time() - started) < 1.0
+    except psutil.NoSuchProcess:
+        return False
+    except psutil.Error:
+        return True  # cannot tell: treat as alive, the ttl still applies
+
+
+def process_owner() -> str:
+    """Owner id of a single-process release (the CLI): ``cli:<host>:<pid>``."""
+    return f"cli:{socket.gethostname()}:{os.getpid()}"
+
+
+@dataclass(frozen=True)
+class LeaseHolder:
+    """Who holds a model's release lease, since when, and until when it counts without renewal."""
+
+    owner: str
+    kind: str
+    host: str
+    pid: int
+    run: str | None
+    since: str
+    renewed_at: str
+    ttl_seconds: float
+    step: str
+    pid_start: float | None = None  # guards against pid reuse on the same host
+
+    @property
+    def expires_at(self) -> float:
+        return _epoch(self.renewed_at) + float(self.ttl_seconds)
+
+    def describe(self) -> str:
+        return (
+            f"{self.owner} ({self.kind}) on host {self.host}, pid {self.pid}, run {self.run or '-'}, "
+            f"step {self.step}, since {self.since}, last renewed {self.renewed_at}, "
+            f"expires {_iso(self.expires_at)} unless renewed"
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> LeaseHolder:
+        if not isinstance(d, dict):
+            raise ValueError("expected a JSON object")
+        holder = cls(
+            owner=str(d["owner"]),
+            kind=str(d["kind"]),
+            host=str(d["host"]),
+            pid=int(d["pid"]),
+            run=None if d.get("run") is None else str(d["run"]),
+            since=str(d["since"]),
+            renewed_at=str(d["renewed_at"]),
+            ttl_seconds=float(d["ttl_seconds"]),
+            step=str(d.get("step", "")),
+            pid_start=None if d.get("pid_start") is None else float(d["pid_start"]),
+        )
+        holder.expires_at  # noqa: B018 - validates the timestamps
+        return holder
+
+
+class ReleaseLease:
+    """The release lease of one model in one shared repository."""
+
+    def __init__(self, repository: Path, model_name: str) -> None:
+        self.repository = Path(repository)
+        self.model_name = validate_model_name(model_name)
+        self.path = self.repository / f"{LEASE_PREFIX}{model_name}.json"
+        self.lock_path = self.repository / f"{LEASE_PREFIX}{model_name}.lock"
+
+    # ------------------------------------------------------------------ internals
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        """The short flock around one read-modify-write of the lease record."""
+        self.repository.mkdir(parents=True, exist_ok=True)
+        with open(self.lock_path, "a+") as fh:
+            fcntl.flock(fh, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(fh, fcntl.LOCK_UN)
+
+    def _read(self) -> LeaseHolder | None:
+        try:
+            raw = self.path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            return None
+        try:
+            return LeaseHolder.from_dict(json.loads(raw))
+        except (ValueError, KeyError, TypeError) as exc:
+            raise LeaseError(
+                f"{self.path}: the release lease record of {self.model_name!r} is unreadable ({exc}). If no "
+                f"release of it is running, run `seqcls lease break --model-name {self.model_name}`."
+            ) from exc
+
+    def _write(self, holder: LeaseHolder) -> None:
+        atomic_write_text(self.path, json.dumps(holder.to_dict(), indent=2) + "\n")
+
+    def dead_reason(self, holder: LeaseHolder, now: float | None = None) -> str | None:
+        """Why ``holder`` no longer counts (None while it does)."""
+        now = time.time() if now is None else now
+        same_host = holder.kind == "process" and holder.host == socket.gethostname()
+        if same_host and holder.pid != os.getpid() and not _pid_alive(holder.pid, holder.pid_start):
+            return f"its process {holder.pid} on this host ({holder.host}) is gone"
+        if now > holder.expires_at:
+            return f"it was last renewed {holder.renewed_at} and its ttl of {holder.ttl_seconds:.0f}s has passed"
+        return None
+
+    def _new_holder(
+        self, owner: str, kind: str, run: str | None, step: str, ttl: float, since: str | None = None
+    ) -> LeaseHolder:
+        now = _iso(time.time())
+        pid = os.getpid()
+        return LeaseHolder(
+            owner=owner,
+            kind=kind,
+            host=socket.gethostname(),
+            pid=pid,
+            run=run,
+            since=since or now,
+            renewed_at=now,
+            ttl_seconds=float(ttl),
+            step=step,
+            pid_start=_pid_start(pid),
+        )
+
+    # ------------------------------------------------------------------ API
+
+    def holder(self) -> LeaseHolder | None:
+        """The recorded holder (possibly dead: see :meth:`dead_reason`); None when free."""
+        return self._read()
+
+    def acquire(
+        self,
+        owner: str,
+        *,
+        kind: Kind = "process",
+        run: str | None = None,
+        step: str = "",
+        timeout: float = 60.0,
+        ttl: float = DEFAULT_TTL,
+        poll: float = 0.5,
+    ) -> LeaseHolder:
+        """Take the lease for ``owner`` (again, if it already holds it), waiting up to ``timeout`` seconds.
+
+        Raises LeaseError naming the holder when it is still held by someone else after the wait.
+        """
+        if kind not in KINDS:
+            raise ValueError(f"lease kind {kind!r} is not one of {', '.join(KINDS)}")
+        if not owner:
+            raise ValueError("a lease owner id is required")
+        deadline = time.monotonic() + max(0.0, timeout)
+        waited_for: str | None = None
+        while True:
+            with self._locked():
+                current = self._read()
+                if current is not None and current.owner == owner:
+                    holder = self._new_holder(owner, kind, run or current.run, step, ttl, since=current.since)
+                    self._write(holder)
+                    log.debug("release lease of %s re-taken by %s (step %s)", self.model_name, owner, step)
+                    return holder
+                reason = None if current is None else self.dead_reason(current)
+                if current is None or reason is not None:
+                    if current is not None:
+                        log.warning(
+                            "recovered the release lease of %s from dead holder %s: %s",
+                            self.model_name,
+                            current.describe(),
+                            reason,
+                        )
+                    holder = self._new_holder(owner, kind, run, step, ttl)
+                    self._write(holder)
+                    log.info("release lease of %s taken by %s (step %s)", self.model_name, owner, step)
+                    return holder
+            if waited_for != current.owner:
+                log.info(
+                    "waiting up to %.0fs for the release lease of %s: %s", timeout, self.model_name, current.describe()
+                )
+                waited_for = current.owner
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise LeaseError(
+                    f"the release lease of model {self.model_name!r} is held by {current.describe()}; waited "
+                    f"{timeout:.0f}s. Wait for that release to finish and retry. If the holder is surely dead "
+                    f"(its machine is gone), run `seqcls lease break --model-name {self.model_name}`, then "
+                    f"`seqcls sync --model-name {self.model_name}`. (lease file: {self.path})"
+                )
+            time.sleep(min(poll, remaining))
+
+    def renew(self, owner: str, step: str | None = None) -> LeaseHolder:
+        """Extend ``owner``'s lease (and record the step it is at); LeaseError if it lost the lease."""
+        with self._locked():
+            current = self._read()
+            if current is None or current.owner != owner:
+                held = "nobody holds it" if current is None else f"it is held by {current.describe()}"
+                raise LeaseError(
+                    f"{owner} lost the release lease of model {self.model_name!r}: {held}. Stop this release; "
+                    f"run `seqcls status --model-name {self.model_name}` to see what is served."
+                )
+            pid = os.getpid()
+            holder = replace(
+                current,
+                renewed_at=_iso(time.time()),
+                step=current.step if step is None else step,
+                host=socket.gethostname(),
+                pid=pid,
+                pid_start=current.pid_start if pid == current.pid else _pid_start(pid),
+            )
+            self._write(holder)
+            return holder
+
+    def release(self, owner: str) -> bool:
+        """Give the lease up; never removes someone else's (returns whether it released)."""
+        with self._locked():
+            current = self._read()
+            if current is None:
+                log.debug("release lease of %s: %s released it, but it was free", self.model_name, owner)
+                return False
+            if current.owner != owner:
+                log.warning(
+                    "release lease of %s: %s tried to release it, but it is held by %s; left alone",
+                    self.model_name,
+                    owner,
+                    current.describe(),
+                )
+                return False
+            self.path.unlink(missing_ok=True)
+        log.info("release lease of %s released by %s", self.model_name, owner)
+        return True
+
+    def break_lease(self, by: str, reason: str) -> LeaseHolder | None:
+        """Remove the lease whoever holds it (an operator's decision); returns the holder it removed."""
+        with self._locked():
+            try:
+                current = self._read()
+            except LeaseError:
+                current = None  # unreadable: breaking it is exactly the remedy
+            existed = self.path.exists()
+            self.path.unlink(missing_ok=True)
+        if existed:
+            log.warning(
+                "release lease of %s broken by %s (%s); it was held by %s",
+                self.model_name,
+                by,
+                reason,
+                current.describe() if current else "an unreadable record",
+            )
+        return current
+
+    @contextlib.contextmanager
+    def hold(
+        self,
+        owner: str | None = None,
+        *,
+        kind: Kind = "process",
+        run: str | None = None,
+        step: str = "release",
+        timeout: float = 60.0,
+        ttl: float = DEFAULT_TTL,
+        poll: float = 0.5,
+        heartbeat: bool = True,
+    ) -> Iterator[LeaseHolder]:
+        """Hold the lease for the block (single-process use: the CLI), renewed every ttl/3 meanwhile."""
+        owner = owner or process_owner()
+        holder = self.acquire(owner, kind=kind, run=run, step=step, timeout=timeout, ttl=ttl, poll=poll)
+        stop = threading.Event()
+        beat = None
+        if heartbeat:
+
+            def _beat() -> None:
+                while not stop.wait(max(ttl / 3.0, 0.05)):
+                    try:
+                        self.renew(owner)
+                    except Exception as exc:  # lost it or the volume is gone: the next renew/step tells
+                        log.error("could not renew the release lease of %s: %s", self.model_name, exc)
+                        return
+
+            beat = threading.Thread(target=_beat, name=f"seqcls-lease-{self.model_name}", daemon=True)
+            beat.start()
+        try:
+            yield holder
+        finally:
+            stop.set()
+            if beat is not None:
+                beat.join(timeout=5)
+            self.release(owner)
+
+
+__all__ = ["DEFAULT_TTL", "KINDS", "LeaseError", "LeaseHolder", "ReleaseLease", "process_owner"]
