@@ -23,13 +23,24 @@ import os
 from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from seqcls_tools.bench.run import BenchConfig, run_bench
+if TYPE_CHECKING:
+    from seqcls_tools.bench.run import BenchConfig, run_bench
 
 __all__ = ["BenchConfig", "add_arguments", "format_summary", "run_bench", "run_from_args"]
 
 log = logging.getLogger("seqcls_tools.bench")
+
+
+def __getattr__(name: str) -> Any:
+    # The harness itself loads on first use: building the ``seqcls`` parser (add_arguments) must
+    # not import the whole benchmark.
+    if name in ("BenchConfig", "run_bench"):
+        from seqcls_tools.bench import run
+
+        return getattr(run, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -69,6 +80,8 @@ def format_summary(results: dict[str, Any], out: Path) -> str:
 
 def run_from_args(args: argparse.Namespace) -> tuple[int, Callable[[], None]]:
     import json
+
+    from seqcls_tools.bench.run import BenchConfig, run_bench
 
     os.environ.setdefault("GLOG_minloglevel", "2")
     os.environ.setdefault("FLAGS_call_stack_level", "0")
