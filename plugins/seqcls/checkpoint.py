@@ -176,17 +176,17 @@ def read_golden(path: Path) -> tuple[str, ...]:
     return texts
 
 
-def resolve_checkpoint(
-    path: str | Path, *, label_file: str | Path | None = None, golden_file: str | Path | None = None
-) -> Checkpoint:
-    """Validate a checkpoint directory and fingerprint it (sha256 over the model-defining files)."""
+def _checkpoint_root(path: str | Path) -> Path:
     root = Path(path).expanduser()
     if not root.exists():
         raise CheckpointError(f"{root}: checkpoint directory does not exist.")
     if not root.is_dir():
         raise CheckpointError(f"{root}: is not a directory; pass the directory save_pretrained wrote.")
-    root = root.resolve()
+    return root.resolve()
 
+
+def _read_model_config(root: Path) -> tuple[dict, int]:
+    """``config.json`` and its label count; refuses a model that is not a sequence classifier."""
     config = _read_json(root / "config.json", "save_pretrained writes the model config there")
     num_labels = num_labels_of(config, root / "config.json")
     arch = config.get("architectures") or []
@@ -195,12 +195,19 @@ def resolve_checkpoint(
             f"{root / 'config.json'}: architectures {arch} is not a sequence classifier "
             "(expected e.g. ErnieForSequenceClassification)."
         )
+    return config, num_labels
 
+
+def _find_weights(root: Path) -> Path:
     weights = next((root / w for w in WEIGHT_FILES if (root / w).exists()), None)
     if weights is None:
         raise CheckpointError(f"{root}: no weights — expected one of {', '.join(WEIGHT_FILES)}.")
     _check_weights(weights)
+    return weights
 
+
+def _read_do_lower_case(root: Path) -> bool:
+    """``do_lower_case`` from ``tokenizer_config.json``; refuses a non-WordPiece tokenizer."""
     tok_cfg = _read_json(root / "tokenizer_config.json", "save_pretrained writes the tokenizer config there")
     tok_class = tok_cfg.get("tokenizer_class")
     if tok_class and tok_class not in WORDPIECE_TOKENIZERS:
@@ -208,8 +215,11 @@ def resolve_checkpoint(
             f"{root / 'tokenizer_config.json'}: tokenizer_class {tok_class!r} is not supported; "
             f"seqcls serves WordPiece vocabularies ({', '.join(sorted(WORDPIECE_TOKENIZERS))})."
         )
-    do_lower_case = bool(tok_cfg.get("do_lower_case", True))
+    return bool(tok_cfg.get("do_lower_case", True))
 
+
+def _read_vocab(root: Path, config: dict) -> list[str]:
+    """The WordPiece vocabulary: non-empty, with the special tokens, no larger than the embeddings."""
     vocab_path = root / "vocab.txt"
     vocab = [t for t in _read_text(vocab_path, "the WordPiece vocabulary").splitlines() if t.strip()]
     if not vocab:
@@ -223,18 +233,21 @@ def resolve_checkpoint(
             f"{vocab_path}: {len(vocab)} tokens but config.json vocab_size is {vocab_size}; "
             "ids past the embedding table would crash the model — use the vocab it was trained with."
         )
+    return vocab
 
-    label_path = Path(label_file).expanduser().resolve() if label_file else root / LABEL_FILE
+
+def _read_model_labels(label_path: Path, num_labels: int) -> tuple[str, ...]:
     labels = read_labels(label_path)
     if len(labels) != num_labels:
         raise CheckpointError(
             f"{label_path}: {len(labels)} labels but config.json says the model has {num_labels} "
             "(num_labels); the label file must list exactly one line per output."
         )
+    return labels
 
-    golden_path = Path(golden_file).expanduser().resolve() if golden_file else root / GOLDEN_FILE
-    golden = read_golden(golden_path) if (golden_file or golden_path.exists()) else None
 
+def _hash_model_files(root: Path, label_path: Path, weights: Path) -> tuple[dict[str, str], str]:
+    """sha256 of every model-defining file present, and the fingerprint over them."""
     files: dict[str, str] = {}
     for name in MODEL_FILES:
         p = label_path if name == LABEL_FILE else root / name
@@ -242,6 +255,23 @@ def resolve_checkpoint(
             files[name] = sha256_file(p)
     files[weights.name] = sha256_file(weights)
     fingerprint = hashlib.sha256("\n".join(f"{k}={v}" for k, v in sorted(files.items())).encode()).hexdigest()
+    return files, fingerprint
+
+
+def resolve_checkpoint(
+    path: str | Path, *, label_file: str | Path | None = None, golden_file: str | Path | None = None
+) -> Checkpoint:
+    """Validate a checkpoint directory and fingerprint it (sha256 over the model-defining files)."""
+    root = _checkpoint_root(path)
+    config, num_labels = _read_model_config(root)
+    weights = _find_weights(root)
+    do_lower_case = _read_do_lower_case(root)
+    vocab = _read_vocab(root, config)
+    label_path = Path(label_file).expanduser().resolve() if label_file else root / LABEL_FILE
+    labels = _read_model_labels(label_path, num_labels)
+    golden_path = Path(golden_file).expanduser().resolve() if golden_file else root / GOLDEN_FILE
+    golden = read_golden(golden_path) if (golden_file or golden_path.exists()) else None
+    files, fingerprint = _hash_model_files(root, label_path, weights)
 
     ckpt = Checkpoint(
         path=root,

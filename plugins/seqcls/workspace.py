@@ -53,6 +53,16 @@ def _now() -> str:
     return datetime.now(UTC).isoformat(timespec="seconds")
 
 
+def _timing(started: str, seconds: float) -> dict[str, Any]:
+    """The timing and version fields every step record carries."""
+    return {
+        "seconds": round(seconds, 3),
+        "started_at": started,
+        "finished_at": _now(),
+        "versions": package_versions(),
+    }
+
+
 def inputs_key(inputs: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(inputs, sort_keys=True, default=str).encode()).hexdigest()
 
@@ -167,60 +177,21 @@ class Workspace:
             rec = self.step(name)
             done = rec and rec.get("status") == "ok" and rec.get("inputs_key") == key
             if done and not always_run and self.outputs_intact(rec):
-                log.info("%s: already done for these inputs (%s) — skipped", name, rec.get("finished_at"))
-                return StepResult(
-                    name,
-                    "skipped",
-                    str(self.root),
-                    rec["outputs"],
-                    rec.get("summary", {}),
-                    0.0,
-                    f"already done at {rec.get('finished_at')}: {rec.get('message', '')}",
-                )
+                return self._skipped(name, rec)
             if rec and rec.get("status") == "ok":
                 log.info("%s: inputs changed or outputs damaged since last run — redoing", name)
-            staging = self.root / ".staging" / name
-            shutil.rmtree(staging, ignore_errors=True)
-            staging.mkdir(parents=True)
+            staging = self._fresh_staging(name)
             started, t0 = _now(), time.perf_counter()
             try:
                 summary, message = body(staging)
             except BaseException as exc:
                 seconds = time.perf_counter() - t0
-                failed_dir = self.root / "failed" / name
-                shutil.rmtree(failed_dir, ignore_errors=True)
-                failed_dir.parent.mkdir(parents=True, exist_ok=True)
-                os.replace(staging, failed_dir)
-                shutil.rmtree(self.root / out_dir, ignore_errors=True)  # stale for these inputs
-                self.record(
-                    name,
-                    {
-                        "status": "failed",
-                        "inputs": inputs,
-                        "inputs_key": key,
-                        "outputs": {},
-                        "error": f"{type(exc).__name__}: {exc}",
-                        "failed_outputs": str(failed_dir.relative_to(self.root)),
-                        "seconds": round(seconds, 3),
-                        "started_at": started,
-                        "finished_at": _now(),
-                        "versions": package_versions(),
-                    },
-                )
+                self._record_failure(name, inputs, key, exc, staging, out_dir, started, seconds)
                 if isinstance(exc, SeqclsError):
                     log.error("%s: failed after %.1fs — %s", name, seconds, exc)
                 raise
             seconds = time.perf_counter() - t0
-            final = self.root / out_dir
-            trash = self.root / ".staging" / f"{name}.old"
-            shutil.rmtree(trash, ignore_errors=True)
-            if final.exists():
-                os.replace(final, trash)
-            final.parent.mkdir(parents=True, exist_ok=True)
-            os.replace(staging, final)
-            shutil.rmtree(trash, ignore_errors=True)
-            shutil.rmtree(self.root / "failed" / name, ignore_errors=True)
-            outputs = {str(p.relative_to(self.root)): sha256_file(p) for p in sorted(final.rglob("*")) if p.is_file()}
+            outputs = self._publish_staging(name, staging, out_dir)
             self.record(
                 name,
                 {
@@ -230,14 +201,72 @@ class Workspace:
                     "outputs": outputs,
                     "summary": summary,
                     "message": message,
-                    "seconds": round(seconds, 3),
-                    "started_at": started,
-                    "finished_at": _now(),
-                    "versions": package_versions(),
+                    **_timing(started, seconds),
                 },
             )
             log.info("%s: done in %.1fs — %s", name, seconds, message)
             return StepResult(name, "ok", str(self.root), outputs, summary, seconds, message)
+
+    def _skipped(self, name: str, rec: dict[str, Any]) -> StepResult:
+        log.info("%s: already done for these inputs (%s) — skipped", name, rec.get("finished_at"))
+        return StepResult(
+            name,
+            "skipped",
+            str(self.root),
+            rec["outputs"],
+            rec.get("summary", {}),
+            0.0,
+            f"already done at {rec.get('finished_at')}: {rec.get('message', '')}",
+        )
+
+    def _fresh_staging(self, name: str) -> Path:
+        staging = self.root / ".staging" / name
+        shutil.rmtree(staging, ignore_errors=True)
+        staging.mkdir(parents=True)
+        return staging
+
+    def _record_failure(
+        self,
+        name: str,
+        inputs: dict[str, Any],
+        key: str,
+        exc: BaseException,
+        staging: Path,
+        out_dir: str,
+        started: str,
+        seconds: float,
+    ) -> None:
+        """Keep the partial outputs under ``failed/<step>/``, drop stale outputs, record the failure."""
+        failed_dir = self.root / "failed" / name
+        shutil.rmtree(failed_dir, ignore_errors=True)
+        failed_dir.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(staging, failed_dir)
+        shutil.rmtree(self.root / out_dir, ignore_errors=True)  # stale for these inputs
+        self.record(
+            name,
+            {
+                "status": "failed",
+                "inputs": inputs,
+                "inputs_key": key,
+                "outputs": {},
+                "error": f"{type(exc).__name__}: {exc}",
+                "failed_outputs": str(failed_dir.relative_to(self.root)),
+                **_timing(started, seconds),
+            },
+        )
+
+    def _publish_staging(self, name: str, staging: Path, out_dir: str) -> dict[str, str]:
+        """Swap the staging directory in as ``out_dir``; the outputs' relative paths and sha256."""
+        final = self.root / out_dir
+        trash = self.root / ".staging" / f"{name}.old"
+        shutil.rmtree(trash, ignore_errors=True)
+        if final.exists():
+            os.replace(final, trash)
+        final.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(staging, final)
+        shutil.rmtree(trash, ignore_errors=True)
+        shutil.rmtree(self.root / "failed" / name, ignore_errors=True)
+        return {str(p.relative_to(self.root)): sha256_file(p) for p in sorted(final.rglob("*")) if p.is_file()}
 
     def mark(self, name: str, **values: Any) -> None:
         """Merge ``values`` into an existing step record (e.g. a published version marked failed)."""
