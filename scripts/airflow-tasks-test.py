@@ -74,7 +74,7 @@ def tail(text: str, n: int = 25) -> str:
     return "\n".join("    " + line[:300] for line in text.splitlines()[-n:])
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--checkpoint", required=True, help="checkpoint directory (or 'latest')")
     ap.add_argument("--params", default="{}", help="more DAG params as a JSON object")
@@ -82,11 +82,79 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--task-timeout", type=float, default=1800.0, help="seconds per task (default 1800)")
     ap.add_argument("--migrate", action="store_true", help="run `airflow db migrate` first")
     ap.add_argument("--logs", type=Path, default=None, help="directory for per-task logs (default: a temp dir)")
-    args = ap.parse_args(argv)
+    return ap.parse_args(argv)
 
-    from seqcls.airflow import TASK_ORDER, TASK_STEPS, config_from_params, locate_checkpoint, settings_from_params
+
+def open_workspace(args: argparse.Namespace, params: dict):
+    """The release the tasks will use, found the same way the tasks find it (bad input fails here)."""
+    from seqcls.airflow import config_from_params, locate_checkpoint, settings_from_params
+    from seqcls.workspace import open_release
+
+    settings = settings_from_params(params)
+    checkpoint = locate_checkpoint(args.checkpoint, settings)
+    return checkpoint, open_release(checkpoint, config_from_params(params), settings)
+
+
+def set_up_airflow(airflow: str, env: dict[str, str], logs: Path, migrate: bool) -> bool:
+    setup = [[airflow, "dags", "reserialize"]]
+    if migrate:
+        setup.insert(0, [airflow, "db", "migrate"])
+    for cmd in setup:
+        code, out = run(cmd, env, logs / f"{cmd[1]}-{cmd[2]}.log", 600)
+        if code != 0:
+            print(f"FAILED: {' '.join(cmd[1:])} exited {code}\n{tail(out)}", file=sys.stderr)
+            return False
+    return True
+
+
+def task_problem(task_id: str, code: int | None, out: str, ws, timeout: float) -> tuple[str, str | None]:
+    """(the state the task reported, what went wrong or None) for one ``airflow tasks test`` call."""
+    from seqcls.airflow import ROLLBACK_TASK, TASK_STEPS
+
+    step = TASK_STEPS.get(task_id)
+    states = STATE_RE.findall(out)
+    state = states[-1] if states else "unknown"
+    if code is None:
+        return state, f"timed out after {timeout:.0f}s"
+    if code != 0:
+        return state, f"`airflow tasks test` exited {code}"
+    if FAILED_RE.search(out) or state == "failed":
+        return state, "the task failed (airflow tasks test exits 0 anyway)"
+    if task_id == ROLLBACK_TASK:
+        ok = state == "skipped"
+        return state, None if ok else f"rollback should have skipped (no serving step failed) but ended {state}"
+    if state != "success":
+        return state, f"the task ended {state}"
+    if step is not None:
+        rec = ws.step(step) or {}
+        if rec.get("status") != "ok":
+            return state, f"manifest step {step!r} is {rec.get('status') or 'missing'}: {rec.get('error', '')[:300]}"
+        if not re.search(rf"\b{step}: (ok|skipped) in ", out):
+            return state, f"no '{step}: ok/skipped' summary line in this call's output (stale manifest?)"
+    return state, None
+
+
+def report_failure(task_id: str, problem: str, seconds: float, log_path: Path, out: str, checkpoint, release) -> None:
+    from seqcls.airflow import ROLLBACK_ON, TASK_STEPS
+
+    step = TASK_STEPS.get(task_id)
+    rec = release.workspace.step(step) if step else None
+    print(f"✗ {task_id} ({seconds:.1f}s): {problem}", file=sys.stderr)
+    if rec and rec.get("error"):
+        print(f"  manifest: {step} {rec.get('status')} — {rec['error'][:500]}", file=sys.stderr)
+    print(f"  log: {log_path}\n{tail(out)}", file=sys.stderr)
+    if task_id in ROLLBACK_ON:
+        print(
+            "  to serve what Triton served before (the DAG's rollback task does this in a real run):\n"
+            f"    seqcls rollback --checkpoint {checkpoint} --model-name {release.config.model_name}",
+            file=sys.stderr,
+        )
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    from seqcls.airflow import TASK_ORDER, TASK_STEPS
     from seqcls.errors import SeqclsError
-    from seqcls.workspace import Workspace, open_release
 
     try:
         extra = json.loads(args.params)
@@ -101,74 +169,30 @@ def main(argv: list[str] | None = None) -> int:
     date = args.date or datetime.now(UTC).replace(microsecond=0).isoformat()
     logs = args.logs or Path(tempfile.mkdtemp(prefix="seqcls-tasks-test-"))
     logs.mkdir(parents=True, exist_ok=True)
-
-    # The workspace the tasks will use, found the same way the tasks find it (bad input fails here).
     try:
-        settings = settings_from_params(params)
-        checkpoint = locate_checkpoint(args.checkpoint, settings)
-        release = open_release(checkpoint, config_from_params(params), settings)
+        checkpoint, release = open_workspace(args, params)
     except SeqclsError as exc:
         print(f"FAILED before any task: {exc}", file=sys.stderr)
         return 1
-    ws: Workspace = release.workspace
+    ws = release.workspace
     params["checkpoint"] = str(checkpoint)
     print(f"seqcls_release task by task: checkpoint {checkpoint}\n  workspace {ws.root}\n  logs {logs}")
-
-    setup = [[airflow, "dags", "reserialize"]]
-    if args.migrate:
-        setup.insert(0, [airflow, "db", "migrate"])
-    for cmd in setup:
-        code, out = run(cmd, env, logs / f"{cmd[1]}-{cmd[2]}.log", 600)
-        if code != 0:
-            print(f"FAILED: {' '.join(cmd[1:])} exited {code}\n{tail(out)}", file=sys.stderr)
-            return 1
+    if not set_up_airflow(airflow, env, logs, args.migrate):
+        return 1
 
     t_all = time.perf_counter()
-    for task_id in TASK_ORDER:
-        step = TASK_STEPS.get(task_id)
+    for index, task_id in enumerate(TASK_ORDER):
         cmd = [airflow, "tasks", "test", DAG_ID, task_id, date, "-t", json.dumps(params, ensure_ascii=False)]
         t0 = time.perf_counter()
-        log_path = logs / f"{TASK_ORDER.index(task_id):02d}-{task_id}.log"
+        log_path = logs / f"{index:02d}-{task_id}.log"
         code, out = run(cmd, env, log_path, args.task_timeout)
         seconds = time.perf_counter() - t0
-        states = STATE_RE.findall(out)
-        state = states[-1] if states else "unknown"
-        problem = None
-        if code is None:
-            problem = f"timed out after {args.task_timeout:.0f}s"
-        elif code != 0:
-            problem = f"`airflow tasks test` exited {code}"
-        elif FAILED_RE.search(out) or state == "failed":
-            problem = "the task failed (airflow tasks test exits 0 anyway)"
-        elif task_id == "rollback":
-            if state != "skipped":
-                problem = f"rollback should have skipped (no serving step failed) but ended {state}"
-        elif state != "success":
-            problem = f"the task ended {state}"
-        elif step is not None:
-            rec = ws.step(step) or {}
-            confirmed = re.search(rf"\b{step}: (ok|skipped) in ", out)
-            if rec.get("status") != "ok":
-                problem = f"manifest step {step!r} is {rec.get('status') or 'missing'}: {rec.get('error', '')[:300]}"
-            elif not confirmed:
-                problem = f"no '{step}: ok/skipped' summary line in this call's output (stale manifest?)"
+        state, problem = task_problem(task_id, code, out, ws, args.task_timeout)
         if problem:
-            rec = ws.step(step) if step else None
-            print(f"✗ {task_id} ({seconds:.1f}s): {problem}", file=sys.stderr)
-            if rec and rec.get("error"):
-                print(f"  manifest: {step} {rec.get('status')} — {rec['error'][:500]}", file=sys.stderr)
-            print(f"  log: {log_path}\n{tail(out)}", file=sys.stderr)
-            if task_id in ("publish_repository", "reload_triton", "smoke_test"):
-                print(
-                    "  to serve what Triton served before (the DAG's rollback task does this in a real run):\n"
-                    f"    seqcls rollback --checkpoint {checkpoint} --model-name {release.config.model_name}",
-                    file=sys.stderr,
-                )
+            report_failure(task_id, problem, seconds, log_path, out, checkpoint, release)
             return 1
-        detail = ""
-        if step:
-            rec = ws.step(step) or {}
-            detail = f" — {rec.get('message', '')}"
+        step = TASK_STEPS.get(task_id)
+        detail = f" — {(ws.step(step) or {}).get('message', '')}" if step else ""
         print(f"✓ {task_id} {state} in {seconds:.1f}s{detail}")
     print(f"all {len(TASK_ORDER)} tasks passed in {time.perf_counter() - t_all:.0f}s; workspace {ws.root}")
     return 0
