@@ -50,17 +50,17 @@ need not be), else in the worker's own.
 
 from __future__ import annotations
 
-import os
 from datetime import UTC, datetime, timedelta
 
-from airflow.sdk import Asset, Param, TriggerRule, chain, dag, task
+from airflow.sdk import Asset, TriggerRule, chain, dag, task
 
-from seqcls.config import PROFILES, PROVIDERS, ReleaseConfig
-from seqcls.settings import DEFAULT_MODEL_NAME, ENV_PADDLE_PYTHON, ENV_RUNTIME, RUNTIMES, validate_model_name
+from seqcls.airflow import RESOLVE_TASK, TASK_STEPS
+from seqcls.airflow.params import dag_params
+from seqcls.settings import Settings, dag_model_name, dag_schedule
 
 DAG_ID = "seqcls_release"
-MODEL_NAME = validate_model_name(os.environ.get("SEQCLS_MODEL_NAME") or DEFAULT_MODEL_NAME)
-PADDLE_PYTHON = os.environ.get(ENV_PADDLE_PYTHON) or None
+MODEL_NAME = dag_model_name()
+PADDLE_PYTHON = Settings.from_env().paddle_python
 HEAVY_TIMEOUT = timedelta(hours=3)
 SERVING_TIMEOUT = timedelta(minutes=20)
 CHECKPOINTS_ASSET = Asset(name=f"seqcls-checkpoints-{MODEL_NAME}", uri=f"seqcls://checkpoints/{MODEL_NAME}")
@@ -77,96 +77,13 @@ def _schedule(value: str | None):
 
 # What resolve_checkpoint resolved; empty under `airflow tasks test` (no XCom between calls),
 # where every task falls back to the `checkpoint` param.
-CHECKPOINT = "{{ ti.xcom_pull(task_ids='resolve_checkpoint', key='checkpoint') or '' }}"
-FINGERPRINT = "{{ ti.xcom_pull(task_ids='resolve_checkpoint', key='fingerprint') or '' }}"
+CHECKPOINT = f"{{{{ ti.xcom_pull(task_ids='{RESOLVE_TASK}', key='checkpoint') or '' }}}}"
+FINGERPRINT = f"{{{{ ti.xcom_pull(task_ids='{RESOLVE_TASK}', key='fingerprint') or '' }}}}"
 PARAMS_JSON = "{{ params | tojson }}"
+PARAMS = dag_params(MODEL_NAME)
 
-_defaults = ReleaseConfig()
-_prob = {"type": "number", "exclusiveMinimum": 0, "exclusiveMaximum": 1}
-PARAMS = {
-    "checkpoint": Param(
-        "latest",
-        type="string",
-        minLength=1,
-        title="Checkpoint",
-        description="Checkpoint directory (save_pretrained output + label.txt), absolute or relative to "
-        "SEQCLS_CHECKPOINTS_ROOT; 'latest' = the newest checkpoint there. Scheduled runs use 'latest'.",
-    ),
-    "model_name": Param(
-        MODEL_NAME,
-        type="string",
-        pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$",
-        title="Model name",
-        description="MLflow registered model and release workspace name (letters, digits, _ . -).",
-    ),
-    "opset": Param(_defaults.opset, type="integer", minimum=11, maximum=21, title="ONNX opset"),
-    "max_length": Param(
-        _defaults.max_length,
-        type="integer",
-        minimum=8,
-        maximum=4096,
-        title="Max length",
-        description="Tokenizer max_length (tokens per text).",
-    ),
-    "threshold": Param(
-        _defaults.threshold, **_prob, title="Threshold", description="Decision threshold on sigmoid probabilities."
-    ),
-    "thresholds": Param(
-        {},
-        type="object",
-        additionalProperties=_prob,
-        title="Per-label thresholds",
-        description='JSON object label → threshold, e.g. {"体育##夺冠": 0.6}; other labels use Threshold.',
-    ),
-    "hierarchy": Param(
-        _defaults.hierarchy,
-        type="boolean",
-        title="Hierarchical labels",
-        description="A predicted child label (parent##child) implies its parent.",
-    ),
-    "atol": Param(
-        _defaults.atol, type="number", minimum=0, maximum=1, title="Parity atol", description="Logits absolute tol."
-    ),
-    "rtol": Param(
-        _defaults.rtol, type="number", minimum=0, maximum=1, title="Parity rtol", description="Logits relative tol."
-    ),
-    "provider": Param(
-        _defaults.provider,
-        type="string",
-        enum=list(PROVIDERS),
-        title="ONNX Runtime provider",
-        description="Provider the parity gate runs ONNX on.",
-    ),
-    "require_gpu": Param(
-        _defaults.require_gpu,
-        type="boolean",
-        title="Require GPU",
-        description="Fail the parity gate when CUDA is not available.",
-    ),
-    "profile": Param(
-        _defaults.profile,
-        type="string",
-        enum=list(PROFILES),
-        title="Serving profile",
-        description="fp32, fp32-fused (ORT-fused graph) or int8 (dynamic quantisation), each gated.",
-    ),
-    "runtime": Param(
-        os.environ.get(ENV_RUNTIME) or RUNTIMES[0],
-        type="string",
-        enum=list(RUNTIMES),
-        title="Triton runtime",
-        description="python-onnxruntime (python backend, local Triton) or onnxruntime (native backend, NGC image).",
-    ),
-    "skip_if_champion": Param(
-        True,
-        type="boolean",
-        title="Skip if already champion",
-        description="End as skipped when the checkpoint already is the MLflow champion (always on for "
-        "scheduled and asset-triggered runs). Turn off to release it again, e.g. after a Triton restart.",
-    ),
-    "triton_conn_id": Param("triton_default", type="string", minLength=1, title="Triton connection"),
-    "mlflow_conn_id": Param("mlflow_default", type="string", minLength=1, title="MLflow connection"),
-}
+
+ROLLBACK_ON_TASKS = {task_id for task_id, name in TASK_STEPS.items() if name in ("publish", "reload", "smoke")}
 
 
 def heavy_task(fn):
@@ -182,7 +99,7 @@ def heavy_task(fn):
 def export_static(checkpoint: str, fingerprint: str, params_json: str) -> dict:
     """Checkpoint → Paddle static graph (paddle.jit.to_static + jit.save)."""
     from seqcls.airflow import configure_logging, open_for_task, report
-    from seqcls.export import export
+    from seqcls.steps.export import export
 
     configure_logging()
     return report(export(open_for_task(checkpoint, params_json, fingerprint=fingerprint)))
@@ -191,7 +108,7 @@ def export_static(checkpoint: str, fingerprint: str, params_json: str) -> dict:
 def convert_onnx(checkpoint: str, fingerprint: str, params_json: str) -> dict:
     """Static graph → ONNX (paddle2onnx, checker on), output renamed `logits`."""
     from seqcls.airflow import configure_logging, open_for_task, report
-    from seqcls.convert import convert
+    from seqcls.steps.convert import convert
 
     configure_logging()
     return report(convert(open_for_task(checkpoint, params_json, fingerprint=fingerprint)))
@@ -200,7 +117,7 @@ def convert_onnx(checkpoint: str, fingerprint: str, params_json: str) -> dict:
 def validate_parity(checkpoint: str, fingerprint: str, params_json: str) -> dict:
     """The parity gate: Paddle vs ONNX Runtime on the golden texts; the report names the diffs."""
     from seqcls.airflow import configure_logging, open_for_task, report
-    from seqcls.validate import validate
+    from seqcls.steps.validate import validate
 
     configure_logging()
     return report(validate(open_for_task(checkpoint, params_json, fingerprint=fingerprint)))
@@ -208,7 +125,7 @@ def validate_parity(checkpoint: str, fingerprint: str, params_json: str) -> dict
 
 @dag(
     dag_id=DAG_ID,
-    schedule=_schedule(os.environ.get("SEQCLS_SCHEDULE")),
+    schedule=_schedule(dag_schedule()),
     start_date=datetime(2025, 1, 1, tzinfo=UTC),
     catchup=False,
     max_active_runs=1,
@@ -268,7 +185,7 @@ def seqcls_release():
     def register_model(checkpoint: str, fingerprint: str, params=None, ti=None) -> dict:
         """MLflow model version for this fingerprint (idempotent) + alias `candidate`."""
         from seqcls.airflow import open_for_task, report, task_settings
-        from seqcls.registry import register
+        from seqcls.steps.register import register
 
         settings = task_settings(params)
         release = open_for_task(checkpoint, params, settings, fingerprint=fingerprint)
@@ -278,7 +195,7 @@ def seqcls_release():
     def publish_repository(checkpoint: str, fingerprint: str, params=None, ti=None) -> dict:
         """Write Triton version N of tokenizer, seqcls_model, seqcls_postprocess and the ensemble."""
         from seqcls.airflow import open_for_task, report, task_settings
-        from seqcls.publish import publish
+        from seqcls.steps.publish import publish
 
         settings = task_settings(params)
         release = open_for_task(checkpoint, params, settings, fingerprint=fingerprint)
@@ -288,8 +205,8 @@ def seqcls_release():
     def reload_triton(checkpoint: str, fingerprint: str, params=None, ti=None) -> dict:
         """Serve version N on every Triton endpoint, readiness verified per model and version."""
         from seqcls.airflow import open_for_task, report, task_settings
-        from seqcls.reload import reload
-        from seqcls.triton import endpoints_from_settings
+        from seqcls.serving.client import endpoints_from_settings
+        from seqcls.steps.reload import reload
 
         settings = task_settings(params)
         release = open_for_task(checkpoint, params, settings, fingerprint=fingerprint)
@@ -299,8 +216,8 @@ def seqcls_release():
     def smoke_test(checkpoint: str, fingerprint: str, params=None, ti=None) -> dict:
         """Golden texts through the served ensemble (gRPC) must answer what the gate validated."""
         from seqcls.airflow import open_for_task, report, task_settings
-        from seqcls.smoke import smoke
-        from seqcls.triton import endpoints_from_settings
+        from seqcls.serving.client import endpoints_from_settings
+        from seqcls.steps.smoke import smoke
 
         settings = task_settings(params)
         release = open_for_task(checkpoint, params, settings, fingerprint=fingerprint)
@@ -310,7 +227,7 @@ def seqcls_release():
     def promote(checkpoint: str, fingerprint: str, params=None, ti=None) -> dict:
         """Alias `champion` → this version; the one it replaces becomes `previous-champion`."""
         from seqcls.airflow import open_for_task, report, task_settings
-        from seqcls.registry import promote as promote_version
+        from seqcls.steps.promote import promote as promote_version
 
         settings = task_settings(params)
         release = open_for_task(checkpoint, params, settings, fingerprint=fingerprint)
@@ -322,8 +239,8 @@ def seqcls_release():
         from airflow.sdk.exceptions import AirflowSkipException
 
         from seqcls.airflow import ROLLBACK_ON, open_for_task, report, task_settings
-        from seqcls.rollback import rollback as undo_release
-        from seqcls.triton import endpoints_from_settings
+        from seqcls.serving.client import endpoints_from_settings
+        from seqcls.steps.rollback import rollback as undo_release
 
         states = ti.get_task_states(dag_id=ti.dag_id, run_ids=[ti.run_id], task_ids=list(ROLLBACK_ON))
         states = states.get(ti.run_id, {})
@@ -345,8 +262,10 @@ def seqcls_release():
     reloaded = reload_triton(**step)
     smoked = smoke_test(**step)
     promoted = promote(**step)
-    chain(resolved, exported, converted, validated, registered, published, reloaded, smoked, promoted)
-    [published, reloaded, smoked] >> rollback(**step)
+    tasks = [resolved, exported, converted, validated, registered, published, reloaded, smoked, promoted]
+    chain(*tasks)
+    # Rollback after the steps the table marks undo_on_failure (the task checks they really failed).
+    [t for t in tasks if t.operator.task_id in ROLLBACK_ON_TASKS] >> rollback(**step)
 
 
 seqcls_release()

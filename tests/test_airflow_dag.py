@@ -241,7 +241,7 @@ def test_release_skip_then_smoke_failure_rolls_back(
     monkeypatch: pytest.MonkeyPatch,
     capfd: pytest.CaptureFixture[str],
 ) -> None:
-    from seqcls.repository import ENSEMBLE, MODELS, Repository
+    from seqcls.serving.repository import ENSEMBLE, MODELS, Repository
     from seqcls.settings import PROJECT_ROOT, Settings
 
     root = tmp_path / "checkpoints"

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from seqcls.localtriton import free_ports
-from seqcls.repository import Repository
+from seqcls.serving.repository import Repository
 from seqcls.settings import PROJECT_ROOT
 from seqcls_tools.demo.stack import DEFAULT_PASSWORD, USER, AirflowStack
 from tests.conftest import settings_for

@@ -10,7 +10,7 @@ import pytest
 
 from seqcls.config import ReleaseConfig
 from seqcls.errors import ConversionError
-from seqcls.pipeline import run_release
+from seqcls.steps import run_release
 from seqcls.workspace import open_release
 
 pytestmark = pytest.mark.slow

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from seqcls.pipeline import run_release
 from seqcls.settings import PROJECT_ROOT
+from seqcls.steps import run_release
 from seqcls.workspace import open_release
 from tests.conftest import settings_for
 

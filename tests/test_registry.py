@@ -17,8 +17,10 @@ import pytest
 
 from seqcls import registry
 from seqcls.errors import GateError
-from seqcls.pipeline import run_release
 from seqcls.settings import Settings
+from seqcls.steps import run_release
+from seqcls.steps.promote import promote
+from seqcls.steps.register import register
 from seqcls.workspace import Release, open_release
 
 pytestmark = pytest.mark.slow
@@ -45,13 +47,13 @@ def test_register_idempotent_with_lineage_and_loadable(tiny_checkpoint: Path, ti
     import onnxruntime as ort
 
     release = _validated(tiny_checkpoint)
-    first = registry.register(release)
-    again = registry.register(release)
+    first = register(release)
+    again = register(release)
     assert first.summary["created"] and not again.summary["created"]
     assert first.summary["version"] == again.summary["version"] == 1
     c = registry.client(release.settings)
     assert len(c.search_model_versions("name = 'seqcls'")) == 1
-    second = registry.register(_validated(tiny_checkpoint_b))
+    second = register(_validated(tiny_checkpoint_b))
     assert second.summary["version"] == 2 and len(c.search_model_versions("name = 'seqcls'")) == 2
     assert _aliases(c, "seqcls") == {"candidate": 2}
 
@@ -87,15 +89,15 @@ def test_register_idempotent_with_lineage_and_loadable(tiny_checkpoint: Path, ti
 
 def test_promote_and_undo(tiny_checkpoint: Path, tiny_checkpoint_b: Path) -> None:
     a, b = _validated(tiny_checkpoint), _validated(tiny_checkpoint_b)
-    registry.register(a)
+    register(a)
     _fake_served(a, 1)
-    pa = registry.promote(a)
+    pa = promote(a)
     assert pa.summary["version"] == 1 and pa.summary["previous"] is None
-    assert registry.promote(a).summary["already"]  # safe to repeat
+    assert promote(a).summary["already"]  # safe to repeat
     c = registry.client(a.settings)
-    registry.register(b)
+    register(b)
     _fake_served(b, 2)
-    pb = registry.promote(b)
+    pb = promote(b)
     assert pb.summary["previous"] == 1
     assert _aliases(c, "seqcls") == {"champion": 2, "previous-champion": 1, "candidate": 2}
     assert registry.champion_fingerprint(b.settings, "seqcls") == b.checkpoint.fingerprint
@@ -111,13 +113,13 @@ def test_promote_and_undo(tiny_checkpoint: Path, tiny_checkpoint_b: Path) -> Non
 
 def test_failed_release_leaves_registry_exactly_as_it_was(tiny_checkpoint: Path, tiny_checkpoint_b: Path) -> None:
     a = _validated(tiny_checkpoint)
-    registry.register(a)
+    register(a)
     _fake_served(a, 1)
-    registry.promote(a)
+    promote(a)
     c = registry.client(a.settings)
     before = (_aliases(c, "seqcls"), sorted(v.version for v in c.search_model_versions("name = 'seqcls'")))
     b = _validated(tiny_checkpoint_b)
-    registry.register(b)  # a new version + candidate alias ...
+    register(b)  # a new version + candidate alias ...
     registry.undo(b, reason="reload failed")  # ... that a failed release takes back
     after = (_aliases(c, "seqcls"), sorted(v.version for v in c.search_model_versions("name = 'seqcls'")))
     assert after == before
@@ -192,11 +194,11 @@ def test_against_real_mlflow_server(mlflow_server: str, tiny_checkpoint: Path, h
 
     settings = Settings(home=home, mlflow_tracking_uri=mlflow_server)
     release = _validated(tiny_checkpoint, settings)
-    result = registry.register(release)
+    result = register(release)
     assert result.summary["version"] == 1
-    assert registry.register(release).summary["created"] is False
+    assert register(release).summary["created"] is False
     _fake_served(release, 1)
-    promoted = registry.promote(release)
+    promoted = promote(release)
     assert promoted.summary["url"] == f"{mlflow_server}/#/models/seqcls/versions/1"
     assert registry.champion_fingerprint(settings, "seqcls") == release.checkpoint.fingerprint
     mlflow.set_tracking_uri(mlflow_server)

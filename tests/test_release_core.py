@@ -13,7 +13,7 @@ import pytest
 
 from seqcls.config import ReleaseConfig
 from seqcls.errors import CheckpointError, ConversionError, GateError, StepOrderError
-from seqcls.pipeline import run_release
+from seqcls.steps import run_release
 from seqcls.workspace import open_release
 
 pytestmark = pytest.mark.slow
@@ -74,7 +74,7 @@ def test_rerun_skips_and_changed_inputs_redo(tiny_checkpoint: Path) -> None:
 
 
 def test_step_order_is_enforced(tiny_checkpoint: Path) -> None:
-    from seqcls.convert import convert
+    from seqcls.steps.convert import convert
 
     with pytest.raises(StepOrderError, match="step 'export' has not run"):
         convert(open_release(tiny_checkpoint))
@@ -99,7 +99,7 @@ def test_corrupt_params_fail_export_and_are_recorded(tiny_checkpoint: Path) -> N
     assert rec["status"] == "failed"
     assert not (release.workspace.root / "static").exists()
     with pytest.raises(StepOrderError):
-        from seqcls.convert import convert
+        from seqcls.steps.convert import convert
 
         convert(release)
 
@@ -127,7 +127,7 @@ def test_gate_fails_on_perturbed_onnx(tiny_checkpoint: Path) -> None:
     manifest = release.workspace.read()
     manifest["steps"]["convert"]["outputs"]["onnx/model.onnx"] = sha256_file(onnx_path)
     release.workspace.write(manifest)
-    from seqcls.validate import validate
+    from seqcls.steps.validate import validate
 
     with pytest.raises(GateError) as info:
         validate(release)

@@ -13,10 +13,10 @@ import pytest
 
 from seqcls.errors import ServingError, SmokeError
 from seqcls.localtriton import LocalTriton
-from seqcls.pipeline import run_release
-from seqcls.repository import COMPOSING, ENSEMBLE, MODELS, Repository
+from seqcls.serving.repository import COMPOSING, ENSEMBLE, MODELS, Repository
 from seqcls.settings import PROJECT_ROOT, Settings
-from seqcls.smoke import infer
+from seqcls.steps import run_release
+from seqcls.steps.smoke import infer
 from seqcls.workspace import open_release
 from tests.conftest import settings_for
 
@@ -96,7 +96,7 @@ def test_hot_reload_under_load_then_rollback(
     assert results["reload"].summary["live_composing"] == [1, 2]
     assert _ready(server)[ENSEMBLE] == ["2"] and all(_ready(server)[m] == ["1", "2"] for m in COMPOSING)
     # rollback: v1 serves again, v2 unloaded and marked
-    from seqcls.rollback import rollback
+    from seqcls.steps.rollback import rollback
 
     rb = rollback(release_b, reason="test")
     assert rb.summary["rolled_back"] and rb.summary["serving_version"] == 1
@@ -178,7 +178,7 @@ def test_broken_versions_fail_clearly_and_v1_keeps_serving(
     run_release(release, until="publish")
     v = release.workspace.step("publish")["summary"]["version"]
     (repo.root / "seqcls_postprocess" / str(v) / "release.json").write_text('{"labels": []}')
-    from seqcls.reload import reload
+    from seqcls.steps.reload import reload
 
     with pytest.raises(ServingError, match=f"version {v} .* was modified after publishing"):
         reload(release)

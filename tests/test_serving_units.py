@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from seqcls import shipped
 from seqcls.errors import InputError, ServingError
-from seqcls.repository import (
+from seqcls.serving import shipped
+from seqcls.serving.repository import (
     ENSEMBLE,
     MODEL,
     MODELS,

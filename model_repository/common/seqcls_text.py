@@ -13,15 +13,7 @@ from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
-
-#: How a batch of encoded texts is padded into one ``[N, L]`` tensor.
-#: - ``longest``: to the longest text of the batch (smallest tensor for one request);
-#: - ``buckets``: to the next bucket boundary, so requests of similar length share a shape and
-#:   a native backend's dynamic batcher can merge them (GPU);
-#: - ``max_length``: always to ``max_length`` (one shape for everything; wasteful on CPU).
-PADDING_STRATEGIES = ("longest", "buckets", "max_length")
-DEFAULT_BUCKETS = (16, 32, 64, 128, 256, 512)
-
+from seqcls_contract import DEFAULT_BUCKETS, PADDINGS  # shipped alongside; padding strategies explained there
 
 #: Code points PaddleNLP's BasicTokenizer treats as symbols besides Unicode category S*.
 _EXTRA_SYMBOLS = (0x00AD, 0x00B2, 0x00BA, 0x3007, 0x00B5, 0x00D8, 0x014B, 0x01B1)
@@ -147,7 +139,7 @@ def padded_length(
     if strategy == "buckets":
         bounds = sorted({b for b in buckets if b < max_length} | {max_length})
         return next((b for b in bounds if b >= longest), longest)
-    raise ValueError(f"unknown padding strategy {strategy!r}; expected one of {PADDING_STRATEGIES}")
+    raise ValueError(f"unknown padding strategy {strategy!r}; expected one of {PADDINGS}")
 
 
 def pad(

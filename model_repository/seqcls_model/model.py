@@ -12,10 +12,14 @@ cost follows padded tokens:
 
 import json
 import os
+import sys
 
 import numpy as np
 import onnxruntime as ort
 import triton_python_backend_utils as pb_utils
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import seqcls_contract as contract
 
 _LEVELS = {
     "disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
@@ -23,7 +27,8 @@ _LEVELS = {
     "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
     "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
 }
-STRATEGIES = ("per-request", "group-by-length", "pad-to-longest")
+STRATEGIES = contract.BATCHINGS
+assert set(_LEVELS) == set(contract.GRAPH_LEVELS), "graph level names drifted from seqcls_contract"
 
 
 def _param(config, key, default):
@@ -51,13 +56,14 @@ class TritonPythonModel:
         self.output = self.session.get_outputs()[0].name
 
     def _run(self, input_ids, type_ids):
-        return self.session.run([self.output], {"input_ids": input_ids, "token_type_ids": type_ids})[0]
+        feeds = dict(zip(contract.MODEL_INPUTS, (input_ids, type_ids), strict=True))
+        return self.session.run([self.output], feeds)[0]
 
     def execute(self, requests):
         feeds = []
         for request in requests:
-            ids = pb_utils.get_input_tensor_by_name(request, "input_ids").as_numpy()
-            types = pb_utils.get_input_tensor_by_name(request, "token_type_ids").as_numpy()
+            ids = pb_utils.get_input_tensor_by_name(request, contract.MODEL_INPUTS[0]).as_numpy()
+            types = pb_utils.get_input_tensor_by_name(request, contract.MODEL_INPUTS[1]).as_numpy()
             feeds.append((ids.astype(np.int64, copy=False), types.astype(np.int64, copy=False)))
         results = [None] * len(feeds)
         if self.batching == "per-request" or len(feeds) == 1:
@@ -83,7 +89,7 @@ class TritonPythonModel:
                 results[i] = logits[start : start + n]
                 start += n
         return [
-            pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor("logits", r.astype(np.float32))])
+            pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor(contract.LOGITS_OUTPUT, r.astype(np.float32))])
             for r in results
         ]
 

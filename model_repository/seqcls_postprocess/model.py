@@ -15,13 +15,14 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import seqcls_contract as contract
 import seqcls_decide
 
 
 class TritonPythonModel:
     def initialize(self, args):
         version_dir = os.path.join(args["model_repository"], args["model_version"])
-        with open(os.path.join(version_dir, "release.json"), encoding="utf-8") as fh:
+        with open(os.path.join(version_dir, contract.RELEASE_FILE), encoding="utf-8") as fh:
             release = json.load(fh)
         self.labels = list(release["labels"])
         self.thresholds = np.asarray(release["thresholds"], dtype=np.float32)
@@ -32,7 +33,7 @@ class TritonPythonModel:
     def execute(self, requests):
         responses = []
         for request in requests:
-            logits = pb_utils.get_input_tensor_by_name(request, "logits").as_numpy()
+            logits = pb_utils.get_input_tensor_by_name(request, contract.LOGITS_OUTPUT).as_numpy()
             if logits.ndim != 2 or logits.shape[1] != len(self.labels):
                 responses.append(
                     pb_utils.InferenceResponse(
@@ -59,8 +60,8 @@ class TritonPythonModel:
             responses.append(
                 pb_utils.InferenceResponse(
                     output_tensors=[
-                        pb_utils.Tensor("predictions", payload),
-                        pb_utils.Tensor("probabilities", probs.astype(np.float32)),
+                        pb_utils.Tensor(contract.PREDICTIONS_OUTPUT, payload),
+                        pb_utils.Tensor(contract.PROBABILITIES_OUTPUT, probs.astype(np.float32)),
                     ]
                 )
             )

@@ -16,6 +16,7 @@ import sys
 import triton_python_backend_utils as pb_utils
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import seqcls_contract as contract
 import seqcls_text
 
 
@@ -28,15 +29,17 @@ class TritonPythonModel:
     def initialize(self, args):
         config = json.loads(args["model_config"])
         version_dir = os.path.join(args["model_repository"], args["model_version"])
-        with open(os.path.join(version_dir, "release.json"), encoding="utf-8") as fh:
+        with open(os.path.join(version_dir, contract.RELEASE_FILE), encoding="utf-8") as fh:
             release = json.load(fh)
         self.max_length = int(release["max_length"])
         self.padding = _param(config, "padding", "longest")
-        if self.padding not in seqcls_text.PADDING_STRATEGIES:
+        if self.padding not in contract.PADDINGS:
             raise pb_utils.TritonModelException(
-                f"parameter padding={self.padding!r}; expected one of {seqcls_text.PADDING_STRATEGIES}"
+                f"parameter padding={self.padding!r}; expected one of {contract.PADDINGS}"
             )
-        self.buckets = [int(b) for b in _param(config, "buckets", "16,32,64,128,256,512").split(",")]
+        self.buckets = [
+            int(b) for b in _param(config, "buckets", ",".join(map(str, contract.DEFAULT_BUCKETS))).split(",")
+        ]
         self.pad_id = int(release.get("pad_id", 0))
         self.tokenizer = seqcls_text.build_tokenizer(
             os.path.join(version_dir, "vocab.txt"),
@@ -47,7 +50,7 @@ class TritonPythonModel:
     def execute(self, requests):
         per_request, errors, flat = [], [], []
         for request in requests:
-            raw = pb_utils.get_input_tensor_by_name(request, "TEXT").as_numpy().reshape(-1)
+            raw = pb_utils.get_input_tensor_by_name(request, contract.TEXT_INPUT).as_numpy().reshape(-1)
             texts, item_errors = seqcls_text.decode_utf8(raw)
             bad = [e for e in item_errors if e]
             errors.append("; ".join(bad) if bad else None)
@@ -71,8 +74,8 @@ class TritonPythonModel:
             responses.append(
                 pb_utils.InferenceResponse(
                     output_tensors=[
-                        pb_utils.Tensor("input_ids", input_ids),
-                        pb_utils.Tensor("token_type_ids", type_ids),
+                        pb_utils.Tensor(contract.MODEL_INPUTS[0], input_ids),
+                        pb_utils.Tensor(contract.MODEL_INPUTS[1], type_ids),
                     ]
                 )
             )

@@ -12,9 +12,13 @@ the fast ``model.py``: ``input_ids`` and ``token_type_ids`` (INT64 ``[N, L]``) p
 
 import json
 import os
+import sys
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import seqcls_contract as contract
 
 
 def _load_tokenizer(version_dir, do_lower_case):
@@ -31,7 +35,7 @@ def _load_tokenizer(version_dir, do_lower_case):
 class TritonPythonModel:
     def initialize(self, args):
         version_dir = os.path.join(args["model_repository"], args["model_version"])
-        with open(os.path.join(version_dir, "release.json"), encoding="utf-8") as fh:
+        with open(os.path.join(version_dir, contract.RELEASE_FILE), encoding="utf-8") as fh:
             release = json.load(fh)
         self.max_length = int(release["max_length"])
         self.tokenizer = _load_tokenizer(version_dir, bool(release.get("do_lower_case", True)))
@@ -52,7 +56,7 @@ class TritonPythonModel:
     def execute(self, requests):
         responses = []
         for request in requests:
-            raw = pb_utils.get_input_tensor_by_name(request, "TEXT").as_numpy().reshape(-1)
+            raw = pb_utils.get_input_tensor_by_name(request, contract.TEXT_INPUT).as_numpy().reshape(-1)
             try:
                 texts = [x.decode("utf-8") if isinstance(x, bytes) else str(x) for x in raw]
             except UnicodeDecodeError as exc:
@@ -67,8 +71,8 @@ class TritonPythonModel:
             responses.append(
                 pb_utils.InferenceResponse(
                     output_tensors=[
-                        pb_utils.Tensor("input_ids", input_ids),
-                        pb_utils.Tensor("token_type_ids", type_ids),
+                        pb_utils.Tensor(contract.MODEL_INPUTS[0], input_ids),
+                        pb_utils.Tensor(contract.MODEL_INPUTS[1], type_ids),
                     ]
                 )
             )

@@ -2,7 +2,9 @@
 
 Each command prints the release workspace and a one-line outcome and exits 0 on success; on a
 failure it prints the reason and exits 1 (2 for usage errors). ``--json`` prints the step
-results as JSON instead, for scripts.
+results as JSON instead, for scripts. The step subcommands, their order and help come from the
+step table (:mod:`seqcls.steps`), the release flags from :mod:`seqcls.config`; the development
+tools (demo, bench, airflow-ui, demo-checkpoint) are registered by ``seqcls_tools`` when installed.
 """
 
 from __future__ import annotations
@@ -20,27 +22,17 @@ from seqcls.errors import SeqclsError
 
 log = logging.getLogger("seqcls")
 
+Printer = Callable[[], None]
+
 
 def _add_release_args(p: argparse.ArgumentParser) -> None:
+    from seqcls import config
+
     p.add_argument("--checkpoint", required=True, help="checkpoint directory (save_pretrained output + label.txt)")
-    p.add_argument("--model-name", default=None, help="registered/served model name (default: seqcls)")
     p.add_argument("--home", type=Path, default=None, help="release home (default: $SEQCLS_HOME or ~/.seqcls)")
     p.add_argument("--label-file", type=Path, default=None, help="label file (default: <checkpoint>/label.txt)")
     p.add_argument("--golden-file", type=Path, default=None, help="golden texts (default: <checkpoint>/golden.txt)")
-    p.add_argument("--opset", type=int, default=None, help="ONNX opset (default 14)")
-    p.add_argument("--max-length", type=int, default=None, help="tokenizer max_length (default 128)")
-    p.add_argument("--threshold", type=float, default=None, help="global decision threshold (default 0.5)")
-    p.add_argument("--thresholds", default=None, help="per-label thresholds as JSON, e.g. '{\"体育##夺冠\": 0.6}'")
-    p.add_argument("--atol", type=float, default=None, help="logits absolute tolerance (default 1e-4)")
-    p.add_argument("--rtol", type=float, default=None, help="logits relative tolerance (default 1e-3)")
-    p.add_argument(
-        "--provider",
-        choices=["auto", "cpu", "cuda"],
-        default=None,
-        help="ONNX Runtime provider for the parity gate (default auto)",
-    )
-    p.add_argument("--require-gpu", action="store_true", default=None, help="fail when no CUDA provider is available")
-    p.add_argument("--profile", choices=["fp32", "fp32-fused", "int8"], default=None, help="serving profile")
+    config.add_arguments(p)
     p.add_argument(
         "--grpc",
         action="append",
@@ -67,85 +59,45 @@ def stdout_to_stderr():
 
 
 def _release_from_args(args: argparse.Namespace):
-    from seqcls.config import ReleaseConfig
-    from seqcls.errors import InputError
+    from seqcls.config import config_from_args
     from seqcls.settings import Settings
     from seqcls.workspace import open_release
 
-    thresholds = None
-    if args.thresholds:
-        try:
-            thresholds = json.loads(args.thresholds)
-        except json.JSONDecodeError as exc:
-            raise InputError(f"--thresholds is not valid JSON: {exc.msg}") from exc
-    config = ReleaseConfig.from_dict(
-        {
-            "model_name": args.model_name,
-            "opset": args.opset,
-            "max_length": args.max_length,
-            "threshold": args.threshold,
-            "thresholds": thresholds,
-            "atol": args.atol,
-            "rtol": args.rtol,
-            "provider": args.provider,
-            "require_gpu": args.require_gpu,
-            "profile": args.profile,
-        }
-    )
     settings = Settings.from_env(home=args.home, triton_grpc=tuple(args.grpc) if args.grpc else None)
-    return open_release(args.checkpoint, config, settings, label_file=args.label_file, golden_file=args.golden_file)
+    return open_release(
+        args.checkpoint, config_from_args(args), settings, label_file=args.label_file, golden_file=args.golden_file
+    )
 
 
 def _print_results(args: argparse.Namespace, workspace: Path, results: list) -> None:
     if getattr(args, "json", False):
-        print(
-            json.dumps(
-                {"workspace": str(workspace), "results": [r.to_dict() for r in results]},
-                indent=2,
-                ensure_ascii=False,
-                default=str,
-            )
-        )
+        payload = {"workspace": str(workspace), "results": [r.to_dict() for r in results]}
+        print(json.dumps(payload, indent=2, ensure_ascii=False, default=str))
         return
     print(f"workspace: {workspace}")
     for r in results:
         print(r.line())
 
 
-def _cmd_step(args: argparse.Namespace) -> tuple[int, Callable[[], None]]:
-    from seqcls.pipeline import EXTRA_STEPS, STEPS
+def _cmd_step(args: argparse.Namespace) -> tuple[int, Printer]:
+    from seqcls.steps import step
 
     release = _release_from_args(args)
-    result = {**STEPS, **EXTRA_STEPS}[args.command](release)
+    result = step(args.command)(release)
     return 0, lambda: _print_results(args, release.workspace.root, [result])
 
 
-def _cmd_release(args: argparse.Namespace) -> tuple[int, Callable[[], None]]:
-    from seqcls.pipeline import run_release
+def _cmd_release(args: argparse.Namespace) -> tuple[int, Printer]:
+    from seqcls.steps import run_release
 
     release = _release_from_args(args)
     results = run_release(release, until=args.until)
     return 0, lambda: _print_results(args, release.workspace.root, results)
 
 
-def _cmd_demo_checkpoint(args: argparse.Namespace) -> tuple[int, Callable[[], None]]:
-    if args.tiny:
-        from seqcls.testing import build_tiny_checkpoint
-
-        path = build_tiny_checkpoint(args.out, seed=args.seed, logit_scale=300.0)
-        return 0, lambda: print(f"checkpoint: {path} (tiny, random weights)")
-    from seqcls.demo.train import train_demo_checkpoint
-
-    result = train_demo_checkpoint(args.out, seed=args.seed, quick=args.quick)
-    return 0, lambda: print(
-        f"checkpoint: {result.path} (trained {result.epochs} epochs in {result.seconds:.0f}s; held-out "
-        f"micro-F1 {result.micro_f1:.3f}, macro-F1 {result.macro_f1:.3f})"
-    )
-
-
-def _cmd_triton(args: argparse.Namespace) -> tuple[int, Callable[[], None]]:
+def _cmd_triton(args: argparse.Namespace) -> tuple[int, Printer]:
+    from seqcls.localtriton import LocalTriton, TritonServerConfig
     from seqcls.settings import Settings
-    from seqcls.tritonserver import LocalTriton, TritonServerConfig
 
     settings = Settings.from_env(home=args.home)
     server = LocalTriton(TritonServerConfig.from_settings(settings))
@@ -172,102 +124,37 @@ def _cmd_triton(args: argparse.Namespace) -> tuple[int, Callable[[], None]]:
     return code, show
 
 
-def _cmd_demo(args: argparse.Namespace) -> tuple[int, Callable[[], None]]:
-    from seqcls.demo.run import report, run_demo
-
-    result = run_demo(keep_servers=args.keep_servers, quick=args.quick)
-    return 0, lambda: print(report(result))
-
-
-def _cmd_airflow_ui(args: argparse.Namespace) -> tuple[int, Callable[[], None]]:
-    import signal
-    import time
-
-    from seqcls.demo.run import demo_dir
-    from seqcls.demo.stack import USER, AirflowStack
-    from seqcls.settings import Settings
-    from seqcls.tritonserver import LocalTriton, TritonServerConfig
-
-    root = demo_dir()
-    settings = Settings.from_env(home=Path(os.environ.get("SEQCLS_HOME") or root / "home"))
-    triton = LocalTriton(TritonServerConfig.from_settings(settings))
-    triton.start()
-    stack = AirflowStack(root, settings, port=args.port, password=args.password)
+def _add_tools(sub: argparse._SubParsersAction) -> None:
+    """The development tools' subcommands, when ``seqcls_tools`` is installed (a checkout's ``pip install -e .``)."""
     try:
-        stack.start()
-        print(
-            f"Airflow UI: {stack.url}  (user {USER}, password {args.password}); DAG seqcls_release — trigger it "
-            "with a checkpoint directory. Triton gRPC " + settings.triton_grpc[0] + ". Ctrl-C stops everything.",
-            file=sys.stderr,
-            flush=True,
-        )
-        signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
-        while True:
-            time.sleep(1)
-    except KeyboardInterrupt:
-        pass
-    finally:
-        stack.stop()
-        triton.stop()
-    return 0, lambda: print("stopped: Airflow components and the local Triton")
-
-
-def _cmd_bench(args: argparse.Namespace) -> tuple[int, Callable[[], None]]:
-    from seqcls import bench
-
-    return bench.run_from_args(args)
+        from seqcls_tools.cli import add_commands
+    except ModuleNotFoundError as exc:
+        if exc.name != "seqcls_tools":
+            raise
+        return
+    add_commands(sub)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from seqcls.pipeline import EXTRA_STEPS, STEPS
+    from seqcls.steps import EXTRA_STEPS, ORDER, STEPS
 
     parser = argparse.ArgumentParser(prog="seqcls", description=__doc__.splitlines()[0])
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", required=True)
-    helps = {
-        "export": "dygraph checkpoint → static graph",
-        "convert": "static graph → ONNX (verified)",
-        "validate": "parity gate: tokenizer ids, logits, decisions",
-        "register": "MLflow model version with lineage, alias candidate (idempotent per fingerprint)",
-        "publish": "write the release as a new immutable Triton version",
-        "reload": "load the published version on every Triton endpoint (explicit mode), readiness verified",
-        "smoke": "golden texts over gRPC must give the validated answers",
-        "promote": "MLflow alias champion → this version (previous kept as previous-champion)",
-        "rollback": "serve what was served before this release; undo its registry changes",
-    }
-    for name in [*STEPS, *EXTRA_STEPS]:
-        p = sub.add_parser(name, help=helps.get(name, name))
+    for s in (*STEPS, *EXTRA_STEPS):
+        p = sub.add_parser(s.name, help=s.help)
         _add_release_args(p)
         p.set_defaults(func=_cmd_step)
-    p = sub.add_parser("release", help="run every step in order (skipping those already done)")
+    p = sub.add_parser("release", help=f"run every step in order ({' → '.join(ORDER)}), skipping those already done")
     _add_release_args(p)
-    p.add_argument("--until", choices=list(STEPS), default=None, help="stop after this step")
+    p.add_argument("--until", choices=list(ORDER), default=None, help="stop after this step")
     p.set_defaults(func=_cmd_release)
     p = sub.add_parser("triton", help="the local Triton server (nvidia-pytriton's tritonserver, loopback)")
     p.add_argument("action", choices=["start", "stop", "status"])
     p.add_argument("--home", type=Path, default=None)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=_cmd_triton)
-    p = sub.add_parser("demo", help="the main job: train the demo model, release it through the Airflow DAG")
-    p.add_argument("--keep-servers", action="store_true", help="leave the local Triton running afterwards")
-    p.add_argument("--quick", action="store_true", help="train the demo model briefly (~25 s)")
-    p.set_defaults(func=_cmd_demo)
-    p = sub.add_parser("airflow-ui", help="run the Airflow UI + scheduler + local Triton on 127.0.0.1 until Ctrl-C")
-    p.add_argument("--port", type=int, default=8080)
-    p.add_argument("--password", default="seqcls-demo", help="password of user admin")
-    p.set_defaults(func=_cmd_airflow_ui)
-    p = sub.add_parser("bench", help="benchmark every serving profile on a real local Triton (see README)")
-    p.add_argument("--home", type=Path, default=None)
-    p.set_defaults(func=_cmd_bench, bench_parser=p)
-    from seqcls import bench
-
-    bench.add_arguments(p)
-    p = sub.add_parser("demo-checkpoint", help="train the demo classifier (bundled dataset, ~2 min on 2 CPU cores)")
-    p.add_argument("out", type=Path, help="directory to write the checkpoint to")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--quick", action="store_true", help="train briefly (~25 s; lower F1)")
-    p.add_argument("--tiny", action="store_true", help="no training: a tiny random model (for plumbing tests)")
-    p.set_defaults(func=_cmd_demo_checkpoint)
+    _add_tools(sub)
     return parser
 
 

@@ -1,30 +1,181 @@
-"""Release parameters: one validated dataclass shared by the CLI, the library and the DAG params.
+"""Release parameters: one validated dataclass, and the one table of their ranges and enums.
 
-Validation lives in ``__post_init__`` so a bad value fails before any work, with a message that
-names the parameter (the same names the CLI flags and the Airflow Params form use).
+:data:`FIELDS` is the only place a parameter's type, range, enum, title and description are
+written. :class:`ReleaseConfig` validates against it in ``__post_init__`` (a bad value fails
+before any work, naming the parameter), the CLI's flags are generated from it
+(:func:`add_arguments`), and so are the Airflow Params form (:func:`param_schema`, used by
+``seqcls.airflow.params``) — a test asserts the DAG's Params equal these schemas.
 """
 
 from __future__ import annotations
 
+import argparse
+import json
 import math
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from seqcls.errors import InputError
-from seqcls.settings import DEFAULT_MODEL_NAME, validate_model_name
+from seqcls.settings import DEFAULT_MODEL_NAME, MODEL_NAME_PATTERN, validate_model_name
 
 PROFILES = ("fp32", "fp32-fused", "int8")
 PROVIDERS = ("auto", "cpu", "cuda")
 
 
 @dataclass(frozen=True)
+class Field:
+    """One release parameter's contract (JSON-schema words, so Params can use it as it is)."""
+
+    name: str
+    type: str  # integer | number | boolean | string | object
+    title: str
+    description: str = ""
+    minimum: float | None = None
+    maximum: float | None = None
+    exclusive: bool = False  # bounds are exclusive (probabilities)
+    enum: tuple[str, ...] | None = None
+    pattern: str | None = None
+    nullable: bool = False
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+    def schema(self) -> dict[str, Any]:
+        """JSON schema of the value (what Airflow's Param validates at trigger time)."""
+        out: dict[str, Any] = {"type": [self.type, "null"] if self.nullable else self.type}
+        lo, hi = ("exclusiveMinimum", "exclusiveMaximum") if self.exclusive else ("minimum", "maximum")
+        if self.minimum is not None:
+            out[lo] = self.minimum
+        if self.maximum is not None:
+            out[hi] = self.maximum
+        if self.enum:
+            out["enum"] = list(self.enum)
+        if self.pattern:
+            out["pattern"] = self.pattern
+        if self.name == "thresholds":
+            out["additionalProperties"] = PROBABILITY
+        return out
+
+    def check(self, value: Any, name: str | None = None) -> None:
+        name = name or self.name
+        if value is None and self.nullable:
+            return
+        numeric = self.type in ("integer", "number")
+        if self.type == "integer" and (isinstance(value, bool) or not isinstance(value, int)):
+            raise InputError(f"{name} must be an integer{self._range()}, got {value!r}")
+        if self.type == "number" and (isinstance(value, bool) or not isinstance(value, int | float)):
+            raise InputError(f"{name} must be a number{self._range()}, got {value!r}")
+        if numeric and not self._in_range(value):
+            raise InputError(f"{name} must be {self.type_word()}{self._range()}, got {value!r}")
+        if self.type == "boolean" and not isinstance(value, bool):
+            raise InputError(f"{name} must be true or false, got {value!r}")
+        if self.enum and value not in self.enum:
+            raise InputError(f"{name} must be one of {', '.join(self.enum)}, got {value!r}")
+        if self.type == "object":
+            if not isinstance(value, dict):
+                raise InputError(f"{name} must be a mapping label -> threshold, got {value!r}")
+            for key, item in value.items():
+                _PROB_FIELD.check(item, f"{name}[{key!r}]")
+
+    def type_word(self) -> str:
+        return "an integer" if self.type == "integer" else "a number"
+
+    def _in_range(self, value: float) -> bool:
+        if not math.isfinite(value):
+            return False
+        if self.exclusive:
+            return (self.minimum is None or value > self.minimum) and (self.maximum is None or value < self.maximum)
+        return (self.minimum is None or value >= self.minimum) and (self.maximum is None or value <= self.maximum)
+
+    def _range(self) -> str:
+        if self.minimum is None and self.maximum is None:
+            return ""
+        if self.exclusive:
+            return f" strictly between {self.minimum:g} and {self.maximum:g}"
+        return f" in [{self.minimum:g}, {self.maximum:g}]"
+
+
+PROBABILITY = {"type": "number", "exclusiveMinimum": 0, "exclusiveMaximum": 1}
+_PROB_FIELD = Field("threshold", "number", "Threshold", minimum=0, maximum=1, exclusive=True)
+
+FIELDS: tuple[Field, ...] = (
+    Field(
+        "model_name",
+        "string",
+        "Model name",
+        "MLflow registered model and release workspace name (letters, digits, _ . -).",
+        pattern=MODEL_NAME_PATTERN,
+    ),
+    Field("opset", "integer", "ONNX opset", "ONNX opset of the converted model.", 11, 21),
+    Field("max_length", "integer", "Max length", "Tokenizer max_length (tokens per text).", 8, 4096),
+    Field(
+        "threshold",
+        "number",
+        "Threshold",
+        "Decision threshold on sigmoid probabilities.",
+        0,
+        1,
+        exclusive=True,
+    ),
+    Field(
+        "thresholds",
+        "object",
+        "Per-label thresholds",
+        'JSON object label → threshold, e.g. {"体育##夺冠": 0.6}; other labels use Threshold.',
+    ),
+    Field("hierarchy", "boolean", "Hierarchical labels", "A predicted child label (parent##child) implies its parent."),
+    Field("atol", "number", "Parity atol", "Logits absolute tolerance of the parity gate.", 0, 1),
+    Field("rtol", "number", "Parity rtol", "Logits relative tolerance of the parity gate.", 0, 1),
+    Field(
+        "prob_atol",
+        "number",
+        "Parity prob_atol",
+        "Optional stricter tolerance on probabilities; unset = derived from the logit tolerance "
+        "((atol + rtol·|x|)/4, sigmoid's largest slope).",
+        0,
+        1,
+        nullable=True,
+    ),
+    Field("near_margin", "number", "Near-threshold margin", "Probabilities this close to a threshold may flip.", 0, 1),
+    Field(
+        "gpu_tolerance_factor",
+        "number",
+        "GPU tolerance factor",
+        "Tolerances are multiplied by this when the gate runs on CUDA.",
+        1,
+        1000,
+    ),
+    Field("provider", "string", "ONNX Runtime provider", "Provider the parity gate runs ONNX on.", enum=PROVIDERS),
+    Field("require_gpu", "boolean", "Require GPU", "Fail the parity gate when CUDA is not available."),
+    Field(
+        "profile",
+        "string",
+        "Serving profile",
+        "fp32, fp32-fused (ORT-fused graph) or int8 (dynamic quantisation), each gated.",
+        enum=PROFILES,
+    ),
+    Field(
+        "min_decision_agreement",
+        "number",
+        "Min decision agreement",
+        "Share of label decisions a non-exact profile (int8) must keep.",
+        0,
+        1,
+        exclusive=False,
+    ),
+)
+FIELD_BY_NAME = {f.name: f for f in FIELDS}
+
+
+@dataclass(frozen=True)
 class ReleaseConfig:
     """What a release is asked to do; every field has a safe default.
 
-    Parity defaults (``atol``/``rtol`` on logits, ``prob_atol`` on probabilities) were chosen from
-    measurement: CPU Paddle vs ONNX Runtime differ by ≤ 1e-7 on typical logits and ≤ 1e-4 on
-    large ones, so 1e-4 + 1e-3·|x| flags real conversion bugs (which move logits by ≥ 1e-2) while
-    tolerating float reordering; a GPU provider is allowed 10× more (``gpu_tolerance_factor``).
+    Parity defaults (``atol``/``rtol`` on logits) were chosen from measurement: CPU Paddle vs
+    ONNX Runtime differ by ≤ 1e-7 on typical logits and ≤ 1e-4 on large ones, so 1e-4 + 1e-3·|x|
+    flags real conversion bugs (which move logits by ≥ 1e-2) while tolerating float reordering;
+    probabilities follow from it (see :mod:`seqcls.parity`); a GPU provider is allowed 10× more.
     """
 
     model_name: str = DEFAULT_MODEL_NAME
@@ -35,7 +186,7 @@ class ReleaseConfig:
     hierarchy: bool = True
     atol: float = 1e-4
     rtol: float = 1e-3
-    prob_atol: float = 1e-5
+    prob_atol: float | None = None
     near_margin: float = 1e-3
     gpu_tolerance_factor: float = 10.0
     provider: str = "auto"
@@ -45,22 +196,9 @@ class ReleaseConfig:
 
     def __post_init__(self) -> None:
         validate_model_name(self.model_name)
-        _int_in("opset", self.opset, 11, 21)
-        _int_in("max_length", self.max_length, 8, 4096)
-        _prob("threshold", self.threshold)
-        if not isinstance(self.thresholds, dict):
-            raise InputError(f"thresholds must be a mapping label -> threshold, got {self.thresholds!r}")
-        for label, value in self.thresholds.items():
-            _prob(f"thresholds[{label!r}]", value)
-        for name in ("atol", "rtol", "prob_atol", "near_margin"):
-            value = getattr(self, name)
-            if not isinstance(value, int | float) or not math.isfinite(value) or value < 0 or value > 1:
-                raise InputError(f"{name} must be a number in [0, 1], got {value!r}")
-        if self.provider not in PROVIDERS:
-            raise InputError(f"provider must be one of {', '.join(PROVIDERS)}, got {self.provider!r}")
-        if self.profile not in PROFILES:
-            raise InputError(f"profile must be one of {', '.join(PROFILES)}, got {self.profile!r}")
-        if not 0 < self.min_decision_agreement <= 1:
+        for spec in FIELDS:
+            spec.check(getattr(self, spec.name))
+        if self.min_decision_agreement <= 0:
             raise InputError(f"min_decision_agreement must be in (0, 1], got {self.min_decision_agreement!r}")
 
     def to_dict(self) -> dict[str, Any]:
@@ -76,11 +214,39 @@ class ReleaseConfig:
         return cls(**{k: v for k, v in data.items() if v is not None})
 
 
-def _int_in(name: str, value: object, lo: int, hi: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
-        raise InputError(f"{name} must be an integer in [{lo}, {hi}], got {value!r}")
+DEFAULTS = ReleaseConfig()
 
 
-def _prob(name: str, value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < 1:
-        raise InputError(f"{name} must be a number strictly between 0 and 1, got {value!r}")
+def param_schema(name: str) -> dict[str, Any]:
+    """Keyword arguments for an Airflow ``Param`` of release parameter ``name`` (default included)."""
+    spec = FIELD_BY_NAME[name]
+    return {"default": getattr(DEFAULTS, name), "title": spec.title, "description": spec.description, **spec.schema()}
+
+
+def _json_object(value: str) -> dict[str, Any]:
+    try:
+        data = json.loads(value) if value.strip() else {}
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"not valid JSON: {exc}") from exc
+    if not isinstance(data, dict):
+        raise argparse.ArgumentTypeError("expected a JSON object label -> threshold")
+    return data
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """One CLI flag per release parameter, with the table's type, choices and help."""
+    kinds = {"integer": int, "number": float, "string": str, "object": _json_object}
+    for spec in FIELDS:
+        default = getattr(DEFAULTS, spec.name)
+        help_text = f"{spec.description} (default: {json.dumps(default, ensure_ascii=False)})"
+        if spec.type == "boolean":
+            parser.add_argument(spec.flag, action=argparse.BooleanOptionalAction, default=None, help=help_text)
+        else:
+            parser.add_argument(
+                spec.flag, type=kinds[spec.type], choices=spec.enum, default=None, help=help_text.replace("%", "%%")
+            )
+
+
+def config_from_args(args: argparse.Namespace) -> ReleaseConfig:
+    """The release config from parsed flags (unset flags keep the defaults)."""
+    return ReleaseConfig.from_dict({spec.name: getattr(args, spec.name, None) for spec in FIELDS})

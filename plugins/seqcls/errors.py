@@ -9,7 +9,8 @@
      ├── ConversionError        export or ONNX conversion produced something unusable
      ├── GateError              the parity gate refused the model (report path in the message)
      ├── ServingError           Triton: start, publish, load, readiness, smoke
-     │    └── SmokeError        the served model answered differently than validated
+     │    ├── SmokeError        the served model answered differently than validated
+     │    └── LeaseError        another release of the model holds the release lease
      └── RegistryError          MLflow tracking / model registry
 
 Every message names the artifact, what was observed and what to do next. Airflow tasks let
@@ -51,6 +52,10 @@ class SmokeError(ServingError):
     """The served ensemble's answers differ from the validated ones."""
 
 
+class LeaseError(ServingError):
+    """Another release of the same model holds the release lease (the message names the holder)."""
+
+
 class RegistryError(SeqclsError):
     """MLflow tracking or the model registry failed or is inconsistent."""
 
@@ -60,6 +65,7 @@ __all__ = [
     "ConversionError",
     "GateError",
     "InputError",
+    "LeaseError",
     "RegistryError",
     "SeqclsError",
     "ServingError",

@@ -28,6 +28,8 @@ ENV_PADDLE_PYTHON = "SEQCLS_PADDLE_PYTHON"  # external interpreter for heavy Pad
 ENV_MODEL_REPOSITORY_SOURCE = "SEQCLS_MODEL_REPOSITORY_SOURCE"
 ENV_CHECKPOINTS_ROOT = "SEQCLS_CHECKPOINTS_ROOT"
 ENV_FAULT_PLAN = "SEQCLS_FAULT_PLAN"  # test-only: see seqcls.faults
+ENV_MODEL_NAME = "SEQCLS_MODEL_NAME"  # the DAG's model (parse time)
+ENV_SCHEDULE = "SEQCLS_SCHEDULE"  # the DAG's schedule: unset/manual, a cron preset/expression, or "asset"
 
 DEFAULT_MODEL_NAME = "seqcls"
 DEFAULT_GRPC = "127.0.0.1:8001"
@@ -35,7 +37,8 @@ DEFAULT_HTTP = "127.0.0.1:8000"
 RUNTIMES = ("python-onnxruntime", "onnxruntime")
 DEVICES = ("cpu", "gpu")
 
-_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+MODEL_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
+_NAME_RE = re.compile(MODEL_NAME_PATTERN.strip("^$"))
 
 #: Project root when running from a checkout / editable install (model_repository/ lives there).
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
@@ -43,7 +46,7 @@ PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
 def validate_model_name(name: str) -> str:
     """Reject names that could escape the release home or break Triton/MLflow naming."""
-    if not isinstance(name, str) or not _NAME_RE.match(name) or ".." in name:
+    if not isinstance(name, str) or not _NAME_RE.fullmatch(name) or ".." in name:
         raise InputError(
             f"model name {name!r} is not allowed: use 1-64 characters from letters, digits, "
             "'_', '.', '-', starting with a letter or digit (no '/', no '..')."
@@ -109,7 +112,7 @@ class Settings:
             "triton_grpc": _split_endpoints(env.get(ENV_TRITON_GRPC, "")),
             "triton_http": _split_endpoints(env.get(ENV_TRITON_HTTP, "")),
             "mlflow_tracking_uri": env.get(ENV_MLFLOW_URI) or env.get("MLFLOW_TRACKING_URI") or None,
-            "runtime": env.get(ENV_RUNTIME) or "python-onnxruntime",
+            "runtime": default_runtime(),
             "device": env.get(ENV_DEVICE) or "cpu",
             "paddle_python": env.get(ENV_PADDLE_PYTHON) or None,
             "model_repository_source": (
@@ -140,3 +143,17 @@ class Settings:
     def triton_dir(self) -> Path:
         """Local Triton state: server copy, pid file, logs."""
         return self.home / "triton"
+
+
+def dag_model_name() -> str:
+    """The model the DAG file releases (``SEQCLS_MODEL_NAME``, validated at parse time)."""
+    return validate_model_name(os.environ.get(ENV_MODEL_NAME) or DEFAULT_MODEL_NAME)
+
+
+def dag_schedule() -> str:
+    """The raw ``SEQCLS_SCHEDULE`` value (the DAG interprets it: manual, cron, or ``asset``)."""
+    return os.environ.get(ENV_SCHEDULE, "")
+
+
+def default_runtime() -> str:
+    return os.environ.get(ENV_RUNTIME) or RUNTIMES[0]

@@ -23,24 +23,18 @@ from typing import Any
 from seqcls.config import ReleaseConfig
 from seqcls.errors import CheckpointError, InputError
 from seqcls.settings import Settings
+from seqcls.steps import BY_NAME, STEPS
 
 log = logging.getLogger("seqcls.airflow")
 
-#: DAG task id → the manifest step it runs (in order). ``resolve_checkpoint`` opens the
-#: workspace; ``rollback`` runs only after a failure.
-TASK_STEPS: dict[str, str] = {
-    "export_static": "export",
-    "convert_onnx": "convert",
-    "validate_parity": "validate",
-    "register_model": "register",
-    "publish_repository": "publish",
-    "reload_triton": "reload",
-    "smoke_test": "smoke",
-    "promote": "promote",
-}
-TASK_ORDER: tuple[str, ...] = ("resolve_checkpoint", *TASK_STEPS, "rollback")
+#: DAG task id → the manifest step it runs (in order), derived from the step table.
+#: ``resolve_checkpoint`` opens the workspace; ``rollback`` runs only after a failure.
+TASK_STEPS: dict[str, str] = {s.task_id: s.name for s in STEPS}
+RESOLVE_TASK = "resolve_checkpoint"
+ROLLBACK_TASK = BY_NAME["rollback"].task_id
+TASK_ORDER: tuple[str, ...] = (RESOLVE_TASK, *TASK_STEPS, ROLLBACK_TASK)
 #: Tasks whose failure leaves something to undo on the servers or in the registry.
-ROLLBACK_ON: tuple[str, ...] = ("publish_repository", "reload_triton", "smoke_test")
+ROLLBACK_ON: tuple[str, ...] = tuple(s.task_id for s in STEPS if s.undo_on_failure)
 
 LATEST = "latest"
 #: DAG params that are not release parameters (they pick a checkpoint, a runtime, connections...).
@@ -72,6 +66,8 @@ def config_from_params(params: Mapping[str, Any] | str | None) -> ReleaseConfig:
     unknown = sorted(set(values) - RELEASE_PARAMS - NON_RELEASE_PARAMS)
     if unknown:
         raise InputError(f"unknown DAG param(s): {', '.join(unknown)}")
+    for name in [k for k, v in values.items() if v == "" and k in RELEASE_PARAMS]:
+        values[name] = None  # an emptied optional field in the trigger form
     thresholds = values.get("thresholds")
     if isinstance(thresholds, str):  # the trigger form may send an object as JSON text
         try:
@@ -227,7 +223,7 @@ def triton_model_url(settings: Settings, version: int | None) -> str | None:
     """Triton's HTTP metadata URL for the served ensemble version (first endpoint), if known."""
     if not version or not settings.triton_http:
         return None
-    from seqcls.repository import ENSEMBLE as model
+    from seqcls.serving.names import ENSEMBLE as model
 
     host = settings.triton_http[0]
     base = host if host.startswith(("http://", "https://")) else f"http://{host}"
@@ -254,7 +250,9 @@ def configure_logging() -> None:
 __all__ = [
     "LATEST",
     "MLFLOW_URL_KEY",
+    "RESOLVE_TASK",
     "ROLLBACK_ON",
+    "ROLLBACK_TASK",
     "TASK_ORDER",
     "TASK_STEPS",
     "TRITON_URL_KEY",

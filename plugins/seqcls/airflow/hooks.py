@@ -1,8 +1,8 @@
 """Airflow hooks for the two systems a release talks to: Triton servers and MLflow.
 
 Each hook resolves one Connection into the arguments the seqcls library takes — a list of
-:class:`~seqcls.triton.Endpoint` plus the live repository path, or a tracking URI — and caches
-one client. No release logic lives here; retries are the library's (``seqcls.triton.retrying``).
+:class:`~seqcls.serving.client.Endpoint` plus the live repository path, or a tracking URI — and caches
+one client. No release logic lives here; retries are the library's (``seqcls.serving.client.retrying``).
 
 Connection formats (the same ones ``docker-compose.airflow.yml`` defines)::
 
@@ -27,8 +27,8 @@ from airflow.sdk import BaseHook
 from airflow.sdk.exceptions import AirflowNotFoundException
 
 from seqcls.errors import InputError
+from seqcls.serving.client import Endpoint
 from seqcls.settings import Settings
-from seqcls.triton import Endpoint
 
 
 def _split(value: Any) -> list[str]:
@@ -125,7 +125,7 @@ class TritonHook(_SeqclsHook):
         """The endpoints every serving step should talk to (settings defaults when unset)."""
         if self.endpoints:
             return self.endpoints
-        from seqcls.triton import endpoints_from_settings
+        from seqcls.serving.client import endpoints_from_settings
 
         return endpoints_from_settings(Settings.from_env())
 

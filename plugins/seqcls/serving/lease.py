@@ -28,7 +28,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
 
-from seqcls.errors import ServingError
+from seqcls.errors import LeaseError, ServingError
 from seqcls.serving.state import atomic_write_text
 from seqcls.settings import validate_model_name
 
@@ -38,10 +38,6 @@ LEASE_PREFIX = ".seqcls-lease."
 KINDS = ("process", "run")
 DEFAULT_TTL = 900.0  # seconds; a holder renews at every step, a CLI holder also from a heartbeat
 Kind = Literal["process", "run"]
-
-
-class LeaseError(ServingError):
-    """The model's release lease is held by someone else (or was lost); the message names the holder."""
 
 
 def _iso(t: float) -> str:

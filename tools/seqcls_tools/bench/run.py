@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from seqcls.errors import GateError, SeqclsError
-from seqcls.repository import ServingOptions
+from seqcls.serving.repository import ServingOptions
 from seqcls_tools.bench import measure
 from seqcls_tools.bench.corpus import make_corpus, make_labels
 from seqcls_tools.bench.model import MEDIUM, TINY, ModelSpec, build_checkpoint
@@ -242,7 +242,7 @@ def _release(checkpoint: Path, profile: str, settings):
 
 
 def run_releases(checkpoint: Path, home: Path) -> dict[str, Any]:
-    from seqcls.pipeline import run_release
+    from seqcls.steps import run_release
 
     out: dict[str, Any] = {}
     for profile in PROFILES:
@@ -301,14 +301,14 @@ def batch_dependence(checkpoint: Path, home: Path, texts: list[str], batch: int 
     """
     import numpy as np
 
-    from seqcls import shipped
-    from seqcls.validate import served_onnx
+    from seqcls.records import served_onnx
+    from seqcls.serving import shipped
 
     text_mod, decide_mod = shipped.text(), shipped.decide()
     out: dict[str, Any] = {}
     for profile in PROFILES:
         release = _release(checkpoint, profile, _settings(home))
-        model = served_onnx(release)
+        model = served_onnx(release.workspace)
         if not model.is_file():
             continue
         (session,) = measure.ort_sessions(model, workers=1, intra_op_threads=1, graph_level="all")
@@ -360,7 +360,7 @@ def _warm_up(server, texts: list[str], budget: Budget) -> None:
 def tokenizer_benchmark(checkpoint: Path, texts: list[str], budget: Budget, max_length: int = 128) -> dict[str, Any]:
     from paddlenlp.transformers import AutoTokenizer
 
-    from seqcls import shipped
+    from seqcls.serving import shipped
 
     text_mod = shipped.text()
     hf = text_mod.build_tokenizer(checkpoint / "vocab.txt", lowercase=True, max_length=max_length)
@@ -427,13 +427,13 @@ def _server_pid(server) -> int | None:
 
 
 def _inprocess(release, config: ServingConfig, texts: list[str], budget: Budget) -> dict[str, Any]:
-    from seqcls import shipped
-    from seqcls.validate import served_onnx
+    from seqcls.records import served_onnx
+    from seqcls.serving import shipped
 
     o = config.options
     workers = o.model_instances
     sessions = measure.ort_sessions(
-        served_onnx(release),
+        served_onnx(release.workspace),
         workers=workers,
         intra_op_threads=o.intra_op_threads,
         graph_level=o.graph_optimization_level,
@@ -507,9 +507,9 @@ def serve_config(
     keep: bool,
     hot_reload_profile: str | None = None,
 ) -> dict[str, Any]:
-    from seqcls.publish import publish
-    from seqcls.reload import reload
-    from seqcls.smoke import smoke
+    from seqcls.steps.publish import publish
+    from seqcls.steps.reload import reload
+    from seqcls.steps.smoke import smoke
 
     entry: dict[str, Any] = {
         "name": config.name,
@@ -593,8 +593,8 @@ def hot_reload(
     server, checkpoint: Path, home: Path, config: ServingConfig, other_profile: str, texts: list[str], budget: Budget
 ) -> dict[str, Any]:
     """Publish + reload another release while 4 clients keep sending single-text requests."""
-    from seqcls.publish import publish
-    from seqcls.reload import reload
+    from seqcls.steps.publish import publish
+    from seqcls.steps.reload import reload
 
     settings = _settings(home, server)
     other = _release(checkpoint, other_profile, settings)
@@ -661,8 +661,8 @@ def head_to_head(
     """The headline cells again, with every contender's server up at once and the cells
     interleaved (A B C D, A B C D, ...), so slow changes in the machine's other load hit all of
     them alike. Idle servers use no CPU. Ratios are computed from the medians of these rounds."""
-    from seqcls.publish import publish
-    from seqcls.reload import reload
+    from seqcls.steps.publish import publish
+    from seqcls.steps.reload import reload
 
     out: dict[str, Any] = {"rounds": budget.h2h_rounds, "seconds_per_cell": budget.h2h_seconds, "configs": {}}
     cell_budget = replace(budget, cell_seconds=budget.h2h_seconds)
@@ -865,7 +865,7 @@ def _serve_or_skip(
 def _corpus_facts(corpus: list[str], checkpoint: Path) -> dict[str, Any]:
     import numpy as np
 
-    from seqcls import shipped
+    from seqcls.serving import shipped
 
     text_mod = shipped.text()
     tok = text_mod.build_tokenizer(checkpoint / "vocab.txt", lowercase=True, max_length=128)

@@ -128,8 +128,9 @@ def run_demo(*, keep_servers: bool = False, quick: bool = False, timeout: float 
     """Release the demo checkpoint through the Airflow DAG and report what Triton serves."""
     from seqcls import registry
     from seqcls.localtriton import LocalTriton, TritonServerConfig
-    from seqcls.repository import Repository
-    from seqcls.smoke import infer
+    from seqcls.serving.client import TritonOps, endpoints_from_settings
+    from seqcls.serving.names import ENSEMBLE
+    from seqcls.serving.repository import Repository
     from seqcls.workspace import open_release
 
     root = demo_dir()
@@ -180,12 +181,10 @@ def run_demo(*, keep_servers: bool = False, quick: bool = False, timeout: float 
             )
         repo = Repository.from_settings(settings)
         version = repo.serving_version()
-        import tritonclient.grpc as grpcclient
-
-        client = grpcclient.InferenceServerClient(url=settings.triton_grpc[0])
-        if not client.is_model_ready("seqcls", str(version)):
-            raise ServingError(f"seqcls version {version} is not ready after the run")
-        preds, _ = infer(client, list(EXAMPLES))
+        client = TritonOps(endpoints_from_settings(settings)[0])
+        if not client.ready(ENSEMBLE, version):
+            raise ServingError(f"{ENSEMBLE} version {version} is not ready after the run")
+        preds, _ = client.infer(list(EXAMPLES))
         champion = registry.alias_version(settings, release.config.model_name, registry.CHAMPION)
         timings["total"] = time.perf_counter() - t0
         return DemoResult(

@@ -17,16 +17,19 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from seqcls.errors import ConversionError
-from seqcls.export import static_model_files
+from seqcls.records import OUT_DIRS, static_dir
+from seqcls.serving import shipped
+from seqcls.steps import require
+from seqcls.steps.export import static_model_files
 from seqcls.workspace import Release, StepResult
 
 log = logging.getLogger(__name__)
 
 STEP = "convert"
-OUT_DIR = "onnx"
+OUT_DIR = OUT_DIRS[STEP]
 MODEL_FILE = "model.onnx"
-INPUT_NAMES = ("input_ids", "token_type_ids")
-OUTPUT_NAME = "logits"
+INPUT_NAMES: tuple[str, ...] = shipped.contract().MODEL_INPUTS
+OUTPUT_NAME: str = shipped.contract().LOGITS_OUTPUT
 SERVED_FILE = "served.onnx"  # the profile's optimised model (fp32-fused, int8); fp32 serves model.onnx
 
 
@@ -145,8 +148,8 @@ def convert_static(model_file: Path, params_file: Path, save_file: Path, *, opse
 def convert(release: Release) -> StepResult:
     """Convert the exported static model to ``<workspace>/onnx/model.onnx``."""
     ws, cfg = release.workspace, release.config
-    export_rec = ws.require("export")
-    model_file, params_file = static_model_files(ws.path("static"))
+    export_rec = require(release, STEP)["export"]
+    model_file, params_file = static_model_files(static_dir(ws))
     inputs = {
         "export_outputs": export_rec["outputs"],
         "opset": cfg.opset,

@@ -25,24 +25,24 @@ from string import Template
 from typing import Any
 
 from seqcls.errors import InputError, ServingError
-from seqcls.settings import Settings
+from seqcls.serving import shipped
+from seqcls.serving.names import COMPOSING, ENSEMBLE, MODEL, MODELS
+from seqcls.settings import DEVICES, RUNTIMES, Settings
 
 log = logging.getLogger(__name__)
 
-ENSEMBLE = "seqcls"
-TOKENIZER = "tokenizer"
-MODEL = "seqcls_model"
-POSTPROCESS = "seqcls_postprocess"
-COMPOSING = (TOKENIZER, MODEL, POSTPROCESS)
-MODELS = (*COMPOSING, ENSEMBLE)
 SNAPSHOT = "config.snapshot.pbtxt"
-RELEASE_FILE = "release.json"
 LOCK_FILE = ".seqcls-publish.lock"
 
-PADDINGS = ("longest", "buckets", "max_length")
-BATCHINGS = ("per-request", "group-by-length", "pad-to-longest")
-GRAPH_LEVELS = {"disable": 0, "basic": 1, "extended": 2, "all": -1}  # name -> ORT backend level
+# The serving contract's enums, defined once in model_repository/common/seqcls_contract.py.
+_contract = shipped.contract()
+PADDINGS: tuple[str, ...] = _contract.PADDINGS
+BATCHINGS: tuple[str, ...] = _contract.BATCHINGS
+GRAPH_LEVELS: dict[str, int] = _contract.GRAPH_LEVELS
+DEFAULT_BUCKETS: tuple[int, ...] = _contract.DEFAULT_BUCKETS
+RELEASE_FILE: str = _contract.RELEASE_FILE
 ACCELERATORS = ("none", "tensorrt", "tensorrt-fp16")
+TOKENIZER_IMPLS = ("hf", "paddlenlp")
 
 
 @dataclass(frozen=True)
@@ -61,7 +61,7 @@ class ServingOptions:
     dynamic_batching: bool = True
     max_queue_delay_us: int = 1000
     padding: str = "longest"
-    buckets: tuple[int, ...] = (16, 32, 64, 128, 256, 512)
+    buckets: tuple[int, ...] = DEFAULT_BUCKETS
     batching: str = "per-request"
     tokenizer_instances: int = 1
     model_instances: int = 1
@@ -73,8 +73,6 @@ class ServingOptions:
     tokenizer_impl: str = "hf"  # "hf": seqcls_text (fast); "paddlenlp": the classic per-request tokenizer
 
     def __post_init__(self) -> None:
-        from seqcls.settings import DEVICES, RUNTIMES
-
         checks = {
             "runtime": (self.runtime, RUNTIMES),
             "device": (self.device, DEVICES),
@@ -82,7 +80,7 @@ class ServingOptions:
             "batching": (self.batching, BATCHINGS),
             "graph_optimization_level": (self.graph_optimization_level, tuple(GRAPH_LEVELS)),
             "gpu_accelerator": (self.gpu_accelerator, ACCELERATORS),
-            "tokenizer_impl": (self.tokenizer_impl, ("hf", "paddlenlp")),
+            "tokenizer_impl": (self.tokenizer_impl, TOKENIZER_IMPLS),
         }
         for name, (value, allowed) in checks.items():
             if value not in allowed:

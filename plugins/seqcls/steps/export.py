@@ -11,12 +11,14 @@ import os
 from pathlib import Path
 
 from seqcls.errors import CheckpointError, ConversionError
+from seqcls.records import OUT_DIRS
+from seqcls.serving import shipped
 from seqcls.workspace import Release, StepResult
 
 log = logging.getLogger(__name__)
 
 STEP = "export"
-OUT_DIR = "static"
+OUT_DIR = OUT_DIRS[STEP]
 PREFIX = "float32"
 
 
@@ -115,7 +117,8 @@ def verify_loaded(model, weights: Path) -> None:
 def export(release: Release) -> StepResult:
     """Export the checkpoint to ``<workspace>/static/float32.{json,pdiparams}``."""
     ckpt = release.checkpoint
-    inputs = {"fingerprint": ckpt.fingerprint, "format": "pir", "input_names": ["input_ids", "token_type_ids"]}
+    names = list(shipped.contract(release.settings).MODEL_INPUTS)
+    inputs = {"fingerprint": ckpt.fingerprint, "format": "pir", "input_names": names}
 
     def body(out: Path) -> tuple[dict, str]:
         import paddle
@@ -127,10 +130,7 @@ def export(release: Release) -> StepResult:
             type(model).__name__,
             n_params / 1e6,
         )
-        spec = [
-            paddle.static.InputSpec(shape=[None, None], dtype="int64", name="input_ids"),
-            paddle.static.InputSpec(shape=[None, None], dtype="int64", name="token_type_ids"),
-        ]
+        spec = [paddle.static.InputSpec(shape=[None, None], dtype="int64", name=name) for name in names]
         static = paddle.jit.to_static(model, full_graph=True, input_spec=spec)
         paddle.jit.save(static, str(out / PREFIX))
         model_file, params_file = static_model_files(out)

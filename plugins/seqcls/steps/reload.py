@@ -5,7 +5,7 @@ models to N-1, so the composing models are first loaded with versions ``[N-1, N]
 (their configs' ``version_policy``), each verified ready; only then is the ensemble switched to N
 (Triton keeps N-1 serving until N is ready). N-1 stays loaded behind it, so a rollback is just the
 ensemble switching back. Before touching anything, the prior ``config.pbtxt`` files are saved in
-the step's output — :mod:`seqcls.rollback` restores exactly that state.
+the step's output — :mod:`seqcls.steps.rollback` restores exactly that state.
 """
 
 from __future__ import annotations
@@ -18,15 +18,17 @@ from pathlib import Path
 from typing import Any
 
 from seqcls.errors import ServingError
-from seqcls.publish import published_version
-from seqcls.repository import COMPOSING, ENSEMBLE, MODELS, SNAPSHOT, Repository, ServingOptions, parse_config
-from seqcls.triton import Endpoint, TritonOps, endpoints_from_settings, ops_for
+from seqcls.records import OUT_DIRS, published_version
+from seqcls.serving.client import Endpoint, TritonOps, endpoints_from_settings, ops_for
+from seqcls.serving.names import COMPOSING, ENSEMBLE, MODELS
+from seqcls.serving.repository import SNAPSHOT, Repository, ServingOptions, parse_config
+from seqcls.steps import require
 from seqcls.workspace import Release, StepResult
 
 log = logging.getLogger(__name__)
 
 STEP = "reload"
-OUT_DIR = "reload"
+OUT_DIR = OUT_DIRS[STEP]
 PRIOR_FILE = "prior.json"
 
 
@@ -111,6 +113,7 @@ def reload(
 ) -> StepResult:
     """Serve the published version N on every endpoint (already serving N → says so)."""
     ws = release.workspace
+    require(release, STEP)
     version = published_version(release)
     endpoints = list(endpoints or endpoints_from_settings(release.settings))
     options = options or ServingOptions.from_settings(release.settings)

@@ -15,16 +15,17 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from seqcls.errors import StepOrderError
-from seqcls.publish import published_version
-from seqcls.reload import PRIOR_FILE, restore
-from seqcls.repository import MODELS, Repository
-from seqcls.triton import Endpoint, endpoints_from_settings, ops_for
+from seqcls.records import OUT_DIRS, published_version
+from seqcls.serving.client import Endpoint, endpoints_from_settings, ops_for
+from seqcls.serving.names import MODELS
+from seqcls.serving.repository import Repository
+from seqcls.steps.reload import PRIOR_FILE, restore
 from seqcls.workspace import Release, StepResult
 
 log = logging.getLogger(__name__)
 
 STEP = "rollback"
-OUT_DIR = "rollback"
+OUT_DIR = OUT_DIRS[STEP]
 
 
 def _prior(release: Release) -> dict | None:

@@ -1,14 +1,17 @@
-"""Talking to Triton servers (tritonclient over gRPC): load, unload, readiness, with one retry policy.
+"""The one Triton client (tritonclient over gRPC): model control *and* inference.
 
-Explicit model control has traps this module exists to absorb: a ``load`` that returns OK is
-no proof the model (or the ensemble built on it) is ready, ``unload`` is asynchronous, and the
-interesting error text is the server's own. So every load is followed by per-model, per-version
-readiness checks, transport errors (UNAVAILABLE, connection refused, deadline) are retried with
-backoff — and nothing else is, because a config or ``initialize()`` error will not fix itself.
+Every call seqcls makes to a Triton server goes through :class:`TritonOps`, with a timeout and
+the single retry policy :func:`retrying`. Explicit model control has traps this module exists to
+absorb: a ``load`` that returns OK is no proof the model (or the ensemble built on it) is ready,
+``unload`` is asynchronous, and the interesting error text is the server's own. So every load is
+followed by per-model, per-version readiness checks, transport errors (UNAVAILABLE, connection
+refused, deadline) are retried with backoff — and nothing else is, because a config or
+``initialize()`` error, or a bad request, will not fix itself.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -16,7 +19,11 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any, TypeVar
 
+import numpy as np
+
 from seqcls.errors import InputError, ServingError
+from seqcls.serving import shipped
+from seqcls.serving.names import ENSEMBLE
 from seqcls.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -82,9 +89,17 @@ def retrying(what: str, fn: Callable[[], T], *, attempts: int = 4, base_delay: f
 class TritonOps:
     """Model-control operations on one endpoint; one cached gRPC client."""
 
-    def __init__(self, endpoint: Endpoint, *, timeout: float = 300.0) -> None:
+    def __init__(self, endpoint: Endpoint, *, timeout: float = 300.0, request_timeout: float = 60.0) -> None:
         self.endpoint = endpoint
-        self.timeout = timeout
+        self.timeout = timeout  # model control (a load can take minutes for a large model)
+        self.request_timeout = request_timeout  # metadata, index, inference
+
+    @classmethod
+    def wrap(cls, raw_client: Any, **kwargs: Any) -> TritonOps:
+        """Use an existing ``tritonclient.grpc.InferenceServerClient`` (same policy, its connection)."""
+        ops = cls(Endpoint("wrapped-client:0"), **kwargs)  # the address lives inside the raw client
+        ops.__dict__["client"] = raw_client
+        return ops
 
     @cached_property
     def client(self):
@@ -130,7 +145,10 @@ class TritonOps:
         log.info("triton %s: loaded %s in %.1fs", self.endpoint.grpc, model, time.perf_counter() - t0)
 
     def unload(self, model: str, *, wait: float = 30.0) -> None:
-        retrying(f"unload {model!r} on {self.endpoint.grpc}", lambda: self.client.unload_model(model))
+        retrying(
+            f"unload {model!r} on {self.endpoint.grpc}",
+            lambda: self.client.unload_model(model, client_timeout=self.request_timeout),
+        )
         deadline = time.monotonic() + wait
         while time.monotonic() < deadline:  # unload is asynchronous
             if not self.ready(model):
@@ -157,7 +175,8 @@ class TritonOps:
     def index_states(self, model: str | None = None) -> dict[str, Any]:
         """``{"name/version": "STATE (reason)"}`` from the repository index."""
         try:
-            index = self.client.get_model_repository_index(as_json=True).get("models", [])
+            index = self.client.get_model_repository_index(as_json=True, client_timeout=self.request_timeout)
+            index = index.get("models", [])
         except Exception as exc:
             return {"error": _message(exc)}
         out: dict[str, Any] = {}
@@ -166,6 +185,39 @@ class TritonOps:
                 key = f"{m.get('name')}/{m.get('version', '-')}"
                 out[key] = m.get("state", "?") + (f" ({m['reason']})" if m.get("reason") else "")
         return out
+
+    def metadata(self, model: str, version: int | None = None) -> dict[str, Any]:
+        return retrying(
+            f"metadata of {model!r} on {self.endpoint.grpc}",
+            lambda: self.client.get_model_metadata(
+                model, "" if version is None else str(version), as_json=True, client_timeout=self.request_timeout
+            ),
+        )
+
+    def infer(
+        self, texts: Sequence[str], *, model: str = ENSEMBLE, version: int | None = None
+    ) -> tuple[list[list[dict]], np.ndarray]:
+        """One request with ``texts`` → (per-text predictions, probabilities ``[N, C]``)."""
+        import tritonclient.grpc as grpcclient
+
+        contract = shipped.contract()
+        data = np.array([[t.encode("utf-8")] for t in texts], dtype=object)
+        inp = grpcclient.InferInput(contract.TEXT_INPUT, list(data.shape), "BYTES")
+        inp.set_data_from_numpy(data)
+        names = (contract.PREDICTIONS_OUTPUT, contract.PROBABILITIES_OUTPUT)
+        outs = [grpcclient.InferRequestedOutput(name) for name in names]
+        result = retrying(
+            f"infer {model!r} on {self.endpoint.grpc}",
+            lambda: self.client.infer(
+                model,
+                [inp],
+                model_version="" if version is None else str(version),
+                outputs=outs,
+                client_timeout=self.request_timeout,
+            ),
+        )
+        preds = [json.loads(row[0]) for row in result.as_numpy(names[0])]
+        return preds, result.as_numpy(names[1])
 
 
 def _raise_unavailable() -> None:

@@ -19,65 +19,56 @@ from typing import Any
 import numpy as np
 
 from seqcls.errors import SmokeError
-from seqcls.publish import published_version
-from seqcls.repository import ENSEMBLE
-from seqcls.triton import Endpoint, endpoints_from_settings
+from seqcls.records import OUT_DIRS, Expected, ExpectedItem, published_version
+from seqcls.serving import shipped
+from seqcls.serving.client import Endpoint, TritonOps, endpoints_from_settings
+from seqcls.serving.names import ENSEMBLE
+from seqcls.steps import require
 from seqcls.workspace import Release, StepResult
 
 log = logging.getLogger(__name__)
 
 STEP = "smoke"
-OUT_DIR = "smoke"
-INPUT = "TEXT"
-OUTPUTS = ("predictions", "probabilities")
+OUT_DIR = OUT_DIRS[STEP]
 BATCH = 8
 
 
-def infer(
-    client, texts: Sequence[str], *, model: str = ENSEMBLE, version: int | None = None, timeout: float = 60.0
-) -> tuple[list[list[dict]], np.ndarray]:
-    """One request with ``texts`` → (per-text predictions, probabilities ``[N, C]``)."""
-    import tritonclient.grpc as grpcclient
-
-    data = np.array([[t.encode("utf-8")] for t in texts], dtype=object)
-    inp = grpcclient.InferInput(INPUT, list(data.shape), "BYTES")
-    inp.set_data_from_numpy(data)
-    outs = [grpcclient.InferRequestedOutput(name) for name in OUTPUTS]
-    result = client.infer(
-        model, [inp], model_version="" if version is None else str(version), outputs=outs, client_timeout=timeout
-    )
-    preds = [json.loads(row[0]) for row in result.as_numpy("predictions")]
-    return preds, result.as_numpy("probabilities")
+def infer(client, texts: Sequence[str], *, model: str = ENSEMBLE, version: int | None = None):
+    """One request through the one client; ``client`` may also be a raw tritonclient gRPC client."""
+    ops = client if isinstance(client, TritonOps) else TritonOps.wrap(client)
+    return ops.infer(texts, model=model, version=version)
 
 
-def _check_metadata(client, version: int) -> list[str]:
-    meta = client.get_model_metadata(ENSEMBLE, str(version), as_json=True)
+def _check_metadata(client: TritonOps, version: int) -> list[str]:
+    meta = client.metadata(ENSEMBLE, version)
+    c = shipped.contract()
     problems = []
     inputs = {i["name"]: i["datatype"] for i in meta.get("inputs", [])}
     outputs = {o["name"]: o["datatype"] for o in meta.get("outputs", [])}
-    if inputs != {INPUT: "BYTES"}:
-        problems.append(f"inputs {inputs}, expected {{'TEXT': 'BYTES'}}")
-    if outputs != {"predictions": "BYTES", "probabilities": "FP32"}:
-        problems.append(f"outputs {outputs}, expected predictions BYTES + probabilities FP32")
+    if inputs != {c.TEXT_INPUT: "BYTES"}:
+        problems.append(f"inputs {inputs}, expected {{{c.TEXT_INPUT!r}: 'BYTES'}}")
+    want = {c.PREDICTIONS_OUTPUT: "BYTES", c.PROBABILITIES_OUTPUT: "FP32"}
+    if outputs != want:
+        problems.append(f"outputs {outputs}, expected {want}")
     if str(version) not in meta.get("versions", [str(version)]):
         problems.append(f"versions {meta.get('versions')} lack {version}")
     return problems
 
 
 def compare(
-    items: list[dict], preds: list[list[dict]], probs: np.ndarray, prob_atol: float, mode: str
+    items: Sequence[ExpectedItem], preds: list[list[dict]], probs: np.ndarray, prob_atol: float, mode: str
 ) -> list[dict[str, Any]]:
     """Differences between served answers and expected ones (near-threshold flips allowed)."""
     diffs = []
     for i, (item, pred) in enumerate(zip(items, preds, strict=True)):
         got = sorted(p["label"] for p in pred)
-        want = sorted(item["labels"])
-        pdiff = float(np.abs(np.asarray(item["probabilities"], dtype=np.float32) - probs[i]).max(initial=0))
-        if (got != want and not item["near_threshold"]) or pdiff > prob_atol:
+        want = sorted(item.labels)
+        pdiff = float(np.abs(np.asarray(item.probabilities, dtype=np.float32) - probs[i]).max(initial=0))
+        if (got != want and not item.near_threshold) or pdiff > prob_atol:
             diffs.append(
                 {
                     "index": i,
-                    "text": item["text"][:80],
+                    "text": item.text[:80],
                     "mode": mode,
                     "expected": want,
                     "served": got,
@@ -87,13 +78,11 @@ def compare(
     return diffs
 
 
-def smoke_endpoint(endpoint: Endpoint, version: int, expected: dict[str, Any]) -> dict[str, Any]:
-    import tritonclient.grpc as grpcclient
-
-    client = grpcclient.InferenceServerClient(url=endpoint.grpc)
-    items = expected["items"]
-    texts = [it["text"] for it in items]
-    tol = float(expected["prob_atol"])
+def smoke_endpoint(endpoint: Endpoint, version: int, expected: Expected) -> dict[str, Any]:
+    client = TritonOps(endpoint)
+    items = expected.items
+    texts = [it.text for it in items]
+    tol = float(expected.prob_atol)
     problems = _check_metadata(client, version)
     latencies, diffs = [], []
     single_preds, single_probs = [], []
@@ -112,12 +101,12 @@ def smoke_endpoint(endpoint: Endpoint, version: int, expected: dict[str, Any]) -
     diffs += compare(items, batch_preds, np.concatenate(batch_probs), tol, f"batch of {BATCH}")
     lat = np.asarray(latencies)
     agreement = None
-    if expected.get("gate") == "agreement":
+    if expected.gate == "agreement":
         # A quantised profile was gated on decision agreement, not exactness: same rule here.
-        decisions = 2 * len(items) * len(expected["labels"])
+        decisions = 2 * len(items) * len(expected.labels)
         changed = sum(len(set(d["expected"]) ^ set(d["served"])) for d in diffs)
         agreement = 1.0 - changed / max(decisions, 1)
-        passed = not problems and agreement >= float(expected["min_agreement"])
+        passed = not problems and agreement >= float(expected.min_agreement)
     else:
         passed = not problems and not diffs
     return {
@@ -135,10 +124,10 @@ def smoke_endpoint(endpoint: Endpoint, version: int, expected: dict[str, Any]) -
 def smoke(release: Release, endpoints: Sequence[Endpoint] | None = None) -> StepResult:
     """Assert the served version N answers the validated decisions on every endpoint."""
     ws = release.workspace
+    require(release, STEP)
     version = published_version(release)
-    ws.require("reload")
     endpoints = list(endpoints or endpoints_from_settings(release.settings))
-    expected = json.loads(ws.path("parity/expected.json").read_text(encoding="utf-8"))
+    expected = Expected.load(ws)
     inputs = {"version": version, "endpoints": [e.grpc for e in endpoints]}
 
     def body(out: Path) -> tuple[dict, str]:
@@ -146,7 +135,7 @@ def smoke(release: Release, endpoints: Sequence[Endpoint] | None = None) -> Step
         for ep in endpoints:
             log.info(
                 "smoke: %d golden texts → %s version %d on %s (single, then batches of %d)",
-                len(expected["items"]),
+                len(expected.items),
                 ENSEMBLE,
                 version,
                 ep.grpc,

@@ -18,42 +18,38 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from seqcls import shipped
 from seqcls.checkpoint import sha256_file
 from seqcls.errors import ServingError
-from seqcls.repository import (
-    COMPOSING,
-    ENSEMBLE,
-    MODEL,
-    MODELS,
-    POSTPROCESS,
+from seqcls.records import OUT_DIRS, Expected, Published, served_onnx
+from seqcls.serving import shipped
+from seqcls.serving.names import COMPOSING, ENSEMBLE, MODEL, MODELS, POSTPROCESS, TOKENIZER
+from seqcls.serving.repository import (
     RELEASE_FILE,
     SNAPSHOT,
-    TOKENIZER,
     Repository,
     ServingOptions,
     check_configs,
     render_config,
 )
-from seqcls.validate import served_onnx
+from seqcls.steps import require
 from seqcls.workspace import Release, StepResult
 
 log = logging.getLogger(__name__)
 
 STEP = "publish"
-OUT_DIR = "publish"
+OUT_DIR = OUT_DIRS[STEP]
 DEFAULT_RETAIN = 3
 
 
 def _release_values(release: Release) -> dict[str, Any]:
-    expected = json.loads(release.workspace.path("parity/expected.json").read_text(encoding="utf-8"))
+    expected = Expected.load(release.workspace)
     vocab = release.checkpoint.vocab_file.read_text(encoding="utf-8").splitlines()
     return {
         "model_name": release.config.model_name,
         "fingerprint": release.checkpoint.fingerprint,
-        "labels": expected["labels"],
-        "thresholds": expected["thresholds"],
-        "hierarchy": expected["hierarchy"],
+        "labels": expected.labels,
+        "thresholds": expected.thresholds,
+        "hierarchy": expected.hierarchy,
         "max_length": release.config.max_length,
         "do_lower_case": release.checkpoint.do_lower_case,
         "pad_id": vocab.index("[PAD]") if "[PAD]" in vocab else 0,
@@ -61,24 +57,31 @@ def _release_values(release: Release) -> dict[str, Any]:
     }
 
 
+#: Serving source file of each python model (``tokenizer_impl`` picks the tokenizer's flavour).
+MODEL_SOURCES = {
+    (TOKENIZER, "hf"): f"{TOKENIZER}/model.py",
+    (TOKENIZER, "paddlenlp"): f"{TOKENIZER}/model_paddlenlp.py",
+    (MODEL, "python-onnxruntime"): f"{MODEL}/model.py",
+    (POSTPROCESS, None): f"{POSTPROCESS}/model.py",
+}
+
+
 def _files_for(release: Release, model: str, options: ServingOptions) -> dict[str, Path]:
     """Source files of one model version (target name -> source path)."""
     src = Path(release.settings.model_repository_source or "")
-    common = shipped.common_dir(release.settings)
+    key = {TOKENIZER: options.tokenizer_impl, MODEL: options.runtime}.get(model)
+    files: dict[str, Path] = {}
+    if (model, key) in MODEL_SOURCES:  # a python model: its model.py and the modules it imports
+        files["model.py"] = src / MODEL_SOURCES[(model, key)]
+        files.update(shipped.files_for(model, release.settings))
     if model == TOKENIZER:
-        return {
-            "model.py": src / TOKENIZER / "model.py",
-            "seqcls_text.py": common / "seqcls_text.py",
-            "vocab.txt": release.checkpoint.vocab_file,
-        }
-    if model == MODEL:
-        files = {"model.onnx": served_onnx(release)}
-        if options.runtime == "python-onnxruntime":
-            files["model.py"] = src / MODEL / "model.py"
-        return files
-    if model == POSTPROCESS:
-        return {"model.py": src / POSTPROCESS / "model.py", "seqcls_decide.py": common / "seqcls_decide.py"}
-    return {}
+        files["vocab.txt"] = release.checkpoint.vocab_file
+        tok_config = release.checkpoint.path / "tokenizer_config.json"
+        if options.tokenizer_impl == "paddlenlp" and tok_config.is_file():
+            files["tokenizer_config.json"] = tok_config
+    elif model == MODEL:
+        files["model.onnx"] = served_onnx(release.workspace)
+    return files
 
 
 def publish_key(
@@ -165,7 +168,7 @@ def _write_version(
 def publish(release: Release, options: ServingOptions | None = None, *, retain: int = DEFAULT_RETAIN) -> StepResult:
     """Write (or reuse) the release's Triton version N; returns it in the summary."""
     ws = release.workspace
-    validate_rec = ws.require("validate")
+    validate_rec = require(release, STEP)["validate"]
     options = options or ServingOptions.from_settings(release.settings)
     repo = Repository.from_settings(release.settings)
     values = _release_values(release)
@@ -208,22 +211,11 @@ def publish(release: Release, options: ServingOptions | None = None, *, retain: 
             else:
                 log.info("publish: version %d already holds this release (files intact) — reusing it", version)
             pruned = prune(repo, retain)
-        summary = {
-            "version": version,
-            "reused": reused,
-            "repository": str(repo.root),
-            "publish_key": key,
-            "serving": options.to_dict(),
-            "pruned": pruned,
-            "versions": repo.complete_versions(),
-        }
+        summary = Published(
+            version, reused, str(repo.root), key, options.to_dict(), pruned, repo.complete_versions()
+        ).to_dict()
         (out / "publish.json").write_text(json.dumps(summary, indent=1), encoding="utf-8")
         msg = f"{'reused' if reused else 'published'} version {version} in {repo.root}"
         return summary, msg
 
     return ws.run_step(STEP, inputs, body, out_dir=OUT_DIR, always_run=True)
-
-
-def published_version(release: Release) -> int:
-    rec = release.workspace.require("publish")
-    return int(rec["summary"]["version"])

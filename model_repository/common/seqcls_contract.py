@@ -1,0 +1,35 @@
+"""The serving contract: every name and enum that both seqcls and the Triton models use, once.
+
+Shipped next to each python model's ``model.py`` (Triton has no ``seqcls`` package) and
+imported by the library through :mod:`seqcls.serving.shipped`, so the renderer, the smoke test
+and the servers cannot disagree on a tensor name or a strategy. Standard library only.
+"""
+
+#: The ensemble's request and response tensors (KServe v2 names).
+TEXT_INPUT = "TEXT"
+PREDICTIONS_OUTPUT = "predictions"
+PROBABILITIES_OUTPUT = "probabilities"
+#: The ONNX graph's tensors (convert renames paddle2onnx's ``fetch_name_0`` to ``logits``).
+MODEL_INPUTS = ("input_ids", "token_type_ids")
+LOGITS_OUTPUT = "logits"
+
+#: How the tokenizer pads the texts of one request into an ``[N, L]`` tensor.
+#: - ``longest``: to the request's longest text (smallest tensor);
+#: - ``buckets``: to the next bucket boundary, so requests of similar length share a shape and
+#:   a native backend's dynamic batcher can merge them (GPU);
+#: - ``max_length``: always to ``max_length`` (one shape for everything; wasteful on CPU).
+PADDINGS = ("longest", "buckets", "max_length")
+DEFAULT_BUCKETS = (16, 32, 64, 128, 256, 512)
+
+#: How ``seqcls_model`` (python-onnxruntime) runs the requests of one dynamic batch.
+#: - ``per-request``: one ORT run per request, no cross-request padding (CPU default);
+#: - ``group-by-length``: requests of the same length (e.g. ``buckets``) concatenated into one run;
+#: - ``pad-to-longest``: all padded to the batch's longest and run once (GPU style).
+BATCHINGS = ("per-request", "group-by-length", "pad-to-longest")
+
+#: ONNX Runtime graph optimisation levels by name → Triton native backend's ``graph { level }``
+#: (the python runtime maps the same names to ``ort.GraphOptimizationLevel``).
+GRAPH_LEVELS = {"disable": 0, "basic": 1, "extended": 2, "all": -1}
+
+#: The per-release file each published version carries (labels, thresholds, vocabulary facts).
+RELEASE_FILE = "release.json"

@@ -1,0 +1,62 @@
+"""The DAG's Params form, generated from :data:`seqcls.config.FIELDS` plus the run-level params.
+
+Release parameters get their type, range, enum, title and description from the config table, so
+the trigger form validates exactly what :class:`~seqcls.config.ReleaseConfig` accepts; the
+run-level params (which checkpoint, runtime, Connections) are defined here, once.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from airflow.sdk import Param
+
+from seqcls.config import FIELDS, param_schema
+from seqcls.settings import RUNTIMES, default_runtime
+
+
+def run_params(model_name: str) -> dict[str, dict[str, Any]]:
+    """Schemas of the params that pick what to release and where (not release parameters)."""
+    return {
+        "checkpoint": {
+            "default": "latest",
+            "type": "string",
+            "minLength": 1,
+            "title": "Checkpoint",
+            "description": "Checkpoint directory (save_pretrained output + label.txt), absolute or relative to "
+            "SEQCLS_CHECKPOINTS_ROOT; 'latest' = the newest checkpoint there. Scheduled runs use 'latest'.",
+        },
+        "runtime": {
+            "default": default_runtime(),
+            "type": "string",
+            "enum": list(RUNTIMES),
+            "title": "Triton runtime",
+            "description": "python-onnxruntime (python backend, local Triton) or onnxruntime (native backend, "
+            "NGC image).",
+        },
+        "skip_if_champion": {
+            "default": True,
+            "type": "boolean",
+            "title": "Skip if already champion",
+            "description": "End as skipped when the checkpoint already is the MLflow champion (always on for "
+            "scheduled and asset-triggered runs). Turn off to release it again, e.g. after a Triton restart.",
+        },
+        "triton_conn_id": {"default": "triton_default", "type": "string", "minLength": 1, "title": "Triton connection"},
+        "mlflow_conn_id": {"default": "mlflow_default", "type": "string", "minLength": 1, "title": "MLflow connection"},
+    }
+
+
+def schemas(model_name: str) -> dict[str, dict[str, Any]]:
+    """Every DAG param's schema (with default): run-level first, then the release parameters."""
+    release = {f.name: param_schema(f.name) for f in FIELDS}
+    release["model_name"]["default"] = model_name
+    run = run_params(model_name)
+    return {"checkpoint": run.pop("checkpoint"), **release, **run}
+
+
+def dag_params(model_name: str) -> dict[str, Param]:
+    out = {}
+    for name, schema in schemas(model_name).items():
+        kwargs = dict(schema)
+        out[name] = Param(kwargs.pop("default"), **kwargs)
+    return out
