@@ -34,6 +34,7 @@ from seqcls.settings import Settings
 log = logging.getLogger(__name__)
 
 MANIFEST = "manifest.json"
+FAILED_DIR = "failed"  # <workspace>/failed/<step>/: a failed run's partial outputs, kept for a person
 SCHEMA = 1
 TRACKED_PACKAGES = ("paddlepaddle", "paddlenlp", "paddle2onnx", "onnx", "onnxruntime", "tokenizers", "seqcls")
 
@@ -123,6 +124,15 @@ class Workspace:
 
     def step(self, name: str) -> dict[str, Any] | None:
         return self.read()["steps"].get(name)
+
+    def succeeded(self, name: str) -> bool:
+        """Whether step ``name``'s latest run is recorded as ok."""
+        rec = self.step(name)
+        return bool(rec) and rec.get("status") == "ok"
+
+    def failed_dir(self, name: str) -> Path:
+        """Where the last failed run of step ``name`` left its partial outputs (may not exist)."""
+        return self.root / FAILED_DIR / name
 
     def require(self, name: str, *, hint: str | None = None) -> dict[str, Any]:
         """The record of a step that must have succeeded; a clear error otherwise."""
@@ -237,7 +247,7 @@ class Workspace:
         seconds: float,
     ) -> None:
         """Keep the partial outputs under ``failed/<step>/``, drop stale outputs, record the failure."""
-        failed_dir = self.root / "failed" / name
+        failed_dir = self.failed_dir(name)
         shutil.rmtree(failed_dir, ignore_errors=True)
         failed_dir.parent.mkdir(parents=True, exist_ok=True)
         os.replace(staging, failed_dir)
@@ -265,7 +275,7 @@ class Workspace:
         final.parent.mkdir(parents=True, exist_ok=True)
         os.replace(staging, final)
         shutil.rmtree(trash, ignore_errors=True)
-        shutil.rmtree(self.root / "failed" / name, ignore_errors=True)
+        shutil.rmtree(self.failed_dir(name), ignore_errors=True)
         return {str(p.relative_to(self.root)): sha256_file(p) for p in sorted(final.rglob("*")) if p.is_file()}
 
     def mark(self, name: str, **values: Any) -> None:

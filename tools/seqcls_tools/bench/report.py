@@ -330,8 +330,9 @@ def markdown(results: dict[str, Any]) -> str:
         for profile, entry in rel.items():
             steps = entry.get("steps", {})
             gate = entry.get("gate", {})
-            opt = entry.get("convert", {}).get("optimize", {}) or {}
-            size = opt.get("bytes") or entry.get("convert", {}).get("bytes")
+            conv = entry.get("convert", {})
+            opt = conv.get("optimize", {}) or {}
+            size = conv.get("served_bytes") or opt.get("bytes") or conv.get("bytes")
             fusions = ", ".join(f"{k} {v}" for k, v in opt.get("fusions", {}).items()) or "—"
             lines.append(
                 f"| {profile} | {_fmt(steps.get('export'))} | {_fmt(steps.get('convert'))} | "

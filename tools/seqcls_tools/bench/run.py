@@ -26,7 +26,6 @@ batching strategies and thread layouts; the winner's options are used for ``fp32
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 import platform
@@ -39,9 +38,11 @@ from pathlib import Path
 from typing import Any
 
 from seqcls.errors import GateError, SeqclsError
+from seqcls.records import Published
 from seqcls.serving.repository import ServingOptions
 from seqcls_tools.bench import measure
 from seqcls_tools.bench.corpus import make_corpus, make_labels
+from seqcls_tools.bench.facts import convert_facts, gate_facts, parity_report, smoke_differences
 from seqcls_tools.bench.model import MEDIUM, TINY, ModelSpec, build_checkpoint
 
 log = logging.getLogger("seqcls_tools.bench")
@@ -257,30 +258,10 @@ def run_releases(checkpoint: Path, home: Path) -> dict[str, Any]:
             entry["gate_passed"] = False
             entry["gate_error"] = str(exc)[:600]
         entry["seconds"] = round(time.perf_counter() - t0, 2)
-        ws = release.workspace
-        convert_rec = ws.step("convert") or {}
-        entry["convert"] = {
-            k: v for k, v in (convert_rec.get("summary") or {}).items() if k in ("bytes", "opset", "optimize")
-        }
-        report_path = ws.path("parity/report.json")
-        if not report_path.is_file():
-            report_path = ws.path("failed/validate/report.json")
-        if report_path.is_file():
-            report = json.loads(report_path.read_text(encoding="utf-8"))
-            dc = report.get("decisions", {})
-            entry["gate"] = {
-                "passed": report.get("passed"),
-                "texts": report.get("texts"),
-                "logits_max_abs_diff": report.get("numeric", {}).get("logits_max_abs_diff"),
-                "numeric_gating": report.get("numeric", {}).get("gating"),
-                "label_sets_changed": dc.get("changed"),
-                "changed_not_near_threshold": dc.get("changed_not_near_threshold"),
-                "decision_agreement": dc.get("agreement"),
-                "changes": [
-                    {k: c.get(k) for k in ("index", "paddle", "onnxruntime", "near_threshold")}
-                    for c in dc.get("changes", [])[:5]
-                ],
-            }
+        entry["convert"] = convert_facts(release.workspace)
+        report = parity_report(release.workspace)
+        if report is not None:
+            entry["gate"] = gate_facts(report)
         out[profile] = entry
         log.info(
             "bench: release %s — %s in %.0fs (%s)",
@@ -495,6 +476,31 @@ def _cell(server, texts: list[str], clients: int, per_request: int, budget: Budg
     return cell
 
 
+def serving_steps() -> tuple[str, ...]:
+    """The step table's steps that take a validated release to serving: publish up to promote
+    (publish, reload, smoke, expose today); register and promote need MLflow, which the bench skips."""
+    from seqcls.steps import ORDER
+
+    return ORDER[ORDER.index("publish") : ORDER.index("promote")]
+
+
+def serve_release(release, options: ServingOptions, results: dict | None = None) -> dict[str, Any]:
+    """Run :func:`serving_steps` on ``release`` with the bench's serving options; step name → result.
+
+    ``results`` (if given) is filled as the steps finish, so a caller still has them when one fails.
+    """
+    import inspect
+
+    from seqcls.steps import step
+
+    results = {} if results is None else results
+    for name in serving_steps():
+        fn = step(name).load()
+        kwargs = {"options": options} if "options" in inspect.signature(fn).parameters else {}
+        results[name] = fn(release, **kwargs)
+    return results
+
+
 def serve_config(
     config: ServingConfig,
     index: int,
@@ -507,10 +513,6 @@ def serve_config(
     keep: bool,
     hot_reload_profile: str | None = None,
 ) -> dict[str, Any]:
-    from seqcls.steps.publish import publish
-    from seqcls.steps.reload import reload
-    from seqcls.steps.smoke import smoke
-
     entry: dict[str, Any] = {
         "name": config.name,
         "profile": config.profile,
@@ -524,17 +526,22 @@ def serve_config(
         settings = _settings(home, server)
         release = _release(checkpoint, config.profile, settings)
         t0 = time.perf_counter()
-        pub = publish(release, config.options)
-        rel = reload(release, options=config.options)
-        entry["steps"] = {"publish": round(pub.seconds, 2), "reload": round(rel.seconds, 2)}
+        done: dict[str, Any] = {}
         try:
-            sm = smoke(release)
-            entry["steps"]["smoke"] = round(sm.seconds, 2)
-            entry["smoke"] = {"passed": True, **{k: sm.summary.get(k) for k in ("texts", "p50_ms", "p95_ms")}}
+            serve_release(release, config.options, done)
         except SeqclsError as exc:
-            entry["smoke"] = {"passed": False, "error": str(exc)[:400], **_smoke_differences(release)}
+            if "smoke" in done or "reload" not in done:
+                raise  # only a failed smoke is a finding; anything else is a broken benchmark
+            entry["smoke"] = {"passed": False, "error": str(exc)[:400], **smoke_differences(release.workspace)}
+            entry["skipped"] = "smoke failed: the release was not exposed"
             log.error("bench: smoke failed for %s: %s", config.name, str(exc)[:300])
+        entry["steps"] = {name: round(result.seconds, 2) for name, result in done.items()}
+        if "smoke" in done:
+            sm = done["smoke"]
+            entry["smoke"] = {"passed": True, **{k: sm.summary.get(k) for k in ("texts", "p50_ms", "p95_ms")}}
         entry["ready_seconds"] = round(time.perf_counter() - t0, 2)
+        if entry.get("skipped"):
+            return entry
         log.info("bench: %s serving (%s) — %s", config.name, config.describe(), entry["steps"])
         _warm_up(server, texts, budget)
         entry["inprocess"] = _inprocess(release, config, texts, budget)
@@ -574,28 +581,10 @@ def serve_config(
     return entry
 
 
-def _smoke_differences(release) -> dict[str, Any]:
-    """Split a failed smoke's differences: changed label sets vs probabilities beyond tolerance only."""
-    path = release.workspace.path("failed/smoke/smoke.json")
-    if not path.is_file():
-        return {}
-    diffs = [d for r in json.loads(path.read_text(encoding="utf-8")) for d in r.get("differences", [])]
-    changed = [d for d in diffs if sorted(d.get("expected", [])) != sorted(d.get("served", []))]
-    return {
-        "differences": len(diffs),
-        "label_sets_changed": len(changed),
-        "prob_max_abs_diff": round(max((d.get("prob_max_abs_diff", 0.0) for d in diffs), default=0.0), 6),
-        "decisions_as_validated": not changed,
-    }
-
-
 def hot_reload(
     server, checkpoint: Path, home: Path, config: ServingConfig, other_profile: str, texts: list[str], budget: Budget
 ) -> dict[str, Any]:
-    """Publish + reload another release while 4 clients keep sending single-text requests."""
-    from seqcls.steps.publish import publish
-    from seqcls.steps.reload import reload
-
+    """Take another release to serving (:func:`serving_steps`) while 4 clients keep sending single-text requests."""
     settings = _settings(home, server)
     other = _release(checkpoint, other_profile, settings)
     stop = threading.Event()
@@ -618,8 +607,8 @@ def hot_reload(
     try:
         time.sleep(1.0)
         t0 = time.perf_counter()
-        pub = publish(other, config.options)
-        rel = reload(other, options=config.options)
+        done = serve_release(other, config.options)
+        pub, rel = done["publish"], done["reload"]
         switch_seconds = time.perf_counter() - t0
         time.sleep(1.0)
     except SeqclsError as exc:
@@ -633,7 +622,7 @@ def hot_reload(
     out = {
         "from_profile": config.profile,
         "to_profile": other_profile,
-        "to_version": pub.summary.get("version") if pub else None,
+        "to_version": Published.load(other.workspace).version if pub else None,
         "publish_seconds": round(pub.seconds, 2) if pub else None,
         "reload_seconds": rel.summary.get("seconds") if rel else None,
         "publish_and_reload_seconds": round(switch_seconds, 2) if switch_seconds is not None else None,
@@ -661,9 +650,6 @@ def head_to_head(
     """The headline cells again, with every contender's server up at once and the cells
     interleaved (A B C D, A B C D, ...), so slow changes in the machine's other load hit all of
     them alike. Idle servers use no CPU. Ratios are computed from the medians of these rounds."""
-    from seqcls.steps.publish import publish
-    from seqcls.steps.reload import reload
-
     out: dict[str, Any] = {"rounds": budget.h2h_rounds, "seconds_per_cell": budget.h2h_seconds, "configs": {}}
     cell_budget = replace(budget, cell_seconds=budget.h2h_seconds)
     with contextlib.ExitStack() as stack:
@@ -671,8 +657,7 @@ def head_to_head(
         for i, config in enumerate(plan):
             server = stack.enter_context(_Server(work, 100 + i, keep, state=f"state-h2h-{i}"))
             release = _release(checkpoint, config.profile, _settings(home, server))
-            publish(release, config.options)
-            reload(release, options=config.options)
+            serve_release(release, config.options)
             _warm_up(server, texts, budget)
             servers[config.name] = server
             out["configs"][config.name] = {"cells": []}

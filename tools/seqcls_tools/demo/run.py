@@ -131,6 +131,7 @@ def run_demo(*, keep_servers: bool = False, quick: bool = False, timeout: float 
     from seqcls.serving.client import TritonOps, endpoints_from_settings
     from seqcls.serving.names import ENSEMBLE
     from seqcls.serving.repository import Repository
+    from seqcls.steps import ORDER
     from seqcls.workspace import open_release
 
     root = demo_dir()
@@ -169,12 +170,7 @@ def run_demo(*, keep_servers: bool = False, quick: bool = False, timeout: float 
             log_file=dag_log,
         )
         timings["dag_run"] = time.perf_counter() - t1
-        manifest = release.workspace.read()["steps"]
-        failed = [
-            s
-            for s in ("export", "convert", "validate", "register", "publish", "reload", "smoke", "promote")
-            if manifest.get(s, {}).get("status") != "ok"
-        ]
+        failed = [s for s in ORDER if not release.workspace.succeeded(s)]
         if proc.returncode != 0 or failed:
             raise SeqclsError(
                 f"the {DAG_ID} run failed (exit {proc.returncode}; steps not ok: {failed}); task logs: {dag_log}"
@@ -192,7 +188,7 @@ def run_demo(*, keep_servers: bool = False, quick: bool = False, timeout: float 
             trained=trained,
             already_released=already,
             served_version=version,
-            smoke=manifest["smoke"]["summary"],
+            smoke=release.workspace.require("smoke")["summary"],
             champion_version=champion,
             predictions=list(zip(EXAMPLES, preds, strict=True)),
             seconds=timings,
