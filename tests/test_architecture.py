@@ -237,3 +237,38 @@ def test_no_literal_step_lists_in_the_tasks_test_script() -> None:
     quoted = set(re.findall(r"[\"']([a-z_]+)[\"']", text))
     copied = sorted(quoted & (set(TASK_ORDER) | set(BY_NAME)))
     assert not copied, f"task ids written out in the script: {copied}"
+
+
+# ----------------------------------------------------------------------------- README from the tables
+
+
+def _readme_architecture() -> str:
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    return text.split("## Architecture\n", 1)[1].split("\n## ", 1)[0]
+
+
+def _table_rows(section: str, header: str) -> list[list[str]]:
+    """The body rows of the Markdown table whose header line starts with ``header``."""
+    lines = section.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(header))
+    rows = []
+    for line in lines[start + 2 :]:
+        if not line.startswith("|"):
+            break
+        rows.append([cell.strip() for cell in line.strip("|").split(" | ")])
+    return rows
+
+
+def test_readme_step_list_and_module_tables_follow_the_code() -> None:
+    from seqcls.steps import EXTRA_STEPS, STEPS
+
+    names = [s.name for s in (*STEPS, *EXTRA_STEPS)]
+    section = _readme_architecture()
+    steps = _table_rows(section, "| step | what it does | module |")
+    assert [row[0] for row in steps] == ["resolve", *names], "README's step table is not the step table"
+    cli_steps = re.search(r"Steps: `([^`]+)`", (ROOT / "README.md").read_text(encoding="utf-8")).group(1)
+    assert cli_steps.split() == names, "README's `Steps:` list is not the step table"
+    modules = [cell for row in steps for cell in row[-1].split(", ")]
+    modules += [cell for row in _table_rows(section, "| module | owns |") for cell in row[0].split(", ")]
+    missing = [m for m in modules if not (PACKAGE / m.strip("`")).exists()]
+    assert not missing, f"README names modules that do not exist under plugins/seqcls: {missing}"
