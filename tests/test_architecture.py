@@ -30,12 +30,6 @@ MAX_MODULE_LINES = 400
 MAX_FUNCTION_LINES = 80
 #: Where reading the environment is allowed, relative to the package.
 ENV_READERS = ("settings.py", "localtriton/")
-#: Known violations waiting for their fix, each with the reason; the test fails on any other
-#: module that touches the environment *and* on an entry here that no longer does (drop it then).
-ENV_PENDING = {
-    "steps/convert.py": "_no_autoinstall() saves, sets and restores POLYGRAPHY_AUTOINSTALL_DEPS around "
-    "paddle2onnx; to move into settings.py as a scoped-environment helper",
-}
 
 AIRFLOW_HOME = private_airflow_home()  # before anything imports airflow
 
@@ -113,10 +107,7 @@ def test_environment_is_read_only_in_settings() -> None:
         lines = _environ_reads(path)
         if lines:
             found[rel] = lines
-    new = {rel: lines for rel, lines in found.items() if rel not in ENV_PENDING}
-    assert not new, f"environment read outside settings.py (add a Settings field instead): {new}"
-    fixed = sorted(set(ENV_PENDING) - set(found))
-    assert not fixed, f"{fixed} no longer read the environment: remove them from ENV_PENDING"
+    assert not found, f"environment read outside settings.py (add a Settings field instead): {found}"
 
 
 def test_the_environment_check_sees_reads(tmp_path: Path) -> None:

@@ -9,8 +9,10 @@ loopback.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -30,6 +32,8 @@ ENV_CHECKPOINTS_ROOT = "SEQCLS_CHECKPOINTS_ROOT"
 ENV_FAULT_PLAN = "SEQCLS_FAULT_PLAN"  # test-only: see seqcls.faults
 ENV_MODEL_NAME = "SEQCLS_MODEL_NAME"  # the DAG's model (parse time)
 ENV_SCHEDULE = "SEQCLS_SCHEDULE"  # the DAG's schedule: unset/manual, a cron preset/expression, or "asset"
+#: Set (not read) around paddle2onnx: ``"0"`` forbids polygraphy from pip-installing at conversion.
+ENV_POLYGRAPHY_AUTOINSTALL = "POLYGRAPHY_AUTOINSTALL_DEPS"
 
 DEFAULT_MODEL_NAME = "seqcls"
 DEFAULT_GRPC = "127.0.0.1:8001"
@@ -60,6 +64,26 @@ def _split_endpoints(value: str) -> tuple[str, ...]:
 
 def default_home() -> Path:
     return Path(os.environ.get(ENV_HOME) or Path.home() / ".seqcls").expanduser()
+
+
+@contextlib.contextmanager
+def scoped_env(name: str, value: str) -> Iterator[None]:
+    """Set the environment variable ``name`` to ``value`` for the ``with`` block, then restore it.
+
+    Why it exists: paddle2onnx runs polygraphy's optimiser, and polygraphy pip-installs missing
+    dependencies at conversion time unless ``POLYGRAPHY_AUTOINSTALL_DEPS=0``; ``convert`` sets it
+    only around the call, so a release never changes the interpreter and the caller's environment
+    is left as it was (unset stays unset).
+    """
+    old = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = old
 
 
 def fault_plan() -> str:

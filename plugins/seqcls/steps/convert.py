@@ -9,16 +9,14 @@ float output whose last dimension is the number of labels.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
-import os
-from collections.abc import Iterator
 from pathlib import Path
 
 from seqcls.errors import ConversionError
 from seqcls.records import OUT_DIRS, static_dir
 from seqcls.serving import shipped
+from seqcls.settings import ENV_POLYGRAPHY_AUTOINSTALL, scoped_env
 from seqcls.steps import require
 from seqcls.steps.export import static_model_files
 from seqcls.workspace import Release, StepResult
@@ -31,20 +29,6 @@ MODEL_FILE = "model.onnx"
 INPUT_NAMES: tuple[str, ...] = shipped.contract().MODEL_INPUTS
 OUTPUT_NAME: str = shipped.contract().LOGITS_OUTPUT
 SERVED_FILE = "served.onnx"  # the profile's optimised model (fp32-fused, int8); fp32 serves model.onnx
-
-
-@contextlib.contextmanager
-def _no_autoinstall() -> Iterator[None]:
-    """Forbid polygraphy (paddle2onnx's optimiser) from pip-installing anything mid-conversion."""
-    old = os.environ.get("POLYGRAPHY_AUTOINSTALL_DEPS")
-    os.environ["POLYGRAPHY_AUTOINSTALL_DEPS"] = "0"
-    try:
-        yield
-    finally:
-        if old is None:
-            os.environ.pop("POLYGRAPHY_AUTOINSTALL_DEPS", None)
-        else:
-            os.environ["POLYGRAPHY_AUTOINSTALL_DEPS"] = old
 
 
 def rename_output(model, new_name: str = OUTPUT_NAME) -> str:
@@ -121,7 +105,7 @@ def convert_static(model_file: Path, params_file: Path, save_file: Path, *, opse
         # paddle2onnx would silently export a model without weights
         raise ConversionError(f"{params_file}: params file missing or empty; re-run `seqcls export`.")
     raw = save_file.with_name("raw.onnx")
-    with _no_autoinstall():
+    with scoped_env(ENV_POLYGRAPHY_AUTOINSTALL, "0"):  # polygraphy must not pip-install mid-conversion
         try:
             paddle2onnx.export(
                 model_filename=str(model_file),
