@@ -1,9 +1,10 @@
 """The architecture's rules, asserted: size limits, no copies, and everything derived from one table.
 
-- every module of the product package ``plugins/seqcls`` is at most :data:`MAX_MODULE_LINES`
-  lines and every function at most :data:`MAX_FUNCTION_LINES` (no exemptions: a data table is a
-  module-level constant, not a function, so it never counts against the function limit);
-- ``duplicates`` finds no pair of copied blocks longer than 10 lines under ``plugins/``;
+- every module of the product package ``plugins/seqcls`` and of the development tools
+  ``tools/seqcls_tools`` is at most :data:`MAX_MODULE_LINES` lines and every function at most
+  :data:`MAX_FUNCTION_LINES` (no exemptions: a data table is a module-level constant, not a
+  function, so it never counts against the function limit);
+- ``duplicates`` finds no pair of copied blocks longer than 10 lines under ``plugins/`` or ``tools/``;
 - the DAG's task chain, its Params and the CLI's subcommands and flags equal what the step table
   (:mod:`seqcls.steps`) and the config table (:mod:`seqcls.config`) produce;
 - environment variables are read only in ``settings.py`` (and the local Triton runner).
@@ -24,6 +25,7 @@ from tests.conftest import private_airflow_home
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "plugins" / "seqcls"
+TOOLS = ROOT / "tools" / "seqcls_tools"
 DAGS = ROOT / "dags"
 DAG_ID = "seqcls_release"
 MAX_MODULE_LINES = 400
@@ -44,40 +46,50 @@ def _rel(path: Path) -> str:
     return path.relative_to(PACKAGE).as_posix()
 
 
+def _sized_modules() -> dict[str, Path]:
+    """Every module the size limits cover: the product package and the development tools, by display name."""
+    tools = sorted(TOOLS.rglob("*.py"))
+    assert len(tools) > 10, f"found only {len(tools)} modules under {TOOLS}"
+    sized = {_rel(path): path for path in _modules()}
+    sized.update({path.relative_to(ROOT).as_posix(): path for path in tools})
+    return sized
+
+
 # ----------------------------------------------------------------------------- size limits
 
 
 def test_no_module_over_the_line_limit() -> None:
     over = {}
-    for path in _modules():
+    for name, path in _sized_modules().items():
         lines = len(path.read_text(encoding="utf-8").splitlines())
         if lines > MAX_MODULE_LINES:
-            over[_rel(path)] = lines
+            over[name] = lines
     assert not over, f"modules over {MAX_MODULE_LINES} lines (split them by responsibility): {over}"
 
 
 def test_no_function_over_the_line_limit() -> None:
     over = {}
-    for path in _modules():
+    for name, path in _sized_modules().items():
         tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
         for node in ast.walk(tree):
             if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
                 start = min((d.lineno for d in node.decorator_list), default=node.lineno)
                 lines = node.end_lineno - start + 1
                 if lines > MAX_FUNCTION_LINES:
-                    over[f"{_rel(path)}:{node.lineno} {node.name}"] = lines
+                    over[f"{name}:{node.lineno} {node.name}"] = lines
     assert not over, f"functions over {MAX_FUNCTION_LINES} lines (make them orchestration over named parts): {over}"
 
 
-def test_no_duplicated_blocks_in_plugins() -> None:
+@pytest.mark.parametrize("tree", ["plugins", "tools"])
+def test_no_duplicated_blocks(tree: str) -> None:
     exe = shutil.which("duplicates")
     if exe is None:
         pytest.skip("the `duplicates` command is not on PATH on this machine (CI images may lack it)")
     out = subprocess.run(
-        [exe, "--repo", str(ROOT / "plugins"), "--min-lines", "11"], capture_output=True, text=True, timeout=120
+        [exe, "--repo", str(ROOT / tree), "--min-lines", "11"], capture_output=True, text=True, timeout=120
     )
     assert out.returncode == 0, out.stderr[-2000:]
-    assert "no duplicates" in out.stdout, f"copied blocks longer than 10 lines under plugins/:\n{out.stdout[-4000:]}"
+    assert "no duplicates" in out.stdout, f"copied blocks longer than 10 lines under {tree}/:\n{out.stdout[-4000:]}"
 
 
 # ----------------------------------------------------------------------------- environment

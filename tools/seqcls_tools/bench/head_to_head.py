@@ -1,0 +1,87 @@
+"""Head-to-head: every contender's server up at once, the headline cells interleaved over a few rounds.
+
+Slow changes in the machine's other load hit all contenders alike, so the ratios use these medians
+rather than the sequential measurements of the serving matrix.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from seqcls_tools.bench.plan import CLIENTS, Budget, ServingConfig
+from seqcls_tools.bench.profiles import bench_release, bench_settings, serve_release
+from seqcls_tools.bench.serving import BenchServer, cell, warm_up
+
+log = logging.getLogger("seqcls_tools.bench")
+
+
+def _start_all(
+    stack: contextlib.ExitStack,
+    plan: list[ServingConfig],
+    checkpoint: Path,
+    home: Path,
+    work: Path,
+    texts: list[str],
+    budget: Budget,
+    keep: bool,
+) -> dict[str, Any]:
+    """One served, warmed-up server per contender (stopped when ``stack`` closes); name → server."""
+    servers = {}
+    for i, config in enumerate(plan):
+        server = stack.enter_context(BenchServer(work, 100 + i, keep, state=f"state-h2h-{i}"))
+        release = bench_release(checkpoint, config.profile, bench_settings(home, server))
+        serve_release(release, config.options)
+        warm_up(server, texts, budget)
+        servers[config.name] = server
+    return servers
+
+
+def _interleaved_rounds(servers: dict[str, Any], texts: list[str], budget: Budget, configs: dict[str, Any]) -> None:
+    """A B C D, A B C D, ...: 8 clients then 1 client per round; cells appended to ``configs[name]``."""
+    cell_budget = replace(budget, cell_seconds=budget.h2h_seconds)
+    offset = 0
+    for r in range(budget.h2h_rounds):
+        for clients in (max(CLIENTS), 1):
+            for name, server in servers.items():
+                result = cell(server, texts, clients, 1, cell_budget, offset)
+                offset += result["texts"] + 3
+                result["round"] = r
+                configs[name]["cells"].append(result)
+                log.info(
+                    "bench: head-to-head round %d %-22s %d client(s): %7.1f sentences/s, p95 %s ms",
+                    r + 1,
+                    name,
+                    clients,
+                    result["sentences_per_s"],
+                    result["p95_ms"],
+                )
+
+
+def _medians(entry: dict[str, Any]) -> None:
+    import numpy as np
+
+    for clients, key in ((max(CLIENTS), "sentences_per_s"), (1, "p95_ms"), (max(CLIENTS), "cpu_ms_per_sentence")):
+        values = [c[key] for c in entry["cells"] if c["clients"] == clients and c.get(key) is not None]
+        entry[f"median_{clients}c_{key}"] = round(float(np.median(values)), 2) if values else None
+        entry[f"all_{clients}c_{key}"] = values
+
+
+def head_to_head(
+    plan: list[ServingConfig], checkpoint: Path, home: Path, work: Path, texts: list[str], budget: Budget, keep: bool
+) -> dict[str, Any]:
+    """The headline cells again, with every contender's server up at once and the cells
+    interleaved (A B C D, A B C D, ...), so slow changes in the machine's other load hit all of
+    them alike. Idle servers use no CPU. Ratios are computed from the medians of these rounds."""
+    out: dict[str, Any] = {"rounds": budget.h2h_rounds, "seconds_per_cell": budget.h2h_seconds, "configs": {}}
+    with contextlib.ExitStack() as stack:
+        servers = _start_all(stack, plan, checkpoint, home, work, texts, budget, keep)
+        out["configs"] = {name: {"cells": []} for name in servers}
+        log.info("bench: head-to-head — %s up, %d interleaved rounds", ", ".join(servers), budget.h2h_rounds)
+        _interleaved_rounds(servers, texts, budget, out["configs"])
+    for entry in out["configs"].values():
+        _medians(entry)
+    return out

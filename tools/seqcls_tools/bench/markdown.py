@@ -1,0 +1,294 @@
+"""The benchmark's Markdown report (``results.md``), one function per section, and the ratio lines."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def _fmt(value, digits: int = 1) -> str:
+    if value is None:
+        return "—"
+    if isinstance(value, float):
+        return f"{value:.{digits}f}"
+    return str(value)
+
+
+def _header(results: dict[str, Any]) -> list[str]:
+    meta = results.get("meta", {})
+    machine = meta.get("machine", {})
+    isa = ", ".join(k for k, v in machine.get("isa", {}).items() if v) or "—"
+    lines = [
+        f"# seqcls serving benchmark ({meta.get('mode')})",
+        "",
+        f"- started {meta.get('started')}, {meta.get('seconds')} s; load average at start "
+        f"{meta.get('loadavg_start')}, at end {meta.get('loadavg_end')} (1/5/15 min)",
+        f"- machine: {machine.get('cpu_model')}, {machine.get('cpus')} CPUs ({isa}); "
+        + ", ".join(f"{k} {v}" for k, v in machine.get("versions", {}).items()),
+    ]
+    model = results.get("model", {})
+    spec = model.get("spec", {})
+    corpus = results.get("corpus", {})
+    if spec:
+        lines.append(
+            f"- model: {spec.get('name')} — {spec.get('num_layers')} layers, hidden {spec.get('hidden_size')}, "
+            f"{spec.get('num_heads')} heads, vocab {spec.get('vocab_size') or 'corpus'}, {spec.get('num_labels')} "
+            f"labels; random weights, classifier scale {spec.get('logit_scale')}, bias "
+            f"{model.get('classifier_bias')} ({model.get('labels_per_text_after_bias')} labels per text)"
+        )
+    if corpus:
+        lines.append(
+            f"- corpus: {corpus.get('sentences')} seeded zh/en/mixed sentences, {corpus.get('chars_min')}-"
+            f"{corpus.get('chars_max')} chars (mean {corpus.get('chars_mean')}), tokens mean "
+            f"{corpus.get('tokens_mean')}, p95 {corpus.get('tokens_p95')}"
+        )
+    return lines
+
+
+def _serving_rows(name: str, entry: dict[str, Any]) -> list[str]:
+    if not entry.get("cells"):
+        reason = entry.get("skipped") or entry.get("error") or "not measured"
+        return [f"| {name} | {entry.get('description', '')} | — | — | — | — | — | — | — | — | — | — | {reason} |"]
+    rows = []
+    for cell in entry["cells"]:
+        cores = cell.get("cpu_cores", {})
+        rows.append(
+            f"| {name} | {entry.get('description', '')} | {cell['clients']} | {cell['texts_per_request']} | "
+            f"{_fmt(cell['sentences_per_s'])} | {_fmt(cell['p50_ms'])} | {_fmt(cell['p95_ms'])} | "
+            f"{_fmt(cell['p99_ms'])} | {_fmt(cell['triton_batch'].get('seqcls_model'), 2)} | "
+            f"{_fmt(cell['triton_batch'].get('tokenizer'), 2)} | "
+            f"{_fmt(cores.get('total'), 2)} / {_fmt(cores.get('client'), 2)} | "
+            f"{_fmt(cell.get('cpu_ms_per_sentence'))} | {cell['failed']} |"
+        )
+    return rows
+
+
+def _titled_table(title: str, header: str, align: str, rows: list[str]) -> list[str]:
+    """A ``## title`` section holding one table."""
+    return ["", f"## {title}", "", header, align, *rows]
+
+
+def _serving(results: dict[str, Any]) -> list[str]:
+    rows = [row for name, entry in results.get("configs", {}).items() for row in _serving_rows(name, entry)]
+    lines = _titled_table(
+        "Serving (real local Triton, gRPC over loopback)",
+        "| profile | configuration | clients | texts/req | sentences/s | p50 ms | p95 ms | p99 ms | "
+        "model batch | tokenizer batch | CPU cores (server+stubs / client) | CPU ms/sentence | failed |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|",
+        rows,
+    )
+    if results.get("fp32_winner"):
+        lines += [
+            "",
+            "fp32 configuration that wins (least CPU per sentence at 8 clients × 1 text — wall-clock "
+            f"sentences/s swings with the machine's other load): **{results['fp32_winner']}** — its options "
+            "serve fp32-fused and int8.",
+        ]
+    return lines
+
+
+def _head_to_head(results: dict[str, Any]) -> list[str]:
+    h2h = results.get("head_to_head")
+    if not (h2h and h2h.get("configs")):
+        return []
+    top = max(results.get("meta", {}).get("clients", [8]))
+    lines = [
+        "",
+        f"Head-to-head: every contender's server up at once, cells interleaved, {h2h.get('rounds')} rounds of "
+        f"{h2h.get('seconds_per_cell')} s (medians; the ratios below use these):",
+        "",
+        f"| profile | {top} clients sentences/s (median) | each round | 1 client p95 ms (median) | each round | "
+        f"CPU ms/sentence at {top} clients |",
+        "|---|---:|---|---:|---|---:|",
+    ]
+    for name, e in h2h["configs"].items():
+        lines.append(
+            f"| {name} | {_fmt(e.get(f'median_{top}c_sentences_per_s'))} | "
+            f"{', '.join(_fmt(x) for x in e.get(f'all_{top}c_sentences_per_s', []))} | "
+            f"{_fmt(e.get('median_1c_p95_ms'))} | {', '.join(_fmt(x) for x in e.get('all_1c_p95_ms', []))} | "
+            f"{_fmt(e.get(f'median_{top}c_cpu_ms_per_sentence'))} |"
+        )
+    return lines
+
+
+def _inprocess_rows(name: str, entry: dict[str, Any]) -> list[str]:
+    o = entry.get("options", {})
+    layout = f"{o.get('model_instances')}x{o.get('intra_op_threads')} ORT {o.get('graph_optimization_level')}"
+    return [
+        f"| {name} | {layout} | {v['batch_size']} | {'each text alone' if v.get('per_text') else 'padded'} "
+        f"| {_fmt(v['sentences_per_s'])} | {_fmt(v['p50_ms'])} | {_fmt(v['p95_ms'])} | "
+        f"{_fmt(v.get('cpu_ms_per_sentence'))} |"
+        for v in entry.get("inprocess", {}).values()
+    ]
+
+
+def _inprocess(results: dict[str, Any]) -> list[str]:
+    return _titled_table(
+        "In-process limit (HF tokenizer + ONNX Runtime, same model and thread layout, no server)",
+        "| profile | layout (instances x threads) | texts per batch | run | sentences/s | p50 ms | p95 ms | "
+        "CPU ms/sentence |",
+        "|---|---|---:|---|---:|---:|---:|---:|",
+        [row for name, entry in results.get("configs", {}).items() for row in _inprocess_rows(name, entry)],
+    )
+
+
+def _memory(results: dict[str, Any]) -> list[str]:
+    rows = [
+        f"| {name} | {_fmt(rss.get('server'))} | {_fmt(rss.get('tokenizer'))} | "
+        f"{_fmt(rss.get('seqcls_model'))} | {_fmt(rss.get('seqcls_postprocess'))} |"
+        for name, rss in ((n, e.get("max_rss_mb", {})) for n, e in results.get("configs", {}).items())
+        if rss
+    ]
+    return _titled_table(
+        "Memory (largest RSS per process role, MB)",
+        "| profile | server | tokenizer stub | model stub | postprocess stub |",
+        "|---|---:|---:|---:|---:|",
+        rows,
+    )
+
+
+def _tokenizers(results: dict[str, Any]) -> list[str]:
+    tok = results.get("tokenizers", {})
+    if not tok:
+        return []
+    rows = [
+        f"| {key.split('/')[0]} | {v['batch_size']} | {_fmt(v['sentences_per_s'])} | "
+        f"{_fmt(v.get('sentences_per_cpu_s'))} |"
+        for key, v in tok.items()
+    ]
+    return _titled_table(
+        "Tokenizer throughput (one process, one thread calling)",
+        "| tokenizer | texts per call | sentences/s | sentences per CPU-s |",
+        "|---|---:|---:|---:|",
+        rows,
+    )
+
+
+def _release_row(profile: str, entry: dict[str, Any]) -> str:
+    steps = entry.get("steps", {})
+    gate = entry.get("gate", {})
+    conv = entry.get("convert", {})
+    opt = conv.get("optimize", {}) or {}
+    size = conv.get("served_bytes") or opt.get("bytes") or conv.get("bytes")
+    fusions = ", ".join(f"{k} {v}" for k, v in opt.get("fusions", {}).items()) or "—"
+    return (
+        f"| {profile} | {_fmt(steps.get('export'))} | {_fmt(steps.get('convert'))} | "
+        f"{_fmt(steps.get('validate'))} | {_fmt(size / 1e6 if size else None)} | {fusions} | "
+        f"{'passed' if entry.get('gate_passed') else 'FAILED'} | {_fmt(gate.get('label_sets_changed'))} | "
+        f"{_fmt(gate.get('decision_agreement'), 4)} | {_fmt(gate.get('logits_max_abs_diff'), 6)} |"
+    )
+
+
+def _served_steps(results: dict[str, Any]) -> list[str]:
+    serve_steps = [
+        (n, e.get("steps", {}), e.get("smoke", {})) for n, e in results.get("configs", {}).items() if e.get("steps")
+    ]
+    if not serve_steps:
+        return []
+    lines = ["", "| served as | publish s | reload s | smoke s | smoke |", "|---|---:|---:|---:|---|"]
+    for n, s, sm in serve_steps:
+        lines.append(
+            f"| {n} | {_fmt(s.get('publish'))} | {_fmt(s.get('reload'))} | {_fmt(s.get('smoke'))} | {_smoke_text(sm)} |"
+        )
+    return lines
+
+
+def _releases(results: dict[str, Any]) -> list[str]:
+    rel = results.get("releases", {})
+    if not rel:
+        return []
+    lines = _titled_table(
+        "Release steps (this model)",
+        "| profile | export s | convert s | validate s | served file MB | fusions | gate | label sets changed | "
+        "decision agreement | logits max abs diff |",
+        "|---|---:|---:|---:|---:|---|---|---:|---:|---:|",
+        [_release_row(profile, entry) for profile, entry in rel.items()],
+    )
+    return lines + _served_steps(results)
+
+
+def _batch_dependence(results: dict[str, Any]) -> list[str]:
+    dep = results.get("batch_dependence")
+    if not dep:
+        return []
+    lines = [
+        "",
+        "Same answer alone and batched? Golden texts run one at a time vs in padded batches of 16 "
+        "(how validate runs them), served model, ORT on 1 thread:",
+        "",
+        "| profile | texts | label sets that differ | max abs diff probability |",
+        "|---|---:|---:|---:|",
+    ]
+    for profile, v in dep.items():
+        lines.append(f"| {profile} | {v['texts']} | {v['label_sets_changed']} | {v['prob_max_abs_diff']:.2g} |")
+    return lines
+
+
+def _hot_reload(results: dict[str, Any]) -> list[str]:
+    hr = results.get("hot_reload")
+    if not hr:
+        return []
+    return [
+        "",
+        "## Hot reload under load",
+        "",
+        f"{hr.get('from_profile')} → {hr.get('to_profile')} (version {hr.get('to_version')}) while 4 clients "
+        f"sent single-text requests: publish {hr.get('publish_seconds')} s, reload {hr.get('reload_seconds')} s; "
+        f"{hr.get('requests')} requests, **{hr.get('failed')} failed**, p95 {hr.get('p95_ms')} ms, "
+        f"p99 {hr.get('p99_ms')} ms during the switch" + (f"; error: {hr['error']}" if hr.get("error") else ""),
+    ]
+
+
+#: The report's sections, in order (the ratios close it).
+SECTIONS = (
+    _header,
+    _serving,
+    _head_to_head,
+    _inprocess,
+    _memory,
+    _tokenizers,
+    _releases,
+    _batch_dependence,
+    _hot_reload,
+)
+
+
+def markdown(results: dict[str, Any]) -> str:
+    lines = [line for section in SECTIONS for line in section(results)]
+    lines += ["", "## Ratios vs targets", "", *ratio_lines(results.get("ratios", []), markdown=True), ""]
+    return "\n".join(lines)
+
+
+def _smoke_text(smoke: dict[str, Any]) -> str:
+    if smoke.get("passed"):
+        return "passed"
+    if smoke.get("decisions_as_validated"):
+        return (
+            f"FAILED on probabilities only: every label set as validated, {smoke.get('differences')} rows with "
+            f"max abs diff p {smoke.get('prob_max_abs_diff')} > the smoke's prob_atol"
+        )
+    if "label_sets_changed" in smoke:
+        return (
+            f"FAILED: {smoke['label_sets_changed']} label sets and {smoke['differences']} probability rows "
+            f"(max abs diff {smoke['prob_max_abs_diff']}) differ from validate's"
+        )
+    return "FAILED " + str(smoke.get("error", ""))[:120]
+
+
+def ratio_lines(items: list[dict[str, Any]], *, markdown: bool = False) -> list[str]:
+    out = []
+    for r in items:
+        mark = "PASS" if r["passed"] else "MISS"
+        ratio = f"{r['ratio']}x" if r.get("ratio") is not None else "—"
+        if r.get("target") == "info":
+            mark = "INFO"
+        line = (
+            f"{mark} {r['what']}: {_fmt(r.get('value'))} vs {_fmt(r.get('baseline'))} → {ratio} "
+            f"(target {r['target']}{', ' + str(r['config']) if r.get('config') else ''})"
+        )
+        m = r.get("matrix") or {}
+        if m.get("ratio") is not None and "matrix" not in r["what"]:
+            line += f"; in the matrix run: {_fmt(m.get('value'))} vs {_fmt(m.get('baseline'))} → {m['ratio']}x"
+        if r.get("note"):
+            line += f" — NOTE: {r['note']}"
+        out.append(f"- {line}" if markdown else line)
+    return out

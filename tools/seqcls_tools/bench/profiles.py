@@ -1,0 +1,146 @@
+"""The benchmark's releases: one per profile through the release core, and how their answers depend on batching.
+
+Also the bridge to serving: :func:`serve_release` runs the step table's serving steps on a release.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+from seqcls.errors import GateError
+from seqcls.serving.repository import ServingOptions
+from seqcls_tools.bench import measure
+from seqcls_tools.bench.facts import convert_facts, gate_facts, parity_report
+from seqcls_tools.bench.plan import PROFILES
+
+log = logging.getLogger("seqcls_tools.bench")
+
+
+def bench_settings(home: Path, server=None):
+    from seqcls.settings import Settings
+
+    if server is None:
+        return Settings(home=home)
+    cfg = server.config
+    return Settings(
+        home=home,
+        triton_repository=cfg.repository,
+        triton_grpc=(cfg.grpc_url,),
+        triton_http=(cfg.http_url,),
+    )
+
+
+def bench_release(checkpoint: Path, profile: str, settings):
+    from seqcls.config import ReleaseConfig
+    from seqcls.workspace import open_release
+
+    return open_release(checkpoint, ReleaseConfig(model_name=f"bench-{profile}", profile=profile), settings)
+
+
+def run_releases(checkpoint: Path, home: Path) -> dict[str, Any]:
+    from seqcls.steps import run_release
+
+    out: dict[str, Any] = {}
+    for profile in PROFILES:
+        release = bench_release(checkpoint, profile, bench_settings(home))
+        t0 = time.perf_counter()
+        entry: dict[str, Any] = {"profile": profile, "steps": {}}
+        try:
+            for result in run_release(release, until="validate"):
+                entry["steps"][result.step] = round(result.seconds, 2)
+            entry["gate_passed"] = True
+        except GateError as exc:
+            entry["gate_passed"] = False
+            entry["gate_error"] = str(exc)[:600]
+        entry["seconds"] = round(time.perf_counter() - t0, 2)
+        entry["convert"] = convert_facts(release.workspace)
+        report = parity_report(release.workspace)
+        if report is not None:
+            entry["gate"] = gate_facts(report)
+        out[profile] = entry
+        log.info(
+            "bench: release %s — %s in %.0fs (%s)",
+            profile,
+            "gate passed" if entry["gate_passed"] else "GATE FAILED",
+            entry["seconds"],
+            ", ".join(f"{k} {v}s" for k, v in entry["steps"].items()),
+        )
+    return out
+
+
+def batch_dependence(checkpoint: Path, home: Path, texts: list[str], batch: int = 16) -> dict[str, Any]:
+    """Does a text's answer depend on what it is batched with? Each profile's served model on the
+    golden texts, each text alone vs in padded batches of ``batch`` (how validate runs them).
+
+    fp32 models differ only by float rounding; dynamic INT8 computes each activation's
+    quantization range over the whole batch, so neighbours (and their padding) move the logits.
+    """
+    import numpy as np
+
+    from seqcls.records import served_onnx
+    from seqcls.serving import shipped
+
+    text_mod, decide_mod = shipped.text(), shipped.decide()
+    out: dict[str, Any] = {}
+    for profile in PROFILES:
+        release = bench_release(checkpoint, profile, bench_settings(home))
+        model = served_onnx(release.workspace)
+        if not model.is_file():
+            continue
+        (session,) = measure.ort_sessions(model, workers=1, intra_op_threads=1, graph_level="all")
+        tok = text_mod.build_tokenizer(release.checkpoint.vocab_file, max_length=release.config.max_length)
+        ids = text_mod.encode(tok, texts)
+
+        def run(rows, session=session):
+            a, b = text_mod.pad(rows)
+            return session.run(["logits"], {"input_ids": a, "token_type_ids": b})[0]
+
+        alone = np.concatenate([run([x]) for x in ids])
+        batched = np.concatenate([run(ids[i : i + batch]) for i in range(0, len(ids), batch)])
+        p1, p2 = decide_mod.sigmoid(alone), decide_mod.sigmoid(batched)
+        labels = list(release.checkpoint.labels)
+        th = decide_mod.threshold_vector(labels, release.config.threshold)
+        d1 = decide_mod.decide(p1, th, labels, hierarchy=release.config.hierarchy)
+        d2 = decide_mod.decide(p2, th, labels, hierarchy=release.config.hierarchy)
+        changed = sum(1 for a, b in zip(d1, d2, strict=True) if [x[0] for x in a] != [x[0] for x in b])
+        out[profile] = {
+            "texts": len(texts),
+            "batch": batch,
+            "prob_max_abs_diff": float(np.abs(p1 - p2).max(initial=0.0)),
+            "label_sets_changed": changed,
+        }
+    log.info(
+        "bench: alone vs batched — %s",
+        ", ".join(
+            f"{k}: {v['label_sets_changed']} label sets, max |Δp| {v['prob_max_abs_diff']:.2g}" for k, v in out.items()
+        ),
+    )
+    return out
+
+
+def serving_steps() -> tuple[str, ...]:
+    """The step table's steps that take a validated release to serving: publish up to promote
+    (publish, reload, smoke, expose today); register and promote need MLflow, which the bench skips."""
+    from seqcls.steps import ORDER
+
+    return ORDER[ORDER.index("publish") : ORDER.index("promote")]
+
+
+def serve_release(release, options: ServingOptions, results: dict | None = None) -> dict[str, Any]:
+    """Run :func:`serving_steps` on ``release`` with the bench's serving options; step name → result.
+
+    ``results`` (if given) is filled as the steps finish, so a caller still has them when one fails.
+    """
+    import inspect
+
+    from seqcls.steps import step
+
+    results = {} if results is None else results
+    for name in serving_steps():
+        fn = step(name).load()
+        kwargs = {"options": options} if "options" in inspect.signature(fn).parameters else {}
+        results[name] = fn(release, **kwargs)
+    return results

@@ -1,0 +1,220 @@
+"""The benchmark's ratios against the issue's targets, each with the measured values it was computed from.
+
+Throughput and latency come from the interleaved head-to-head medians when classic ran there (the
+machine's other load hits every contender alike), else from the sequential serving matrix.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+TARGETS = {
+    "exact_vs_classic": 1.5,
+    "fastest_vs_classic": 2.5,
+    "served_vs_inprocess": 0.9,
+    "tokenizer_rss_mb": 100.0,
+}
+EXACT_PROFILES = ("fp32", "fp32-fused")
+
+
+def cell_value(entry: dict[str, Any] | None, clients: int, per_request: int, key: str):
+    if not entry:
+        return None
+    for cell in entry.get("cells", []):
+        if cell["clients"] == clients and cell["texts_per_request"] == per_request:
+            return cell.get(key)
+    return None
+
+
+def _gated(results: dict[str, Any], entry: dict[str, Any], *, exact: bool) -> bool:
+    rel = results.get("releases", {}).get(entry.get("profile"), {})
+    smoke = entry.get("smoke", {})
+    if entry.get("group") == "classic" or not entry.get("cells"):
+        return False
+    if not rel.get("gate_passed"):
+        return False
+    if exact:
+        return (
+            entry["profile"] in EXACT_PROFILES
+            and rel.get("gate", {}).get("label_sets_changed") == 0
+            and bool(smoke.get("passed"))
+        )
+    return True
+
+
+def _smoke_note(entry: dict[str, Any]) -> str | None:
+    smoke = entry.get("smoke", {})
+    if smoke.get("passed"):
+        return None
+    if "label_sets_changed" in smoke:
+        return (
+            f"parity gate passed, but the smoke test failed: {smoke['label_sets_changed']} served label sets and "
+            f"{smoke['differences']} probability rows (max abs diff {smoke['prob_max_abs_diff']}) differ from the "
+            "validated ones — the release pipeline would roll this version back"
+        )
+    return f"smoke test failed: {str(smoke.get('error'))[:160]}"
+
+
+class _Measured:
+    """The numbers a ratio reads: one run's configurations and where throughput/latency come from."""
+
+    def __init__(self, results: dict[str, Any]) -> None:
+        self.results = results
+        self.configs: dict[str, dict[str, Any]] = results.get("configs", {})
+        self.classic = self.configs.get("classic")
+        self.top = max(results.get("meta", {}).get("clients", [8]))
+        self.h2h = (results.get("head_to_head") or {}).get("configs", {})
+        self.source = "interleaved head-to-head, median" if "classic" in self.h2h else "matrix"
+
+    def throughput(self, name: str | None) -> float | None:
+        if not name:
+            return None
+        if self.source != "matrix":
+            return self.h2h.get(name, {}).get(f"median_{self.top}c_sentences_per_s")
+        return cell_value(self.configs.get(name), self.top, 1, "sentences_per_s")
+
+    def p95_1(self, name: str | None) -> float | None:
+        if not name:
+            return None
+        if self.source != "matrix":
+            return self.h2h.get(name, {}).get("median_1c_p95_ms")
+        return cell_value(self.configs.get(name), 1, 1, "p95_ms")
+
+    def matrix(self, name: str | None, key: str = "sentences_per_s") -> float | None:
+        """``key`` at the top client count, single-text requests, from the serving matrix."""
+        return cell_value(self.configs.get(name) if name else None, self.top, 1, key)
+
+    def best(self, exact: bool) -> tuple[str | None, float | None]:
+        names = [n for n, e in self.configs.items() if _gated(self.results, e, exact=exact)]
+        if self.source != "matrix":
+            names = [n for n in names if n in self.h2h]
+        pool = {n: self.throughput(n) for n in names}
+        pool = {n: v for n, v in pool.items() if v}
+        if not pool:
+            return None, None
+        name = max(pool, key=pool.__getitem__)
+        return name, pool[name]
+
+
+#: The two headline ratios: key, exact parity required, what is compared.
+VS_CLASSIC = (
+    ("exact_vs_classic", True, "best exact-parity profile vs classic"),
+    ("fastest_vs_classic", False, "fastest gated profile vs classic"),
+)
+
+
+def _vs_classic(m: _Measured, key: str, exact: bool, label: str) -> dict[str, Any]:
+    base = m.throughput("classic")
+    name, value = m.best(exact)
+    ratio = round(value / base, 2) if value and base else None
+    matrix = m.matrix(name) if name else None
+    matrix_base = cell_value(m.classic, m.top, 1, "sentences_per_s")
+    return {
+        "key": key,
+        "what": f"{label}, {m.top} clients, single-text requests, sentences/s ({m.source})",
+        "config": name,
+        "value": value,
+        "baseline": base,
+        "ratio": ratio,
+        "target": TARGETS[key],
+        "passed": ratio is not None and ratio >= TARGETS[key],
+        "matrix": {
+            "value": matrix,
+            "baseline": matrix_base,
+            "ratio": round(matrix / matrix_base, 2) if matrix and matrix_base else None,
+        },
+        "note": _smoke_note(m.configs[name]) if name else None,
+    }
+
+
+def _p95(m: _Measured, name: str) -> dict[str, Any]:
+    p95, base_p95 = m.p95_1(name), m.p95_1("classic")
+    return {
+        "key": f"p95_1_client[{name}]",
+        "what": f"{name}: p95 at 1 client (single text) vs classic's, ms ({m.source})",
+        "config": name,
+        "value": p95,
+        "baseline": base_p95,
+        "ratio": round(p95 / base_p95, 2) if p95 and base_p95 else None,
+        "target": "<= 1.0",
+        "passed": p95 is not None and base_p95 is not None and p95 <= base_p95,
+    }
+
+
+def _served_vs_inprocess(m: _Measured, name: str) -> dict[str, Any]:
+    served = m.matrix(name)
+    limit = m.configs[name].get("inprocess", {}).get("batch1", {}).get("sentences_per_s")
+    ratio = round(served / limit, 2) if served and limit else None
+    return {
+        "key": f"served_vs_inprocess[{name}]",
+        "what": f"{name}: served ({m.top} clients x 1 text) vs in-process limit (batch 1, same thread layout)",
+        "config": name,
+        "value": served,
+        "baseline": limit,
+        "ratio": ratio,
+        "target": TARGETS["served_vs_inprocess"],
+        "passed": ratio is not None and ratio >= TARGETS["served_vs_inprocess"],
+    }
+
+
+def _cpu_per_sentence(m: _Measured, name: str) -> dict[str, Any]:
+    cpu = m.matrix(name, "cpu_ms_per_sentence")
+    base_cpu = cell_value(m.classic, m.top, 1, "cpu_ms_per_sentence")
+    return {
+        "key": f"cpu_per_sentence[{name}]",
+        "what": f"{name}: CPU ms per sentence (server + stubs + client), classic's / this one's "
+        "(independent of other load on the machine; no target)",
+        "config": name,
+        "value": cpu,
+        "baseline": base_cpu,
+        "ratio": round(base_cpu / cpu, 2) if cpu and base_cpu else None,
+        "target": "info",
+        "passed": True,
+    }
+
+
+def _tokenizer_rss(m: _Measured) -> dict[str, Any]:
+    rss = [
+        (n, e.get("max_rss_mb", {}).get("tokenizer"))
+        for n, e in m.configs.items()
+        if e.get("cells") and e.get("options", {}).get("tokenizer_impl") == "hf"
+    ]
+    rss = [(n, v) for n, v in rss if v is not None]
+    classic_rss = (m.classic or {}).get("max_rss_mb", {}).get("tokenizer")
+    worst = max(rss, key=lambda x: x[1]) if rss else (None, None)
+    return {
+        "key": "tokenizer_rss_mb",
+        "what": "tokenizer stub RSS (HF tokenizers), largest over configurations, MB",
+        "config": worst[0],
+        "value": worst[1],
+        "baseline": classic_rss,
+        "ratio": round(worst[1] / classic_rss, 2) if worst[1] and classic_rss else None,
+        "target": f"<= {TARGETS['tokenizer_rss_mb']:.0f} MB",
+        "passed": worst[1] is not None and worst[1] <= TARGETS["tokenizer_rss_mb"],
+    }
+
+
+def _hot_reload(results: dict[str, Any]) -> dict[str, Any]:
+    hr = results.get("hot_reload") or {}
+    return {
+        "key": "hot_reload_failed",
+        "what": "hot reload under load: failed requests",
+        "config": f"{hr.get('from_profile')} → {hr.get('to_profile')}" if hr else None,
+        "value": hr.get("failed"),
+        "baseline": hr.get("requests"),
+        "ratio": None,
+        "target": "0",
+        "passed": bool(hr) and hr.get("failed") == 0 and not hr.get("error"),
+    }
+
+
+def ratios(results: dict[str, Any]) -> list[dict[str, Any]]:
+    """The issue's targets, each with the measured values it was computed from."""
+    m = _Measured(results)
+    out = [_vs_classic(m, *spec) for spec in VS_CLASSIC]
+    chosen = sorted({r["config"] for r in out if r["config"]})
+    for name in chosen:
+        out += [_p95(m, name), _served_vs_inprocess(m, name)]
+    out += [_cpu_per_sentence(m, name) for name in chosen]
+    out += [_tokenizer_rss(m), _hot_reload(results)]
+    return out

@@ -1,0 +1,275 @@
+"""Serving one configuration on a fresh local Triton: bring-up, in-process limit, the load grid.
+
+Every server :class:`BenchServer` starts is stopped (and its repository removed) on exit.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+from seqcls.errors import SeqclsError
+from seqcls.serving.repository import ServingOptions
+from seqcls_tools.bench import measure
+from seqcls_tools.bench.facts import smoke_differences
+from seqcls_tools.bench.machine import loadavg
+from seqcls_tools.bench.plan import CLIENTS, INPROCESS_RUNS, TEXTS_PER_REQUEST, BenchConfig, Budget, ServingConfig
+from seqcls_tools.bench.profiles import bench_release, bench_settings, serve_release
+from seqcls_tools.bench.reload import hot_reload
+
+log = logging.getLogger("seqcls_tools.bench")
+
+
+class BenchServer:
+    """A fresh local Triton for one configuration; stopped (and its repository removed) on exit."""
+
+    def __init__(self, work: Path, index: int, keep: bool, state: str = "state") -> None:
+        from seqcls.localtriton import LocalTriton, TritonServerConfig, free_ports
+
+        http, grpc, metrics = free_ports(3)
+        self.repo = work / "triton" / f"repo-{index}"
+        shutil.rmtree(self.repo, ignore_errors=True)
+        self.keep = keep
+        self.server = LocalTriton(
+            TritonServerConfig(
+                repository=self.repo,
+                http_port=http,
+                grpc_port=grpc,
+                metrics_port=metrics,
+                state_dir=work / "triton" / state,
+                startup_timeout=120.0,
+            )
+        )
+
+    def __enter__(self):
+        self.server.start()
+        return self.server
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            self.server.stop()
+        finally:
+            if not self.keep:
+                shutil.rmtree(self.repo, ignore_errors=True)
+
+
+def _inprocess(release, config: ServingConfig, texts: list[str], budget: Budget) -> dict[str, Any]:
+    from seqcls.records import served_onnx
+    from seqcls.serving import shipped
+
+    o = config.options
+    workers = o.model_instances
+    sessions = measure.ort_sessions(
+        served_onnx(release.workspace),
+        workers=workers,
+        intra_op_threads=o.intra_op_threads,
+        graph_level=o.graph_optimization_level,
+    )
+    text_mod = shipped.text()
+    tok = text_mod.build_tokenizer(
+        release.checkpoint.vocab_file, lowercase=release.checkpoint.do_lower_case, max_length=release.config.max_length
+    )
+
+    def encode(batch: list[str]):
+        return text_mod.encode(tok, batch)
+
+    def pad(ids):
+        return text_mod.pad(ids, strategy="longest")
+
+    out = {}
+    for batch, per_text in INPROCESS_RUNS:
+        out[f"batch{batch}{'-per-text' if per_text else ''}"] = measure.inprocess_limit(
+            sessions,
+            encode,
+            pad,
+            texts,
+            batch_size=batch,
+            max_seconds=budget.inprocess_seconds,
+            max_batches=budget.inprocess_batches,
+            per_text=per_text,
+        )
+    del sessions
+    return out
+
+
+def cell(server, texts: list[str], clients: int, per_request: int, budget: Budget, offset: int) -> dict[str, Any]:
+    url = server.config.grpc_url
+    pid = server.status().pid
+    load0 = loadavg()
+    counts0 = measure.triton_counts(url)
+    snap0 = measure.ProcessSnapshot.take(pid)
+    cpu0 = measure.self_cpu()
+    result = measure.run_load(
+        url,
+        texts,
+        clients=clients,
+        texts_per_request=per_request,
+        max_requests=budget.cell_requests,
+        max_seconds=budget.cell_seconds,
+        offset=offset,
+    )
+    client_cpu = measure.self_cpu() - cpu0
+    snap1 = measure.ProcessSnapshot.take(pid)
+    counts1 = measure.triton_counts(url)
+    cell = result.summary()
+    cell["triton_batch"] = measure.batch_between(counts0, counts1)
+    cell["cpu_cores"] = measure.cpu_between(snap0, snap1)
+    cell["cpu_cores"]["client"] = round(client_cpu / max(result.seconds, 1e-9), 3)
+    served_cpu = cell["cpu_cores"]["total"] * (snap1.taken - snap0.taken) + client_cpu
+    cell["cpu_ms_per_sentence"] = round(1000.0 * served_cpu / result.texts, 2) if result.texts else None
+    cell["rss"] = snap1.rss_by_role()
+    cell["loadavg"] = [load0, loadavg()]
+    return cell
+
+
+def warm_up(server, texts: list[str], budget: Budget) -> None:
+    """Unmeasured load first, so stubs, ORT sessions and caches are hot before cells are timed."""
+    measure.run_load(
+        server.config.grpc_url,
+        texts,
+        clients=max(CLIENTS),
+        texts_per_request=1,
+        max_requests=budget.cell_requests,
+        max_seconds=budget.warmup_seconds,
+    )
+
+
+def config_entry(config: ServingConfig, *, note: bool = True, **extra: Any) -> dict[str, Any]:
+    """The start of a configuration's results entry; ``extra`` (a skip reason, an error) goes before ``cells``."""
+    entry: dict[str, Any] = {"name": config.name, "profile": config.profile, "group": config.group}
+    if note:
+        entry["note"] = config.note
+    entry.update(description=config.describe(), options=config.options.to_dict(), **extra, cells=[])
+    return entry
+
+
+def _bring_up(entry: dict[str, Any], release, options: ServingOptions) -> bool:
+    """Run the serving steps; record their seconds and the smoke result in ``entry``.
+
+    False when the smoke test failed (a finding, the release is not measured); any other failure
+    means a broken benchmark and is raised.
+    """
+    t0 = time.perf_counter()
+    done: dict[str, Any] = {}
+    try:
+        serve_release(release, options, done)
+    except SeqclsError as exc:
+        if "smoke" in done or "reload" not in done:
+            raise  # only a failed smoke is a finding; anything else is a broken benchmark
+        entry["smoke"] = {"passed": False, "error": str(exc)[:400], **smoke_differences(release.workspace)}
+        entry["skipped"] = "smoke failed: the release was not exposed"
+        log.error("bench: smoke failed for %s: %s", entry["name"], str(exc)[:300])
+    entry["steps"] = {name: round(result.seconds, 2) for name, result in done.items()}
+    if "smoke" in done:
+        sm = done["smoke"]
+        entry["smoke"] = {"passed": True, **{k: sm.summary.get(k) for k in ("texts", "p50_ms", "p95_ms")}}
+    entry["ready_seconds"] = round(time.perf_counter() - t0, 2)
+    return not entry.get("skipped")
+
+
+def _grid(config: ServingConfig) -> list[tuple[int, int]]:
+    """(clients, texts per request) cells; variants get the corners only, to keep the run short."""
+    if config.group == "variant":
+        return [(min(CLIENTS), 1), (max(CLIENTS), 1), (max(CLIENTS), max(TEXTS_PER_REQUEST))]
+    return [(c, t) for t in TEXTS_PER_REQUEST for c in CLIENTS]
+
+
+def _measure_grid(server, config: ServingConfig, texts: list[str], budget: Budget) -> list[dict[str, Any]]:
+    cells = []
+    offset = 0
+    for clients, per_request in _grid(config):
+        result = cell(server, texts, clients, per_request, budget, offset)
+        offset += result["texts"] + 7
+        cells.append(result)
+        log.info(
+            "bench: %-22s %d client(s) x %d text(s): %7.1f sentences/s, p50 %s ms, p95 %s ms, "
+            "model batch %s, cores %.2f, failed %d",
+            config.name,
+            clients,
+            per_request,
+            result["sentences_per_s"],
+            result["p50_ms"],
+            result["p95_ms"],
+            result["triton_batch"].get("seqcls_model"),
+            result["cpu_cores"]["total"],
+            result["failed"],
+        )
+    return cells
+
+
+def _max_rss(cells: list[dict[str, Any]]) -> dict[str, float]:
+    rss: dict[str, float] = {}
+    for c in cells:
+        for role, info in c["rss"].items():
+            rss[role] = max(rss.get(role, 0.0), info["max_rss_mb"])
+    return rss
+
+
+def serve_config(
+    config: ServingConfig,
+    index: int,
+    checkpoint: Path,
+    home: Path,
+    work: Path,
+    texts: list[str],
+    budget: Budget,
+    *,
+    keep: bool,
+    hot_reload_profile: str | None = None,
+) -> dict[str, Any]:
+    """Serve ``config`` on a fresh Triton and measure it (and, if asked, a hot reload to another profile)."""
+    entry = config_entry(config)
+    with BenchServer(work, index, keep) as server:
+        release = bench_release(checkpoint, config.profile, bench_settings(home, server))
+        if not _bring_up(entry, release, config.options):
+            return entry
+        log.info("bench: %s serving (%s) — %s", config.name, config.describe(), entry["steps"])
+        warm_up(server, texts, budget)
+        entry["inprocess"] = _inprocess(release, config, texts, budget)
+        log.info(
+            "bench: %s in-process limit — %s",
+            config.name,
+            ", ".join(f"{k} {v['sentences_per_s']}/s" for k, v in entry["inprocess"].items()),
+        )
+        entry["cells"] = _measure_grid(server, config, texts, budget)
+        entry["max_rss_mb"] = _max_rss(entry["cells"])
+        if hot_reload_profile:
+            entry["hot_reload"] = hot_reload(server, checkpoint, home, config, hot_reload_profile, texts, budget)
+    return entry
+
+
+def serve_or_skip(
+    config: ServingConfig,
+    index: int,
+    checkpoint: Path,
+    home: Path,
+    work: Path,
+    corpus: list[str],
+    cfg: BenchConfig,
+    results: dict[str, Any],
+    hot_reload_profile: str | None = None,
+) -> dict[str, Any]:
+    """:func:`serve_config`, unless the profile's release failed its gate; a serving error is recorded, not raised."""
+    assert cfg.budget is not None
+    release = results["releases"].get(config.profile, {})
+    if not release.get("gate_passed"):
+        log.warning("bench: %s not served — the %s release failed its parity gate", config.name, config.profile)
+        return config_entry(config, note=False, skipped="parity gate failed")
+    try:
+        return serve_config(
+            config,
+            index,
+            checkpoint,
+            home,
+            work,
+            corpus,
+            cfg.budget,
+            keep=cfg.keep_work,
+            hot_reload_profile=hot_reload_profile,
+        )
+    except SeqclsError as exc:
+        log.error("bench: serving %s failed: %s", config.name, exc)
+        return config_entry(config, note=False, error=str(exc)[:600])
