@@ -12,14 +12,20 @@ step; every step is idempotent, so re-running a run or a task redoes only what i
 - `validate_parity` — the parity gate: tokenizer ids, logits within atol/rtol, label sets
 - `register_model` — MLflow model version + alias `candidate` (extra link *MLflow model version*)
 - `publish_repository` — new immutable Triton version N of the four models; nothing live changes
-- `reload_triton` — every Triton endpoint serves N, N-1 kept loaded (extra link *Triton model*)
-- `smoke_test` — the golden texts over gRPC answer what the parity gate validated
-- `promote` — alias `champion` → this version (`previous-champion` kept)
-- `rollback` — only when `publish_repository`, `reload_triton` or `smoke_test` **failed**:
-  Triton serves what it served before and the registry is restored; the run still ends failed
-  (`promote` never ran). A failure before publish leaves nothing to undo: rollback is skipped.
-  A failed `promote` (MLflow unreachable) is not rolled back: the smoke-tested version keeps
-  serving, the run fails, and re-running it (every other step is idempotent) promotes it.
+- `reload_triton` — every Triton endpoint loads N beside the served version as the *candidate*
+  (recorded state first, then reconciled); unpinned clients of `seqcls` still get the served one
+- `smoke_test` — the golden texts through the candidate route `seqcls_candidate` (gRPC) answer
+  what the parity gate validated
+- `expose_version` — the public ensemble `seqcls` serves N on every endpoint, the old version
+  kept warm (extra link *Triton model*)
+- `promote` — alias `champion` → this version, which is now served (`previous-champion` kept)
+- `rollback` — only when `publish_repository`, `reload_triton`, `smoke_test` or `expose_version`
+  **failed**: this attempt's candidate is withdrawn and its registry changes reverted (a version
+  it created, the `candidate` alias it moved; never `champion`); what was served never changed.
+  The run still ends failed. A failure before publish leaves nothing to undo: rollback is skipped.
+  If an endpoint dies during `expose_version`, the recorded state already says N and
+  `seqcls_sync` finishes the switch. A failed `promote` (MLflow unreachable) is not rolled back:
+  the smoke-tested version keeps serving, and a re-run (or `seqcls_sync`) moves the alias.
 
 **Params** (trigger form): `checkpoint` is a directory (absolute, or relative to
 `SEQCLS_CHECKPOINTS_ROOT`) or `latest`; the rest are release parameters validated by
@@ -36,12 +42,10 @@ updates the Asset `seqcls://checkpoints/<model>` (`outlets=[Asset(...)]`, or
 end with every task **skipped** (run state success, nothing re-released) when it already is the
 champion — manual runs too, unless `skip_if_champion` is off (e.g. to reload a restarted Triton).
 
-**One release at a time** — `max_active_runs=1`: publish → reload → smoke → promote/rollback
-is a critical section spanning five tasks in separate processes; the library's repository lock
-serialises each step, but two runs interleaving (B publishes between A's reload and A's smoke,
-A rolls back to what B served...) would corrupt what "previous" means. Airflow has no lock
-that spans tasks, a pool only serialises task slots, so the scheduler serialises whole runs:
-later triggers wait queued. (`airflow tasks test` and `dag.test()` bypass the scheduler.)
+**One release at a time, per model** — the serving steps take the model's release lease (a
+record next to the model repository, shared by every worker that mounts it) as this DAG run;
+its later tasks re-enter it, another run of another checkpoint waits for it (then fails naming
+the holder). `max_active_runs=1` additionally queues this DAG's runs behind each other.
 
 **Heavy steps elsewhere** — `SEQCLS_PADDLE_PYTHON` at parse time: export/convert/validate run
 through `@task.external_python` in that interpreter (seqcls must be installed there; Airflow
@@ -54,7 +58,7 @@ from datetime import UTC, datetime, timedelta
 
 from airflow.sdk import Asset, TriggerRule, chain, dag, task
 
-from seqcls.airflow import RESOLVE_TASK, TASK_STEPS
+from seqcls.airflow import RESOLVE_TASK, ROLLBACK_ON
 from seqcls.airflow.params import dag_params
 from seqcls.settings import Settings, dag_model_name, dag_schedule
 
@@ -81,9 +85,6 @@ CHECKPOINT = f"{{{{ ti.xcom_pull(task_ids='{RESOLVE_TASK}', key='checkpoint') or
 FINGERPRINT = f"{{{{ ti.xcom_pull(task_ids='{RESOLVE_TASK}', key='fingerprint') or '' }}}}"
 PARAMS_JSON = "{{ params | tojson }}"
 PARAMS = dag_params(MODEL_NAME)
-
-
-ROLLBACK_ON_TASKS = {task_id for task_id, name in TASK_STEPS.items() if name in ("publish", "reload", "smoke")}
 
 
 def heavy_task(fn):
@@ -184,73 +185,59 @@ def seqcls_release():
     @task
     def register_model(checkpoint: str, fingerprint: str, params=None, ti=None) -> dict:
         """MLflow model version for this fingerprint (idempotent) + alias `candidate`."""
-        from seqcls.airflow import open_for_task, report, task_settings
-        from seqcls.steps.register import register
+        from seqcls.airflow import run_task_step
 
-        settings = task_settings(params)
-        release = open_for_task(checkpoint, params, settings, fingerprint=fingerprint)
-        return report(register(release), ti=ti, settings=settings)
+        return run_task_step("register", checkpoint, fingerprint, params, ti)
 
     @task
     def publish_repository(checkpoint: str, fingerprint: str, params=None, ti=None) -> dict:
         """Write Triton version N of tokenizer, seqcls_model, seqcls_postprocess and the ensemble."""
-        from seqcls.airflow import open_for_task, report, task_settings
-        from seqcls.steps.publish import publish
+        from seqcls.airflow import run_task_step
 
-        settings = task_settings(params)
-        release = open_for_task(checkpoint, params, settings, fingerprint=fingerprint)
-        return report(publish(release), ti=ti, settings=settings)
+        return run_task_step("publish", checkpoint, fingerprint, params, ti)
 
     @task
     def reload_triton(checkpoint: str, fingerprint: str, params=None, ti=None) -> dict:
-        """Serve version N on every Triton endpoint, readiness verified per model and version."""
-        from seqcls.airflow import open_for_task, report, task_settings
-        from seqcls.serving.client import endpoints_from_settings
-        from seqcls.steps.reload import reload
+        """Load N beside the served version as the candidate on every endpoint; nothing public changes."""
+        from seqcls.airflow import run_task_step
 
-        settings = task_settings(params)
-        release = open_for_task(checkpoint, params, settings, fingerprint=fingerprint)
-        return report(reload(release, endpoints_from_settings(settings)), ti=ti, settings=settings)
+        return run_task_step("reload", checkpoint, fingerprint, params, ti)
 
     @task
     def smoke_test(checkpoint: str, fingerprint: str, params=None, ti=None) -> dict:
-        """Golden texts through the served ensemble (gRPC) must answer what the gate validated."""
-        from seqcls.airflow import open_for_task, report, task_settings
-        from seqcls.serving.client import endpoints_from_settings
-        from seqcls.steps.smoke import smoke
+        """Golden texts through the candidate route (gRPC) must answer what the gate validated."""
+        from seqcls.airflow import run_task_step
 
-        settings = task_settings(params)
-        release = open_for_task(checkpoint, params, settings, fingerprint=fingerprint)
-        return report(smoke(release, endpoints_from_settings(settings)), ti=ti, settings=settings)
+        return run_task_step("smoke", checkpoint, fingerprint, params, ti)
+
+    @task
+    def expose_version(checkpoint: str, fingerprint: str, params=None, ti=None) -> dict:
+        """The public ensemble serves N on every endpoint (recorded state first, then reconciled)."""
+        from seqcls.airflow import run_task_step
+
+        return run_task_step("expose", checkpoint, fingerprint, params, ti)
 
     @task
     def promote(checkpoint: str, fingerprint: str, params=None, ti=None) -> dict:
-        """Alias `champion` → this version; the one it replaces becomes `previous-champion`."""
-        from seqcls.airflow import open_for_task, report, task_settings
-        from seqcls.steps.promote import promote as promote_version
+        """Alias `champion` → this version (it is served now); the one it replaces becomes `previous-champion`."""
+        from seqcls.airflow import run_task_step
 
-        settings = task_settings(params)
-        release = open_for_task(checkpoint, params, settings, fingerprint=fingerprint)
-        return report(promote_version(release), ti=ti, settings=settings)
+        return run_task_step("promote", checkpoint, fingerprint, params, ti)
 
     @task(trigger_rule=TriggerRule.ONE_FAILED)
     def rollback(checkpoint: str, fingerprint: str, params=None, ti=None) -> dict:
-        """After publish/reload/smoke FAILED (not merely upstream-failed): undo this release."""
+        """After a serving step FAILED (not merely upstream-failed): withdraw this attempt's candidate."""
         from airflow.sdk.exceptions import AirflowSkipException
 
-        from seqcls.airflow import ROLLBACK_ON, open_for_task, report, task_settings
-        from seqcls.serving.client import endpoints_from_settings
-        from seqcls.steps.rollback import rollback as undo_release
+        from seqcls.airflow import ROLLBACK_ON, run_task_step
 
         states = ti.get_task_states(dag_id=ti.dag_id, run_ids=[ti.run_id], task_ids=list(ROLLBACK_ON))
         states = states.get(ti.run_id, {})
         failed = [t for t in ROLLBACK_ON if states.get(t) == "failed"]
         if not failed:  # an earlier step failed: nothing reached the registry or Triton
             raise AirflowSkipException(f"no serving step failed in this run ({states}); nothing to roll back")
-        settings = task_settings(params)
-        release = open_for_task(checkpoint, params, settings, fingerprint=fingerprint)
         reason = f"{', '.join(failed)} failed in run {ti.run_id}"
-        return report(undo_release(release, endpoints_from_settings(settings), reason=reason))
+        return run_task_step("rollback", checkpoint, fingerprint, params, ti, reason=reason, mode="attempt")
 
     step = {"checkpoint": CHECKPOINT, "fingerprint": FINGERPRINT}
     resolved = resolve_checkpoint()
@@ -261,11 +248,12 @@ def seqcls_release():
     published = publish_repository(**step)
     reloaded = reload_triton(**step)
     smoked = smoke_test(**step)
+    exposed = expose_version(**step)
     promoted = promote(**step)
-    tasks = [resolved, exported, converted, validated, registered, published, reloaded, smoked, promoted]
+    tasks = [resolved, exported, converted, validated, registered, published, reloaded, smoked, exposed, promoted]
     chain(*tasks)
     # Rollback after the steps the table marks undo_on_failure (the task checks they really failed).
-    [t for t in tasks if t.operator.task_id in ROLLBACK_ON_TASKS] >> rollback(**step)
+    [t for t in tasks if t.operator.task_id in ROLLBACK_ON] >> rollback(**step)
 
 
 seqcls_release()

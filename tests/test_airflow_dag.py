@@ -25,6 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 DAGS = ROOT / "dags"
 PLUGINS = ROOT / "plugins"
 DAG_ID = "seqcls_release"
+SYNC_DAG_ID = "seqcls_sync"
 TASKS = (
     "resolve_checkpoint",
     "export_static",
@@ -34,6 +35,7 @@ TASKS = (
     "publish_repository",
     "reload_triton",
     "smoke_test",
+    "expose_version",
     "promote",
     "rollback",
 )
@@ -86,7 +88,7 @@ def _parse(monkeypatch: pytest.MonkeyPatch | None = None, **env: str | None):
             mp.setenv(key, value)
     bag = DagBag(dag_folder=str(DAGS))
     assert bag.import_errors == {}, bag.import_errors
-    assert list(bag.dags) == [DAG_ID]
+    assert sorted(bag.dags) == [DAG_ID, SYNC_DAG_ID]
     return bag.dags[DAG_ID]
 
 
@@ -197,7 +199,12 @@ def test_dag_imports_with_the_release_shape(monkeypatch: pytest.MonkeyPatch) -> 
     assert dag.schedule is None and dag.catchup is False and dag.max_active_runs == 1
     assert dag.doc_md and "seqcls_release" in dag.doc_md
     assert dag.get_task("rollback").trigger_rule == TriggerRule.ONE_FAILED
-    assert dag.get_task("rollback").upstream_task_ids == {"publish_repository", "reload_triton", "smoke_test"}
+    assert dag.get_task("rollback").upstream_task_ids == {
+        "publish_repository",
+        "reload_triton",
+        "smoke_test",
+        "expose_version",
+    }
     assert dag.get_task("export_static").upstream_task_ids == {"resolve_checkpoint"}
     assert type(dag.get_task("export_static")).__name__ == "_PythonDecoratedOperator"
     for name, param in dag.params.items():
@@ -210,6 +217,17 @@ def test_dag_imports_with_the_release_shape(monkeypatch: pytest.MonkeyPatch) -> 
     assert dag.get_task("export_static").python == sys.executable
     dag = _parse(monkeypatch, SEQCLS_SCHEDULE="0 3 * * *", SEQCLS_PADDLE_PYTHON=None)
     assert dag.schedule == "0 3 * * *" and type(dag.timetable).__name__ == "CronTriggerTimetable"
+
+
+def test_sync_dag_runs_every_few_minutes(monkeypatch: pytest.MonkeyPatch) -> None:
+    from datetime import timedelta
+
+    from airflow.dag_processing.dagbag import DagBag
+
+    bag = DagBag(dag_folder=str(DAGS))
+    sync_dag = bag.dags[SYNC_DAG_ID]
+    assert sync_dag.schedule == timedelta(minutes=5) and sync_dag.catchup is False and sync_dag.max_active_runs == 1
+    assert [t.task_id for t in sync_dag.tasks] == ["sync_models"] and "seqcls sync" in sync_dag.doc_md
 
 
 @pytest.mark.slow
@@ -318,6 +336,7 @@ def test_release_skip_then_smoke_failure_rolls_back(
     assert states == {
         **{t: "success" for t in TASKS[:7]},
         "smoke_test": "failed",
+        "expose_version": "upstream_failed",
         "promote": "upstream_failed",
         "rollback": "success",
     }
@@ -350,7 +369,7 @@ def test_parity_failure_in_external_python_registers_and_publishes_nothing(
         "export_static": "success",
         "convert_onnx": "success",
         "validate_parity": "failed",
-        **{t: "upstream_failed" for t in TASKS[4:9]},
+        **{t: "upstream_failed" for t in TASKS[4:10]},
         "rollback": "skipped",
     }
     text = "".join(capfd.readouterr())
@@ -380,7 +399,7 @@ def test_bad_params_fail_before_any_work(
     assert dr.state == "failed"
     assert states == {
         "resolve_checkpoint": "failed",
-        **{t: "upstream_failed" for t in TASKS[1:9]},
+        **{t: "upstream_failed" for t in TASKS[1:10]},
         "rollback": "skipped",
     }
     assert "bad release input: model name 'x..y' is not allowed" in "".join(capfd.readouterr())

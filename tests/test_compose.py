@@ -225,6 +225,8 @@ def test_triton_explicit_model_control(services: dict) -> None:
     assert options.get("--http-port", "8000") == "8000"
     assert options.get("--grpc-port", "8001") == "8001"
     assert options.get("--metrics-port", "8002") == "8002"
+    # a restarted container comes back serving the recorded state (seqcls_sync converges the rest)
+    assert "--load-model=*" in services["triton"]["command"]
 
 
 @pytest.mark.parametrize("name", AIRFLOW_SERVICES)

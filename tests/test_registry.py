@@ -33,9 +33,17 @@ def _validated(ckpt: Path, settings: Settings | None = None) -> Release:
 
 
 def _fake_served(release: Release, version: int) -> None:
-    """Record publish/smoke as done (promote's preconditions) without a Triton server."""
+    """Record publish/smoke as done and the version as served (promote's preconditions) without a Triton server."""
+    from seqcls.serving.state import current_state, write_state
+
     release.workspace.mark("publish", status="ok", summary={"version": version})
     release.workspace.mark("smoke", status="ok", summary={"version": version})
+    repo = release.settings.triton_repository
+    state = current_state(repo, release.config.model_name)
+    served = state.with_candidate(version, release.checkpoint.fingerprint, "test").promoted(
+        version, release.checkpoint.fingerprint, "test"
+    )
+    write_state(repo, served, expected_generation=state.generation)
 
 
 def _aliases(c, name: str) -> dict[str, int]:

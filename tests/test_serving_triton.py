@@ -153,7 +153,8 @@ def test_broken_versions_fail_clearly_and_v1_keeps_serving(
     _assert_v1_serving(server, good)
     assert release.workspace.step("rollback")["summary"]["rolled_back"]
 
-    # 3. an output dtype that breaks the ensemble: composing models load, the ensemble does not
+    # 3. an output dtype that would break the served ensemble (configs are per model, shared by versions):
+    #    refused before anything live is touched, naming the difference
     def fp16_logits(s: Path) -> None:
         p = s / "seqcls_model" / "config.python-onnxruntime.pbtxt.tmpl"
         p.write_text(
@@ -161,7 +162,7 @@ def test_broken_versions_fail_clearly_and_v1_keeps_serving(
         )
 
     bad = settings_for(server, home, _broken_source(tmp_path / "c", fp16_logits))
-    with pytest.raises(ServingError, match="load 'seqcls'"):
+    with pytest.raises(ServingError, match=r"seqcls_model cannot serve beside version 1: its outputs differ"):
         run_release(open_release(tiny_checkpoint, settings=bad))
     _assert_v1_serving(server, good)
 
@@ -209,7 +210,7 @@ def test_hostile_requests(server: LocalTriton, tiny_checkpoint: Path, home: Path
     import tritonclient.grpc as grpcclient
     from tritonclient.utils import InferenceServerException
 
-    run_release(open_release(tiny_checkpoint, settings=settings_for(server, home)), until="smoke")
+    run_release(open_release(tiny_checkpoint, settings=settings_for(server, home)), until="expose")
     client = _client(server)
     preds, probs = infer(client, ["", "x" * 1_000_000, "正常文本"])
     assert len(preds) == 3 and probs.shape == (3, 7)

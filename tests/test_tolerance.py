@@ -83,12 +83,6 @@ def test_inside_the_logit_tolerance_never_fails_on_probabilities(decide_mod) -> 
     assert worst_prob > OLD_PROB_ATOL
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="seqcls.parity.Tolerance.prob_bound leaves no room for the float32 rounding of probabilities "
-    "(seqcls_decide.sigmoid returns float32: |Δp| may exceed (atol + rtol·|x|)/4 by up to ~6e-8 when the logits "
-    "sit within ~0.2 % of their bound near x = 0); fix: add np.finfo(np.float32).eps to the derived bound",
-)
 def test_at_the_very_edge_of_the_logit_tolerance_probabilities_still_pass(decide_mod) -> None:
     failures, _, _ = _sweep(decide_mod, reach=0.999)
     assert not failures, f"{len(failures)} of {MATRICES} matrices failed on probabilities: {failures[:3]}"

@@ -1,7 +1,8 @@
 """``seqcls <step>``: every release step without Airflow.
 
 Each command prints the release workspace and a one-line outcome and exits 0 on success; on a
-failure it prints the reason and exits 1 (2 for usage errors). ``--json`` prints the step
+failure it prints the reason and exits 1 (2 for usage errors). ``status`` exits 1 when the
+recorded state, the endpoints and MLflow disagree; ``triton status`` exits 3 when not live. ``--json`` prints the step
 results as JSON instead, for scripts. The step subcommands, their order and help come from the
 step table (:mod:`seqcls.steps`), the release flags from :mod:`seqcls.config`; the development
 tools (demo, bench, airflow-ui, demo-checkpoint) are registered by ``seqcls_tools`` when installed.
@@ -25,10 +26,20 @@ log = logging.getLogger("seqcls")
 Printer = Callable[[], None]
 
 
-def _add_release_args(p: argparse.ArgumentParser) -> None:
+def _add_ops_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--home", type=Path, default=None, help="release home (default: $SEQCLS_HOME or ~/.seqcls)")
+    p.add_argument("--grpc", action="append", default=None, metavar="HOST:PORT", help="Triton gRPC endpoint (repeat)")
+    p.add_argument("--json", action="store_true", help="print JSON")
+
+
+def _add_release_args(p: argparse.ArgumentParser, *, checkpoint_required: bool = True) -> None:
     from seqcls import config
 
-    p.add_argument("--checkpoint", required=True, help="checkpoint directory (save_pretrained output + label.txt)")
+    p.add_argument(
+        "--checkpoint",
+        required=checkpoint_required,
+        help="checkpoint directory (save_pretrained output + label.txt)",
+    )
     p.add_argument("--home", type=Path, default=None, help="release home (default: $SEQCLS_HOME or ~/.seqcls)")
     p.add_argument("--label-file", type=Path, default=None, help="label file (default: <checkpoint>/label.txt)")
     p.add_argument("--golden-file", type=Path, default=None, help="golden texts (default: <checkpoint>/golden.txt)")
@@ -79,11 +90,87 @@ def _print_results(args: argparse.Namespace, workspace: Path, results: list) -> 
         print(r.line())
 
 
+def _ops_settings(args: argparse.Namespace):
+    from seqcls.settings import Settings
+
+    return Settings.from_env(home=args.home, triton_grpc=tuple(args.grpc) if getattr(args, "grpc", None) else None)
+
+
+def _cmd_status(args: argparse.Namespace) -> tuple[int, Printer]:
+    from seqcls.status import status
+
+    reports = status(_ops_settings(args), [args.model_name] if args.model_name else None)
+    code = 0 if reports and all(r.agree for r in reports) else 1
+
+    def show() -> None:
+        if args.json:
+            print(json.dumps([r.to_dict() for r in reports], indent=2, ensure_ascii=False, default=str))
+        elif not reports:
+            print("no model has a recorded serving state in this repository (nothing released yet)")
+        for r in reports if not args.json else ():
+            print("\n".join(r.lines()))
+
+    return code, show
+
+
+def _cmd_sync(args: argparse.Namespace) -> tuple[int, Printer]:
+    from seqcls.sync import sync
+
+    results = sync(_ops_settings(args), [args.model_name] if args.model_name else None)
+    code = 0 if all(r.ok for r in results) else 1
+
+    def show() -> None:
+        if args.json:
+            print(json.dumps([r.to_dict() for r in results], indent=2, ensure_ascii=False, default=str))
+            return
+        for r in results:
+            state = (
+                "in sync" if r.ok else "NOT in sync: " + "; ".join([*r.errors.values(), r.registry.get("error", "")])
+            )
+            print(f"{r.model_name}: serving {r.serving}, {len(r.actions)} action(s), {state}")
+        if not results:
+            print("nothing to sync: no model has a recorded serving state")
+
+    return code, show
+
+
+def _cmd_lease(args: argparse.Namespace) -> tuple[int, Printer]:
+    import getpass
+
+    from seqcls.serving.lease import ReleaseLease
+
+    settings = _ops_settings(args)
+    lease = ReleaseLease(settings.triton_repository, args.model_name)
+    removed = lease.break_lease(f"cli:{getpass.getuser()}", args.reason)
+    return 0, lambda: print(
+        f"lease of {args.model_name}: " + (f"broken (was {removed.describe()})" if removed else "was free")
+    )
+
+
+def _cmd_rollback(args: argparse.Namespace) -> tuple[int, Printer]:
+    """``--checkpoint X``: that release (in flight or served); ``--model-name`` alone: the served model."""
+    if args.checkpoint:
+        return _cmd_step(args)
+    from seqcls.steps.rollback import rollback_model
+
+    if not args.model_name:
+        from seqcls.errors import InputError
+
+        raise InputError("rollback needs --model-name NAME (serve its previous version) or --checkpoint DIR")
+    result = rollback_model(_ops_settings(args), args.model_name, reason=args.reason or "requested from the CLI")
+    return 0, lambda: print(
+        json.dumps(result, indent=2, default=str)
+        if args.json
+        else f"rollback: {args.model_name} serves version {result['serving_version']} again (was {result['from']})"
+    )
+
+
 def _cmd_step(args: argparse.Namespace) -> tuple[int, Printer]:
     from seqcls.steps import step
 
     release = _release_from_args(args)
-    result = step(args.command)(release)
+    kwargs = {"reason": args.reason or "requested from the CLI"} if args.command == "rollback" else {}
+    result = step(args.command)(release, **kwargs)
     return 0, lambda: _print_results(args, release.workspace.root, [result])
 
 
@@ -103,6 +190,10 @@ def _cmd_triton(args: argparse.Namespace) -> tuple[int, Printer]:
     server = LocalTriton(TritonServerConfig.from_settings(settings))
     if args.action == "start":
         status = server.start()
+        if status.live:  # explicit mode starts empty: serve what is recorded, by itself
+            from seqcls.sync import sync
+
+            sync(settings)
     elif args.action == "stop":
         server.stop()
         status = server.status()
@@ -143,8 +234,28 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     for s in (*STEPS, *EXTRA_STEPS):
         p = sub.add_parser(s.name, help=s.help)
-        _add_release_args(p)
-        p.set_defaults(func=_cmd_step)
+        _add_release_args(p, checkpoint_required=s.name != "rollback")
+        p.set_defaults(func=_cmd_step if s.name != "rollback" else _cmd_rollback)
+        if s.name == "rollback":
+            p.add_argument("--reason", default=None, help="why (recorded in the serving history)")
+    for name, func, text in (
+        (
+            "status",
+            _cmd_status,
+            "recorded serving state vs every endpoint vs MLflow, lease holder; exit 1 if they differ",
+        ),
+        ("sync", _cmd_sync, "make every endpoint (and MLflow's champion) match the recorded state; safe any time"),
+    ):
+        p = sub.add_parser(name, help=text)
+        p.add_argument("--model-name", default=None, help="one model (default: every model with a recorded state)")
+        _add_ops_args(p)
+        p.set_defaults(func=func)
+    p = sub.add_parser("lease", help="the per-model release lease: `lease break` removes a stuck one")
+    p.add_argument("action", choices=["break"])
+    p.add_argument("--model-name", required=True)
+    p.add_argument("--reason", default="broken by an operator")
+    _add_ops_args(p)
+    p.set_defaults(func=_cmd_lease)
     p = sub.add_parser("release", help=f"run every step in order ({' → '.join(ORDER)}), skipping those already done")
     _add_release_args(p)
     p.add_argument("--until", choices=list(ORDER), default=None, help="stop after this step")

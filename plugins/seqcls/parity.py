@@ -26,6 +26,7 @@ from seqcls.steps.export import static_model_files
 
 BATCH = 16
 SIGMOID_MAX_SLOPE = 0.25
+FLOAT32_EPS = float(np.finfo(np.float32).eps)  # the rounding of a float32 probability near 0.5
 
 
 @dataclass(frozen=True)
@@ -45,7 +46,7 @@ class Tolerance:
 
     def prob_bound(self, ref: np.ndarray) -> np.ndarray:
         """Per element: what the logit bound permits through sigmoid, capped by ``prob_atol`` if set."""
-        derived = SIGMOID_MAX_SLOPE * self.logit_bound(ref)
+        derived = SIGMOID_MAX_SLOPE * self.logit_bound(ref) + FLOAT32_EPS  # sigmoid is computed in float32
         return derived if self.prob_atol is None else np.minimum(derived, self.prob_atol)
 
     @property

@@ -24,6 +24,7 @@ OUT_DIRS: dict[str, str] = {
     "publish": "publish",
     "reload": "reload",
     "smoke": "smoke",
+    "expose": "expose",
     "promote": "promote",
     "rollback": "rollback",
 }

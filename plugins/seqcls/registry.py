@@ -128,8 +128,12 @@ def _append_history(c, name: str, entry: dict[str, Any]) -> None:
     c.set_registered_model_tag(name, HISTORY_TAG, json.dumps(history))
 
 
-def undo(release: Release, *, reason: str = "") -> dict[str, Any]:
-    """Leave the registry as it was before this release (see module doc); safe to repeat."""
+def undo(release: Release, *, reason: str = "", champion: bool = True) -> dict[str, Any]:
+    """Leave the registry as it was before this release (see module doc); safe to repeat.
+
+    ``champion=False`` (undoing a failed *attempt*) never moves ``champion``: an attempt that failed
+    before ``promote`` did not move it, and the served state it mirrors did not change.
+    """
     ws, cfg = release.workspace, release.config
     reg = Registered.find(ws)
     if reg is None or reg.undone:
@@ -137,8 +141,8 @@ def undo(release: Release, *, reason: str = "") -> dict[str, Any]:
     version = reg.version
     c = client(release.settings)
     actions: list[str] = []
-    champion = _alias(c, cfg.model_name, CHAMPION)
-    if champion is not None and int(champion.version) == version:
+    current = _alias(c, cfg.model_name, CHAMPION)
+    if champion and current is not None and int(current.version) == version:
         previous = _alias(c, cfg.model_name, PREVIOUS)
         if previous is not None:
             c.set_registered_model_alias(cfg.model_name, CHAMPION, previous.version)
@@ -189,3 +193,45 @@ def undo(release: Release, *, reason: str = "") -> dict[str, Any]:
     ws.mark(REGISTER_STEP, summary=reg.to_dict())
     log.info("registry: undone for %s version %d — %s", cfg.model_name, version, "; ".join(actions) or "no change")
     return {"changed": bool(actions), "actions": actions, "version": version}
+
+
+def set_champion(settings: Settings, model_name: str, version: int, triton_version: int | None) -> dict[str, Any]:
+    """Point ``champion`` at ``version`` (old champion → ``previous-champion``, history appended).
+
+    Returns ``{"previous": int | None, "already": bool}``; safe to repeat.
+    """
+    c = client(settings)
+    current = _alias(c, model_name, CHAMPION)
+    if triton_version is not None:
+        c.set_model_version_tag(model_name, str(version), "triton_version", str(triton_version))
+    if current is not None and int(current.version) == version:
+        return {"previous": None, "already": True}
+    if current is not None:
+        c.set_registered_model_alias(model_name, PREVIOUS, current.version)
+    c.set_registered_model_alias(model_name, CHAMPION, str(version))
+    now = datetime.now(UTC).isoformat(timespec="seconds")
+    c.set_model_version_tag(model_name, str(version), "champion_since", now)
+    replaced = int(current.version) if current else None
+    _append_history(
+        c, model_name, {"champion": version, "replaced": replaced, "at": now, "triton_version": triton_version}
+    )
+    return {"previous": replaced, "already": False}
+
+
+def mirror_champion(settings: Settings, model_name: str, fingerprint: str | None, triton_version: int | None) -> dict:
+    """Make ``champion`` the registered version of ``fingerprint`` (what the recorded state serves).
+
+    The registry follows the serving state, never leads it: ``sync`` and rollback call this.
+    Returns what changed (``{"champion": N, "previous": M | None, "already": bool}``), or
+    ``{"missing": True}`` when no registered version holds that fingerprint.
+    """
+    if not fingerprint:
+        return {"missing": True, "why": "the recorded state names no fingerprint for the served version"}
+    mv = find_version(client(settings), model_name, fingerprint)
+    if mv is None:
+        return {
+            "missing": True,
+            "why": f"no version of {model_name!r} is registered with fingerprint {fingerprint[:16]}",
+        }
+    result = set_champion(settings, model_name, int(mv.version), triton_version)
+    return {"champion": int(mv.version), **result}

@@ -11,15 +11,13 @@ downstream can mistake it for success. XCom only ever carries the workspace path
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import hashlib
 import json
 import logging
 import os
 import shutil
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from importlib import metadata
@@ -29,6 +27,7 @@ from typing import Any
 from seqcls.checkpoint import Checkpoint, resolve_checkpoint, sha256_file
 from seqcls.config import ReleaseConfig
 from seqcls.errors import SeqclsError, StepOrderError
+from seqcls.locking import held
 from seqcls.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -100,16 +99,10 @@ class Workspace:
     def path(self, rel: str) -> Path:
         return self.root / rel
 
-    @contextlib.contextmanager
-    def lock(self) -> Iterator[None]:
-        """Exclusive lock: two runs of the same release never write the workspace at once."""
-        self.root.mkdir(parents=True, exist_ok=True)
-        with open(self.root / ".lock", "a+") as fh:
-            fcntl.flock(fh, fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(fh, fcntl.LOCK_UN)
+    def lock(self, *, timeout: float = 3600.0):
+        """Exclusive lock: two runs of the same release never write the workspace at once (a step may
+        hold it for as long as an export takes; a waiter gives up after ``timeout``, naming the holder)."""
+        return held(self.root / ".lock", timeout=timeout, what=f"a step of release {self.root.name}", error=SeqclsError)
 
     def read(self) -> dict[str, Any]:
         if not self.manifest_path.exists():

@@ -141,6 +141,41 @@ def open_for_task(
     return release
 
 
+def run_task_step(name: str, checkpoint: str, fingerprint: str, params, ti, **kwargs: Any) -> dict:
+    """One DAG task = one library step: settings from Connections, the run's release, the step, its story.
+
+    Serving steps take the model's release lease as this DAG run (kind ``run``), so the run's
+    later tasks — separate processes — re-enter it and another run waits.
+    """
+    from seqcls.serving.control import LeaseContext, lease_context
+    from seqcls.steps import step
+
+    settings = task_settings(params)
+    release = open_for_task(checkpoint, params, settings, fingerprint=fingerprint)
+    run = f"{getattr(ti, 'dag_id', 'dag')}/{getattr(ti, 'run_id', 'run')}"
+    with lease_context(LeaseContext(kind="run", run=run)):
+        result = step(name)(release, **kwargs)
+    return report(result, ti=ti, settings=settings)
+
+
+def sync_task(params) -> list[dict]:
+    """The seqcls_sync DAG's task: ``seqcls sync`` with the Connections; fails naming what did not converge."""
+    from seqcls.errors import ServingError
+    from seqcls.sync import sync
+
+    results = sync(task_settings(params))
+    for r in results:
+        log.info(
+            "sync %s: serving %s, actions %s, registry %s", r.model_name, r.serving, r.actions or "none", r.registry
+        )
+    failed = [r for r in results if not r.ok]
+    if failed:
+        raise ServingError(
+            "not in sync: " + "; ".join(f"{r.model_name}: {r.errors or r.registry.get('error')}" for r in failed)
+        )
+    return [r.to_dict() for r in results]
+
+
 def _figure(value: Any) -> str | None:
     if isinstance(value, bool) or value is None:
         return None if value is None else str(value).lower()
@@ -159,7 +194,7 @@ def step_links(result, settings: Settings) -> dict[str, str]:
     urls: dict[str, str | None] = {}
     if result.step in ("register", "promote"):
         urls[MLFLOW_URL_KEY] = mlflow_version_url(settings, result.summary.get("model_name", ""), version)
-    elif result.step in ("publish", "reload", "smoke"):
+    elif result.step in ("publish", "reload", "smoke", "expose"):  # the steps that name a Triton version
         urls[TRITON_URL_KEY] = triton_model_url(settings, version)
     return {k: v for k, v in urls.items() if v}
 
@@ -264,8 +299,10 @@ __all__ = [
     "mlflow_version_url",
     "open_for_task",
     "report",
+    "run_task_step",
     "settings_from_params",
     "step_links",
+    "sync_task",
     "task_settings",
     "triton_model_url",
 ]

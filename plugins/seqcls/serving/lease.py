@@ -28,7 +28,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
 
-from seqcls.errors import LeaseError, ServingError
+from seqcls.errors import LeaseError
 from seqcls.serving.state import atomic_write_text
 from seqcls.settings import validate_model_name
 

@@ -12,21 +12,21 @@ says which versions are live. Each version keeps a snapshot of the config it was
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import json
 import logging
 import os
 import re
-from collections.abc import Iterator, Sequence
+import shutil
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from string import Template
 from typing import Any
 
 from seqcls.errors import InputError, ServingError
+from seqcls.locking import held
 from seqcls.serving import shipped
-from seqcls.serving.names import COMPOSING, ENSEMBLE, MODEL, MODELS
+from seqcls.serving.names import CANDIDATE_ENSEMBLE, COMPOSING, ENSEMBLE, MODEL, MODELS
 from seqcls.settings import DEVICES, RUNTIMES, Settings
 
 log = logging.getLogger(__name__)
@@ -238,17 +238,10 @@ class Repository:
         assert settings.triton_repository is not None and settings.model_repository_source is not None
         return cls(Path(settings.triton_repository), Path(settings.model_repository_source))
 
-    @contextlib.contextmanager
-    def lock(self) -> Iterator[None]:
-        """One publisher/reloader at a time per repository (also across processes and hosts
-        sharing the volume, as far as the filesystem honours ``flock``)."""
-        self.root.mkdir(parents=True, exist_ok=True)
-        with open(self.root / LOCK_FILE, "a+") as fh:
-            fcntl.flock(fh, fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(fh, fcntl.LOCK_UN)
+    def lock(self, *, timeout: float = 600.0, what: str = "publish/reconcile"):
+        """One writer of the live configs at a time (across processes and hosts sharing the volume,
+        as far as the filesystem honours ``flock``); waits at most ``timeout``, then names the holder."""
+        return held(self.root / LOCK_FILE, timeout=timeout, what=what)
 
     def versions(self, model: str = ENSEMBLE) -> list[int]:
         d = self.root / model
@@ -335,3 +328,31 @@ class Repository:
         """Version ``version``'s snapshot with the version policy set to ``live``."""
         text = self.snapshot(model, version)
         return _POLICY_RE.sub(lambda m: version_policy(live)[: -len(" } }")], text, count=1)
+
+    def candidate_config(self, version: int) -> str:
+        """The candidate route's config: ensemble ``version``'s snapshot under its own name, pinned."""
+        text = self.config_for(ENSEMBLE, version, [version])
+        return re.sub(r'^name:\s*"[^"]*"', f'name: "{CANDIDATE_ENSEMBLE}"', text, count=1, flags=re.M)
+
+    def ensure_candidate_version(self, version: int) -> None:
+        """``seqcls_candidate/<version>/`` (an ensemble version directory holds only metadata)."""
+        target = self.root / CANDIDATE_ENSEMBLE / str(version)
+        if target.is_dir():
+            return
+        tmp = self.root / CANDIDATE_ENSEMBLE / f".tmp-{os.getpid()}-{version}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.copytree(self.root / ENSEMBLE / str(version), tmp)
+        os.replace(tmp, target)
+
+    def drop_candidate(self) -> None:
+        """Remove the candidate route's config and version directories (after it is unloaded)."""
+        shutil.rmtree(self.root / CANDIDATE_ENSEMBLE, ignore_errors=True)
+
+    def io_signature(self, model: str, version: int) -> dict[str, Any]:
+        """What an ensemble pinned to another version relies on: I/O names, types, shapes, batch size."""
+        cfg = parse_config(self.snapshot(model, version), f"{model}/{version}/{SNAPSHOT}")
+
+        def tensors(items) -> list[tuple[str, int, tuple[int, ...]]]:
+            return sorted((t.name, int(t.data_type), tuple(t.dims)) for t in items)
+
+        return {"inputs": tensors(cfg.input), "outputs": tensors(cfg.output), "max_batch_size": cfg.max_batch_size}

@@ -15,10 +15,12 @@ promote: the smoke-tested version keeps serving and a re-run promotes it.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from seqcls.errors import SeqclsError
@@ -81,7 +83,7 @@ STEPS: tuple[Step, ...] = (
         "reload",
         "reload",
         "reload_triton",
-        "load the published version on every Triton endpoint (explicit mode), readiness verified",
+        "load the published version beside the served one, as the candidate (public ensemble unchanged)",
         ("publish",),
         undo_on_failure=True,
     ),
@@ -89,21 +91,34 @@ STEPS: tuple[Step, ...] = (
         "smoke",
         "smoke",
         "smoke_test",
-        "golden texts over gRPC must give the validated answers",
+        "golden texts over gRPC through the candidate route must give the validated answers",
         ("validate", "publish", "reload"),
+        undo_on_failure=True,
+    ),
+    Step(
+        "expose",
+        "expose",
+        "expose_version",
+        "the smoke-tested candidate becomes what the public ensemble serves, on every endpoint",
+        ("publish", "smoke"),
         undo_on_failure=True,
     ),
     Step(
         "promote",
         "promote",
         "promote",
-        "MLflow alias champion → this version (previous kept as previous-champion)",
+        "MLflow alias champion → this version, once it is served (previous kept as previous-champion)",
         ("register", "publish", "smoke"),
     ),
 )
 #: Steps run on request, outside the release order (the DAG runs rollback only after a failure).
 EXTRA_STEPS: tuple[Step, ...] = (
-    Step("rollback", "rollback", "rollback", "serve what was served before this release; undo its registry changes"),
+    Step(
+        "rollback",
+        "rollback",
+        "rollback",
+        "withdraw this release if in flight, or serve the recorded previous version if it is served",
+    ),
 )
 BY_NAME: dict[str, Step] = {s.name: s for s in (*STEPS, *EXTRA_STEPS)}
 ORDER: tuple[str, ...] = tuple(s.name for s in STEPS)
@@ -125,22 +140,54 @@ def require(release: Release, name: str) -> dict[str, dict[str, Any]]:
 def run_release(release: Release, *, until: str | None = None) -> list[StepResult]:
     """Run every step in order (skipping those already done); stop after ``until`` if given.
 
-    If a step marked ``undo_on_failure`` fails, roll back (what was served, the registry) and re-raise.
+    The serving steps run under the model's release lease, held (and renewed) by this process from
+    the first of them to the end. If a step marked ``undo_on_failure`` fails, this attempt is
+    undone (its candidate withdrawn, its registry changes reverted) and the error re-raised.
     """
+    from seqcls import faults
+
     if until is not None:
         step(until)
     results = []
-    for s in STEPS:
-        try:
-            result = s(release)
-        except SeqclsError as exc:
-            if s.undo_on_failure:
-                log.error("%s failed — rolling back: %s", s.name, exc)
-                rb = BY_NAME["rollback"](release, reason=f"{s.name} failed: {str(exc)[:300]}")
-                log.info("%s", rb.line())
-            raise
-        log.info("%s", result.line())
-        results.append(result)
-        if s.name == until:
-            break
+    with _lease_while_serving(release) as serving:
+        for s in STEPS:
+            faults.point(f"step:before:{s.name}")
+            if s.name == "publish":
+                serving()
+            try:
+                result = s(release)
+            except SeqclsError as exc:
+                if s.undo_on_failure:
+                    log.error("%s failed — rolling back this attempt: %s", s.name, exc)
+                    rb = BY_NAME["rollback"](release, reason=f"{s.name} failed: {str(exc)[:300]}", mode="attempt")
+                    log.info("%s", rb.line())
+                raise
+            faults.point(f"step:after:{s.name}")
+            log.info("%s", result.line())
+            results.append(result)
+            if s.name == until:
+                break
     return results
+
+
+@contextlib.contextmanager
+def _lease_while_serving(release: Release):
+    """Yield a callable that takes the release lease (with a heartbeat) when the serving steps begin."""
+    from seqcls.serving.control import release_owner
+    from seqcls.serving.lease import ReleaseLease
+
+    with contextlib.ExitStack() as stack:
+
+        def take() -> None:
+            repo = Path(str(release.settings.triton_repository))
+            lease = ReleaseLease(repo, release.config.model_name)
+            owner = release_owner(release.config.model_name, release.checkpoint.fingerprint)
+            stack.enter_context(lease.hold(owner, kind="process", step="release", timeout=_lease_timeout()))
+
+        yield take
+
+
+def _lease_timeout() -> float:
+    from seqcls.serving.control import current_context
+
+    return current_context().timeout

@@ -1,17 +1,23 @@
-"""Step 8 — promote: MLflow alias ``champion`` → this release's version, after a passed smoke test.
+"""Step 9 — promote: MLflow alias ``champion`` → this release's version, once it is what is served.
 
-The version it replaces becomes ``previous-champion``; every move is appended to the registered
-model's ``champion_history`` tag (what rollback reads). Safe to repeat.
+The registry mirrors the recorded serving state, never leads it: promote refuses unless the
+state says this release's Triton version is served (``expose`` ran). The version it replaces
+becomes ``previous-champion``; every move is appended to the registered model's
+``champion_history`` tag. Safe to repeat. It ends the release: the lease is given back.
+If MLflow is down here, the smoke-tested version keeps serving; a re-run (or ``seqcls sync``)
+moves the alias.
 """
 
 from __future__ import annotations
 
 import json
-from datetime import UTC, datetime
 from pathlib import Path
 
+from seqcls.errors import StepOrderError
 from seqcls.records import OUT_DIRS, Published, Registered
-from seqcls.registry import CHAMPION, PREVIOUS, _alias, _append_history, client, model_version_url
+from seqcls.registry import CHAMPION, PREVIOUS, model_version_url, set_champion
+from seqcls.serving import control
+from seqcls.serving.state import current_state
 from seqcls.steps import require
 from seqcls.workspace import Release, StepResult
 
@@ -20,46 +26,36 @@ OUT_DIR = OUT_DIRS[STEP]
 
 
 def promote(release: Release) -> StepResult:
-    """Move ``champion`` to this release's version (after a passed smoke test)."""
+    """Move ``champion`` to this release's version (after it was exposed)."""
     ws, cfg = release.workspace, release.config
     require(release, STEP)
     version = Registered.load(ws).version
     triton_version = Published.load(ws).version
+    repository = Path(str(release.settings.triton_repository))
     inputs = {"version": version, "model_name": cfg.model_name, "triton_version": triton_version}
 
     def body(out: Path) -> tuple[dict, str]:
-        c = client(release.settings)
-        current = _alias(c, cfg.model_name, CHAMPION)
-        c.set_model_version_tag(cfg.model_name, str(version), "triton_version", str(triton_version))
-        if current is not None and int(current.version) == version:
-            summary = {"model_name": cfg.model_name, "version": version, "previous": None, "already": True}
-            (out / "promote.json").write_text(json.dumps(summary, indent=1), encoding="utf-8")
-            return summary, f"{cfg.model_name} version {version} is already {CHAMPION}"
-        if current is not None:
-            c.set_registered_model_alias(cfg.model_name, PREVIOUS, current.version)
-        c.set_registered_model_alias(cfg.model_name, CHAMPION, str(version))
-        c.set_model_version_tag(
-            cfg.model_name, str(version), "champion_since", datetime.now(UTC).isoformat(timespec="seconds")
-        )
-        _append_history(
-            c,
-            cfg.model_name,
-            {
-                "champion": version,
-                "replaced": int(current.version) if current else None,
-                "at": datetime.now(UTC).isoformat(timespec="seconds"),
-                "triton_version": triton_version,
-            },
+        state = current_state(repository, cfg.model_name)
+        if state.serving != triton_version:
+            raise StepOrderError(
+                f"{cfg.model_name}: the recorded state serves version {state.serving}, not this release's "
+                f"version {triton_version}; the champion follows what is served — run `seqcls expose` first."
+            )
+        moved = set_champion(release.settings, cfg.model_name, version, triton_version)
+        control.give_lease(
+            repository, cfg.model_name, control.release_owner(cfg.model_name, release.checkpoint.fingerprint)
         )
         summary = {
             "model_name": cfg.model_name,
             "version": version,
-            "previous": int(current.version) if current else None,
-            "already": False,
+            "previous": moved["previous"],
+            "already": moved["already"],
             "triton_version": triton_version,
             "url": model_version_url(release.settings, cfg.model_name, version),
         }
         (out / "promote.json").write_text(json.dumps(summary, indent=1), encoding="utf-8")
+        if moved["already"]:
+            return summary, f"{cfg.model_name} version {version} is already {CHAMPION}"
         return summary, (
             f"{CHAMPION} → {cfg.model_name} version {version} (Triton version {triton_version}); "
             f"{PREVIOUS} → {summary['previous']}"

@@ -18,10 +18,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from seqcls import faults
 from seqcls.checkpoint import sha256_file
 from seqcls.errors import ServingError
 from seqcls.records import OUT_DIRS, Expected, Published, served_onnx
-from seqcls.serving import shipped
+from seqcls.serving import control, shipped
 from seqcls.serving.names import COMPOSING, ENSEMBLE, MODEL, MODELS, POSTPROCESS, TOKENIZER
 from seqcls.serving.repository import (
     RELEASE_FILE,
@@ -31,6 +32,7 @@ from seqcls.serving.repository import (
     check_configs,
     render_config,
 )
+from seqcls.serving.state import current_state
 from seqcls.steps import require
 from seqcls.workspace import Release, StepResult
 
@@ -105,9 +107,10 @@ def find_published(repo: Repository, key: str) -> int | None:
     return None
 
 
-def prune(repo: Repository, retain: int) -> list[int]:
-    """Delete complete versions older than the newest ``retain``, except any a live config names."""
-    live = {v for m in MODELS for v in repo.live_versions(m)}
+def prune(repo: Repository, retain: int, recorded: set[int] | frozenset[int] = frozenset()) -> list[int]:
+    """Delete complete versions older than the newest ``retain``, except any a live config or the
+    recorded serving state names."""
+    live = {v for m in MODELS for v in repo.live_versions(m)} | set(recorded)
     all_versions = sorted({v for m in MODELS for v in repo.versions(m)})
     keep = set(all_versions[-retain:]) | live
     removed = []
@@ -146,6 +149,7 @@ def _write_version(
         vdir.mkdir(parents=True)
         files: dict[str, str] = {}
         for name, src in sources[model].items():
+            faults.point("publish:copy")
             shutil.copy2(src, vdir / name)
             files[name] = sha256_file(vdir / name)
         (vdir / SNAPSHOT).write_text(configs[model], encoding="utf-8")
@@ -187,7 +191,9 @@ def publish(release: Release, options: ServingOptions | None = None, *, retain: 
     }
 
     def body(out: Path) -> tuple[dict, str]:
-        with repo.lock():
+        owner = control.release_owner(release.config.model_name, release.checkpoint.fingerprint)
+        control.take_lease(repo.root, release.config.model_name, owner, STEP)
+        with repo.lock(what=f"publish {release.config.model_name}"):
             version = find_published(repo, key)
             reused = version is not None
             if version is None:
@@ -197,9 +203,11 @@ def publish(release: Release, options: ServingOptions | None = None, *, retain: 
                 shutil.rmtree(tmp, ignore_errors=True)
                 try:
                     sizes = _write_version(repo, tmp, version, values, key, release, options, sources)
+                    faults.point("publish:written")
                     for model in (*COMPOSING, ENSEMBLE):  # composing models first, the ensemble last
                         (repo.root / model).mkdir(parents=True, exist_ok=True)
                         os.replace(tmp / model / str(version), repo.root / model / str(version))
+                        faults.point(f"publish:renamed:{model}")
                 finally:
                     shutil.rmtree(tmp, ignore_errors=True)
                 log.info(
@@ -210,7 +218,8 @@ def publish(release: Release, options: ServingOptions | None = None, *, retain: 
                 )
             else:
                 log.info("publish: version %d already holds this release (files intact) — reusing it", version)
-            pruned = prune(repo, retain)
+            state = current_state(repo.root, release.config.model_name)
+            pruned = prune(repo, retain, set(state.live_versions()))
         summary = Published(
             version, reused, str(repo.root), key, options.to_dict(), pruned, repo.complete_versions()
         ).to_dict()

@@ -1,11 +1,17 @@
-"""Step 6 — reload: make every Triton endpoint serve version N, without dropping a request.
+"""Step 6 — reload: load version N on every Triton endpoint as the *candidate*, beside what is served.
 
-Order matters in explicit model-control mode. The ensemble serving N-1 pins its composing
-models to N-1, so the composing models are first loaded with versions ``[N-1, N]`` side by side
-(their configs' ``version_policy``), each verified ready; only then is the ensemble switched to N
-(Triton keeps N-1 serving until N is ready). N-1 stays loaded behind it, so a rollback is just the
-ensemble switching back. Before touching anything, the prior ``config.pbtxt`` files are saved in
-the step's output — :mod:`seqcls.steps.rollback` restores exactly that state.
+Nothing public changes here. Under the model's release lease the recorded serving state gets
+``candidate = N`` (atomically, before any endpoint is touched), then every endpoint is reconciled
+to it: the composing models load N beside the served version (their configs'
+``version_policy``), each verified ready per version, and the candidate route
+``seqcls_candidate`` — an ensemble of its own name pinned to N — is loaded for the smoke test.
+Unpinned clients of ``seqcls`` keep getting the served version until ``expose``.
+
+Before anything live is touched, N must be complete and unmodified since publish, and its
+composing models' inputs/outputs must equal the served version's: Triton's ``config.pbtxt`` is
+per model (shared by its versions), so a version that changes a tensor's type cannot serve
+beside the old one — that is refused here with the difference named, instead of breaking the
+served ensemble mid-reload.
 """
 
 from __future__ import annotations
@@ -15,13 +21,14 @@ import logging
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 from seqcls.errors import ServingError
 from seqcls.records import OUT_DIRS, published_version
-from seqcls.serving.client import Endpoint, TritonOps, endpoints_from_settings, ops_for
+from seqcls.serving import control
+from seqcls.serving.client import Endpoint, endpoints_from_settings
 from seqcls.serving.names import COMPOSING, ENSEMBLE, MODELS
 from seqcls.serving.repository import SNAPSHOT, Repository, ServingOptions, parse_config
+from seqcls.serving.state import ServingState, current_state
 from seqcls.steps import require
 from seqcls.workspace import Release, StepResult
 
@@ -29,17 +36,10 @@ log = logging.getLogger(__name__)
 
 STEP = "reload"
 OUT_DIR = OUT_DIRS[STEP]
-PRIOR_FILE = "prior.json"
 
 
-def capture_prior(repo: Repository) -> dict[str, Any]:
-    """The live state to return to: every model's config text (None = not configured)."""
-    return {"configs": {m: repo.config_text(m) for m in MODELS}, "serving_version": repo.serving_version()}
-
-
-def switch_to(repo: Repository, ops: Sequence[TritonOps], version: int, *, keep_previous: bool = True) -> dict:
-    """Write configs for ``version`` and load them on every endpoint, verifying readiness."""
-    previous = repo.serving_version()
+def check_stageable(repo: Repository, version: int, serving: int | None) -> None:
+    """N is whole, untouched since publish, parses, and can serve beside the served version."""
     complete = set(repo.complete_versions())
     if version not in complete:
         raise ServingError(f"version {version} is not complete in {repo.root} (have {sorted(complete)})")
@@ -49,108 +49,79 @@ def switch_to(repo: Repository, ops: Sequence[TritonOps], version: int, *, keep_
             f"version {version} in {repo.root} was modified after publishing ({'; '.join(damaged[:5])}); "
             "publish the release again instead of editing a version in place"
         )
-    live = [version]
-    if keep_previous and previous is not None and previous != version and previous in complete:
-        live = [previous, version]
-    configs = {m: repo.config_for(m, version, live if m in COMPOSING else [version]) for m in MODELS}
-    for model, text in configs.items():  # nothing live is touched unless every config parses
-        parse_config(text, f"{repo.root / model}/{version}/{SNAPSHOT}")
-    timings: dict[str, float] = {}
+    for model in MODELS:  # nothing live is touched unless every config parses
+        parse_config(repo.snapshot(model, version), f"{repo.root / model}/{version}/{SNAPSHOT}")
+    if serving is None or serving == version or serving not in complete:
+        return
     for model in COMPOSING:
-        repo.write_config(model, configs[model])
-        for op in ops:
-            t0 = time.perf_counter()
-            op.load(model)
-            op.verify_ready(model, live)
-            timings[f"{op.endpoint.grpc}/{model}"] = round(time.perf_counter() - t0, 3)
-    repo.write_config(ENSEMBLE, configs[ENSEMBLE])
-    for op in ops:
-        t0 = time.perf_counter()
-        op.load(ENSEMBLE)
-        op.verify_ready(ENSEMBLE, [version])
-        timings[f"{op.endpoint.grpc}/{ENSEMBLE}"] = round(time.perf_counter() - t0, 3)
-    return {"version": version, "previous": previous, "live_composing": live, "load_seconds": timings}
+        old, new = repo.io_signature(model, serving), repo.io_signature(model, version)
+        if old != new:
+            changed = {k: (old[k], new[k]) for k in old if old[k] != new[k]}
+            raise ServingError(
+                f"version {version} of {model} cannot serve beside version {serving}: its {', '.join(changed)} "
+                f"differ ({changed}). Triton shares one config.pbtxt between a model's versions; keep the "
+                "interface, or release under another model name."
+            )
 
 
-def restore(repo: Repository, ops: Sequence[TritonOps], prior: dict[str, Any], failed_version: int | None) -> dict:
-    """Return every endpoint to ``prior`` (from :func:`capture_prior`).
+def stage(release: Release, endpoints: Sequence[Endpoint], options: ServingOptions) -> tuple[dict, str]:
+    """Record N as the candidate and reconcile; already serving N → make sure it is, say so."""
+    repo = Repository.from_settings(release.settings)
+    model, fp = release.config.model_name, release.checkpoint.fingerprint
+    version = published_version(release)
+    owner = control.release_owner(model, fp)
+    control.take_lease(repo.root, model, owner, STEP)
+    state = current_state(repo.root, model)
+    already = state.serving == version
+    if not already:
+        check_stageable(repo, version, state.serving)
 
-    Order per endpoint follows what the server actually serves: if the ensemble already switched
-    to the failed version, it goes back first (its composing N-1 versions are still loaded, so no
-    request fails); if it never switched, the composing models go back first, because a failed
-    version's composing configs may be incompatible with the old ensemble (e.g. a changed dtype).
-    """
-    configs: dict[str, str | None] = prior["configs"]
-    actions = []
-    plans = []
-    for op in ops:
-        switched = failed_version is not None and op.ready(ENSEMBLE, failed_version)
-        plans.append((op, (ENSEMBLE, *COMPOSING) if switched else (*COMPOSING, ENSEMBLE)))
-    # Configs are shared by all endpoints: restore each one just before its first load.
-    restored: set[str] = set()
-    for op, order in plans:
-        for model in order:
-            if model not in restored:
-                repo.restore_config(model, configs.get(model))
-                restored.add(model)
-            if configs.get(model) is None:
-                if op.ready(model):
-                    op.unload(model)
-                actions.append(f"{op.endpoint.grpc}: unloaded {model}")
-            else:
-                op.load(model)
-                versions = repo.live_versions(model)
-                op.verify_ready(model, versions)
-                actions.append(f"{op.endpoint.grpc}: {model} back to {versions}")
-    for model in MODELS:  # configs of models no endpoint needed are restored too
-        if model not in restored:
-            repo.restore_config(model, configs.get(model))
-    return {"restored_version": prior.get("serving_version"), "actions": actions}
+    def change(s: ServingState) -> ServingState:
+        return s if s.serving == version else s.with_candidate(version, fp, owner)
+
+    log.info("reload: %s version %d on %d endpoint(s) (serving %s)", model, version, len(endpoints), state.serving)
+    t0 = time.perf_counter()
+    before, after, report = control.transition(
+        repo, model, change, endpoints, keep_previous=options.keep_previous_loaded
+    )
+    control.require_converged(report, f"reload of {model} version {version}")
+    seconds = time.perf_counter() - t0
+    summary = {
+        "version": version,
+        "previous": before.serving,
+        "already_serving": already,
+        "candidate": after.candidate,
+        "live_composing": report.desired[COMPOSING[0]],
+        "seconds": round(seconds, 3),
+        "endpoints": [e.grpc for e in endpoints],
+        "actions": report.actions,
+    }
+    if already:
+        msg = f"version {version} already serving on {len(endpoints)} endpoint(s)"
+    else:
+        msg = (
+            f"version {version} loaded as candidate on {len(endpoints)} endpoint(s) in {seconds:.1f}s; {ENSEMBLE} "
+            f"still serves {after.serving} (composing live {summary['live_composing']})"
+        )
+    return summary, msg
 
 
 def reload(
     release: Release, endpoints: Sequence[Endpoint] | None = None, options: ServingOptions | None = None
 ) -> StepResult:
-    """Serve the published version N on every endpoint (already serving N → says so)."""
-    ws = release.workspace
+    """Load the published version N as the candidate on every endpoint."""
     require(release, STEP)
-    version = published_version(release)
     endpoints = list(endpoints or endpoints_from_settings(release.settings))
     options = options or ServingOptions.from_settings(release.settings)
-    repo = Repository.from_settings(release.settings)
-    inputs = {"version": version, "endpoints": [e.grpc for e in endpoints], "repository": str(repo.root)}
+    inputs = {
+        "version": published_version(release),
+        "endpoints": [e.grpc for e in endpoints],
+        "repository": str(release.settings.triton_repository),
+    }
 
     def body(out: Path) -> tuple[dict, str]:
-        ops = ops_for(endpoints)
-        for op in ops:
-            op.require_live()
-        with repo.lock():
-            current = repo.serving_version()
-            if current == version and all(op.ready(ENSEMBLE, version) for op in ops):
-                summary = {
-                    "version": version,
-                    "previous": None,
-                    "already_serving": True,
-                    "endpoints": [e.grpc for e in endpoints],
-                }
-                (out / "reload.json").write_text(json.dumps(summary, indent=1), encoding="utf-8")
-                return summary, f"version {version} already serving on {len(ops)} endpoint(s)"
-            prior = capture_prior(repo)
-            (out / PRIOR_FILE).write_text(json.dumps(prior, indent=1), encoding="utf-8")
-            log.info("reload: switching %d endpoint(s) from version %s to %d", len(ops), current, version)
-            t0 = time.perf_counter()
-            result = switch_to(repo, ops, version, keep_previous=options.keep_previous_loaded)
-        seconds = time.perf_counter() - t0
-        summary = {
-            **result,
-            "already_serving": False,
-            "seconds": round(seconds, 3),
-            "endpoints": [e.grpc for e in endpoints],
-        }
+        summary, msg = stage(release, endpoints, options)
         (out / "reload.json").write_text(json.dumps(summary, indent=1), encoding="utf-8")
-        return summary, (
-            f"version {version} ready on {len(ops)} endpoint(s) in {seconds:.1f}s "
-            f"(previous {result['previous']}, composing live {result['live_composing']})"
-        )
+        return summary, msg
 
-    return ws.run_step(STEP, inputs, body, out_dir=OUT_DIR, always_run=True)
+    return release.workspace.run_step(STEP, inputs, body, out_dir=OUT_DIR, always_run=True)

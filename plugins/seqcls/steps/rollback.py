@@ -1,10 +1,18 @@
-"""Rollback: after a failed reload or smoke test, serve exactly what was served before.
+"""Rollback: what operators mean by it, in two forms — both end in the same reconcile.
 
-Restores the ``config.pbtxt`` files saved by ``reload`` before it switched (so N-1 serves again,
-or nothing if nothing did), reloads them on every endpoint with readiness verified, and marks
-the failed version in the manifest. Safe to repeat: when version N is not (or no longer) what the
-repository serves, there is nothing to undo and it says so. With a registry configured the
-``champion`` alias is moved back too (see :mod:`seqcls.registry`).
+- **Undo a failed attempt** (``mode="attempt"``; the pipeline and the DAG's rollback task): drop
+  this release's candidate from the recorded state if it is still in flight, reconcile (the
+  candidate route and N's composing versions unload; what was served never changed), and
+  revert in MLflow only what this attempt changed (a version it created, the ``candidate``
+  alias it moved — never ``champion``). A version that was already served before the attempt
+  (re-running a release while Triton was down) is left alone: nothing to undo.
+- **Roll a release back** (``mode="requested"``; ``seqcls rollback --checkpoint X``): if X is in
+  flight, abandon it as above; if X is what is served, serve the recorded previous version
+  (:func:`rollback_model`); if X is neither, refuse — it is not something to roll back.
+
+:func:`rollback_model` (``seqcls rollback --model-name NAME``) serves the recorded previous
+version and moves ``champion`` to it. Triton first, then the registry: serving the old model
+matters more than the ledger and must not wait for (or fail with) an unreachable MLflow.
 """
 
 from __future__ import annotations
@@ -13,13 +21,15 @@ import json
 import logging
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
-from seqcls.errors import StepOrderError
+from seqcls.errors import InputError, StepOrderError
 from seqcls.records import OUT_DIRS, published_version
-from seqcls.serving.client import Endpoint, endpoints_from_settings, ops_for
-from seqcls.serving.names import MODELS
-from seqcls.serving.repository import Repository
-from seqcls.steps.reload import PRIOR_FILE, restore
+from seqcls.serving import control
+from seqcls.serving.client import Endpoint, endpoints_from_settings
+from seqcls.serving.repository import Repository, ServingOptions
+from seqcls.serving.state import ServingState, current_state
+from seqcls.settings import Settings
 from seqcls.workspace import Release, StepResult
 
 log = logging.getLogger(__name__)
@@ -28,77 +38,122 @@ STEP = "rollback"
 OUT_DIR = OUT_DIRS[STEP]
 
 
-def _prior(release: Release) -> dict | None:
-    for rel in (f"reload/{PRIOR_FILE}", f"failed/reload/{PRIOR_FILE}"):
-        p = release.workspace.path(rel)
-        if p.is_file():
-            return json.loads(p.read_text(encoding="utf-8"))
-    return None
+def rollback_model(settings: Settings, model_name: str, *, reason: str = "", by: str = "") -> dict[str, Any]:
+    """Serve the recorded previous version of ``model_name`` again; champion follows. Under its own lease."""
+    from seqcls.registry import mirror_champion
+
+    repo = Repository.from_settings(settings)
+    endpoints = endpoints_from_settings(settings)
+    owner = f"rollback:{model_name}:{by or 'cli'}"
+    control.take_lease(repo.root, model_name, owner, STEP)
+    try:
+        before, after, report = control.transition(
+            repo,
+            model_name,
+            lambda s: s.without_candidate(owner, reason).rolled_back(owner, reason),
+            endpoints,
+            live_first=False,
+        )
+        control.require_converged(report, f"rollback of {model_name}")
+        registry = _registry(
+            lambda: mirror_champion(settings, model_name, after.fingerprint_of(after.serving), after.serving)
+        )
+    finally:
+        control.give_lease(repo.root, model_name, owner)
+    log.warning("rollback: %s serves version %s again (was %s): %s", model_name, after.serving, before.serving, reason)
+    return {"rolled_back": True, "from": before.serving, "serving_version": after.serving, "registry": registry}
+
+
+def _registry(fn) -> dict[str, Any]:
+    """Run a registry change; MLflow being down must not fail a rollback that already served the old model."""
+    try:
+        return fn()
+    except Exception as exc:
+        log.error("rollback: registry not updated (%s); `seqcls sync` mirrors the champion once MLflow is back", exc)
+        return {"error": str(exc)[:500]}
+
+
+def undo_attempt(release: Release, version: int | None, reason: str, endpoints: Sequence[Endpoint]) -> dict:
+    """Drop this release's candidate if still in flight (the registry is reverted after the step)."""
+    repo = Repository.from_settings(release.settings)
+    model, fp = release.config.model_name, release.checkpoint.fingerprint
+    owner = control.release_owner(model, fp)
+    state = current_state(repo.root, model)
+    summary: dict[str, Any] = {"rolled_back": False, "version": version, "reason": reason}
+    if version is not None and state.candidate == version:
+        control.take_lease(repo.root, model, owner, STEP)
+
+        def drop(s: ServingState) -> ServingState:
+            return s.without_candidate(owner, reason) if s.candidate == version else s
+
+        _, after, report = control.transition(
+            repo,
+            model,
+            drop,
+            endpoints,
+            keep_previous=ServingOptions.from_settings(release.settings).keep_previous_loaded,
+        )
+        control.require_converged(report, f"withdrawing candidate {version} of {model}")
+        summary.update(rolled_back=True, actions=report.actions)
+        state = after
+    else:
+        served = "already the served version before this attempt" if state.serving == version else "not loaded"
+        summary["why"] = f"version {version} is {served}; nothing on Triton to undo"
+    summary["serving_version"] = state.serving
+    control.give_lease(repo.root, model, owner)
+    return summary
 
 
 def rollback(
-    release: Release, endpoints: Sequence[Endpoint] | None = None, *, reason: str = "", registry: bool = True
+    release: Release, endpoints: Sequence[Endpoint] | None = None, *, reason: str = "", mode: str = "requested"
 ) -> StepResult:
-    """Undo this release on every endpoint, then in the registry; a no-op when nothing is to undo.
-
-    Triton first: serving the old model again matters more than the ledger, and must not wait
-    for (or fail with) an unreachable MLflow.
-    """
+    """Undo this release (``attempt``) or roll it back (``requested``, see the module docstring)."""
+    if mode not in ("attempt", "requested"):
+        raise ValueError(f"rollback mode {mode!r}; expected 'attempt' or 'requested'")
     ws = release.workspace
     try:
         version = published_version(release)
     except StepOrderError:
         version = None
     endpoints = list(endpoints or endpoints_from_settings(release.settings))
-    repo = Repository.from_settings(release.settings)
-    inputs = {"version": version, "endpoints": [e.grpc for e in endpoints], "reason": reason}
+    inputs = {"version": version, "endpoints": [e.grpc for e in endpoints], "reason": reason, "mode": mode}
 
     def body(out: Path) -> tuple[dict, str]:
-        prior = _prior(release)
-        with repo.lock():
-            names_version = version is not None and any(version in repo.live_versions(m) for m in MODELS)
-            if prior is None or not names_version:
-                why = (
-                    "this release never reloaded anything"
-                    if prior is None
-                    else f"version {version} is not live (serving {repo.serving_version()})"
+        state = current_state(Path(str(release.settings.triton_repository)), release.config.model_name)
+        if mode == "requested" and version is not None and state.serving == version and state.candidate is None:
+            summary = {
+                "version": version,
+                "reason": reason,
+                **rollback_model(release.settings, release.config.model_name, reason=reason),
+            }
+        elif mode == "requested" and version is not None and state.candidate != version:
+            rolled = (ws.step("publish") or {}).get("rolled_back") and (ws.step("publish") or {}).get(
+                "failed_version"
+            ) == version
+            if not rolled:
+                raise InputError(
+                    f"{release.config.model_name} version {version} ({release.checkpoint.path}) is neither in flight "
+                    f"nor served (recorded: serving {state.serving}, candidate {state.candidate}): nothing to roll "
+                    f"back. To serve the previous version: `seqcls rollback --model-name {release.config.model_name}`."
                 )
-                summary = {"rolled_back": False, "version": version, "reason": reason, "why": why}
-                (out / "rollback.json").write_text(json.dumps(summary, indent=1), encoding="utf-8")
-                return summary, f"nothing to roll back: {why}"
-            ops = ops_for(endpoints)
-            for op in ops:
-                op.require_live()
-            log.warning(
-                "rollback: version %s failed (%s); restoring version %s on %d endpoint(s)",
-                version,
-                reason or "no reason given",
-                prior.get("serving_version"),
-                len(ops),
-            )
-            result = restore(repo, ops, prior, version)
-        summary = {
-            "rolled_back": True,
-            "version": version,
-            "reason": reason,
-            **result,
-            "serving_version": repo.serving_version(),
-        }
-        (out / "rollback.json").write_text(json.dumps(summary, indent=1), encoding="utf-8")
-        return summary, (
-            f"version {version} withdrawn; serving {summary['serving_version'] or 'nothing'} "
-            f"again on {len(ops)} endpoint(s)"
-        )
+            summary = {"rolled_back": False, "version": version, "why": f"version {version} was rolled back already"}
+            summary["serving_version"] = state.serving
+        else:
+            summary = undo_attempt(release, version, reason, endpoints)
+        (out / "rollback.json").write_text(json.dumps(summary, indent=1, default=str), encoding="utf-8")
+        if summary.get("rolled_back"):
+            return summary, f"version {version} withdrawn; serving {summary['serving_version'] or 'nothing'} again"
+        return summary, f"nothing to roll back: {summary.get('why', '')}"
 
     result = ws.run_step(STEP, inputs, body, out_dir=OUT_DIR, always_run=True)
     if result.summary.get("rolled_back"):
         ws.mark("publish", failed_version=version, rolled_back=True, rollback_reason=reason)
-    if registry:
+    if "registry" not in result.summary:  # an attempt undone: only what it changed in MLflow (never champion)
         from seqcls.registry import undo
 
-        registry_result = undo(release, reason=reason)
-        result.summary["registry"] = registry_result
-        ws.mark(STEP, registry=registry_result)
-        if registry_result.get("actions"):
-            result.message += "; registry: " + "; ".join(registry_result["actions"])
+        result.summary["registry"] = _registry(lambda: undo(release, reason=reason, champion=False))
+        ws.mark(STEP, registry=result.summary["registry"])
+    registry = result.summary.get("registry") or {}
+    if registry.get("actions"):
+        result.message += "; registry: " + "; ".join(registry["actions"])
     return result

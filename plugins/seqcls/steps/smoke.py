@@ -1,6 +1,8 @@
-"""Step 7 — smoke: the served ensemble must answer what the parity gate validated.
+"""Step 7 — smoke: the candidate must answer what the parity gate validated, before anyone sees it.
 
-Over gRPC on every endpoint, pinned to version N (``model_version``): metadata has the
+Over gRPC on every endpoint, through the candidate route ``seqcls_candidate`` pinned to version N
+(unpinned clients of ``seqcls`` never reach it), or through ``seqcls`` pinned to N when N is
+already the served version (a re-run): metadata has the
 contract's inputs/outputs; every golden text, sent alone and in batched requests, gets exactly
 the label set recorded in ``parity/expected.json`` (only near-threshold texts may differ) and
 probabilities within tolerance. A profile gated on decision agreement (int8) is held to the same
@@ -18,11 +20,12 @@ from typing import Any
 
 import numpy as np
 
-from seqcls.errors import SmokeError
+from seqcls.errors import SmokeError, StepOrderError
 from seqcls.records import OUT_DIRS, Expected, ExpectedItem, published_version
 from seqcls.serving import shipped
 from seqcls.serving.client import Endpoint, TritonOps, endpoints_from_settings
-from seqcls.serving.names import ENSEMBLE
+from seqcls.serving.names import CANDIDATE_ENSEMBLE, ENSEMBLE
+from seqcls.serving.state import current_state
 from seqcls.steps import require
 from seqcls.workspace import Release, StepResult
 
@@ -39,8 +42,8 @@ def infer(client, texts: Sequence[str], *, model: str = ENSEMBLE, version: int |
     return ops.infer(texts, model=model, version=version)
 
 
-def _check_metadata(client: TritonOps, version: int) -> list[str]:
-    meta = client.metadata(ENSEMBLE, version)
+def _check_metadata(client: TritonOps, version: int, route: str) -> list[str]:
+    meta = client.metadata(route, version)
     c = shipped.contract()
     problems = []
     inputs = {i["name"]: i["datatype"] for i in meta.get("inputs", [])}
@@ -78,24 +81,24 @@ def compare(
     return diffs
 
 
-def smoke_endpoint(endpoint: Endpoint, version: int, expected: Expected) -> dict[str, Any]:
+def smoke_endpoint(endpoint: Endpoint, version: int, expected: Expected, route: str = ENSEMBLE) -> dict[str, Any]:
     client = TritonOps(endpoint)
     items = expected.items
     texts = [it.text for it in items]
     tol = float(expected.prob_atol)
-    problems = _check_metadata(client, version)
+    problems = _check_metadata(client, version, route)
     latencies, diffs = [], []
     single_preds, single_probs = [], []
     for text in texts:
         t0 = time.perf_counter()
-        p, pr = infer(client, [text], version=version)
+        p, pr = infer(client, [text], model=route, version=version)
         latencies.append((time.perf_counter() - t0) * 1000)
         single_preds += p
         single_probs.append(pr[0])
     diffs += compare(items, single_preds, np.stack(single_probs), tol, "single")
     batch_preds, batch_probs = [], []
     for start in range(0, len(texts), BATCH):
-        p, pr = infer(client, texts[start : start + BATCH], version=version)
+        p, pr = infer(client, texts[start : start + BATCH], model=route, version=version)
         batch_preds += p
         batch_probs.append(pr)
     diffs += compare(items, batch_preds, np.concatenate(batch_probs), tol, f"batch of {BATCH}")
@@ -121,14 +124,28 @@ def smoke_endpoint(endpoint: Endpoint, version: int, expected: Expected) -> dict
     }
 
 
+def smoke_route(release: Release, version: int) -> str:
+    """Where version N answers: the candidate route while in flight, the public ensemble once served."""
+    state = current_state(Path(str(release.settings.triton_repository)), release.config.model_name)
+    if state.candidate == version:
+        return CANDIDATE_ENSEMBLE
+    if state.serving == version:
+        return ENSEMBLE
+    raise StepOrderError(
+        f"version {version} of {release.config.model_name!r} is neither the candidate nor served (recorded state: "
+        f"serving {state.serving}, candidate {state.candidate}); run `seqcls reload` first."
+    )
+
+
 def smoke(release: Release, endpoints: Sequence[Endpoint] | None = None) -> StepResult:
-    """Assert the served version N answers the validated decisions on every endpoint."""
+    """Assert version N answers the validated decisions on every endpoint, before it is exposed."""
     ws = release.workspace
     require(release, STEP)
     version = published_version(release)
     endpoints = list(endpoints or endpoints_from_settings(release.settings))
     expected = Expected.load(ws)
-    inputs = {"version": version, "endpoints": [e.grpc for e in endpoints]}
+    route = smoke_route(release, version)
+    inputs = {"version": version, "endpoints": [e.grpc for e in endpoints], "route": route}
 
     def body(out: Path) -> tuple[dict, str]:
         reports = []
@@ -136,13 +153,13 @@ def smoke(release: Release, endpoints: Sequence[Endpoint] | None = None) -> Step
             log.info(
                 "smoke: %d golden texts → %s version %d on %s (single, then batches of %d)",
                 len(expected.items),
-                ENSEMBLE,
+                route,
                 version,
                 ep.grpc,
                 BATCH,
             )
             try:
-                reports.append(smoke_endpoint(ep, version, expected))
+                reports.append(smoke_endpoint(ep, version, expected, route))
             except Exception as exc:  # transport or server error: a failed smoke, with the server's words
                 reports.append({"endpoint": ep.grpc, "passed": False, "error": f"{type(exc).__name__}: {exc}"})
             r = reports[-1]
@@ -177,6 +194,7 @@ def smoke(release: Release, endpoints: Sequence[Endpoint] | None = None) -> Step
             "texts": reports[0]["texts"],
             "p50_ms": max(r["p50_ms"] for r in reports),
             "p95_ms": max(r["p95_ms"] for r in reports),
+            "route": route,
         }
         return summary, (
             f"{summary['texts']} golden texts answered as validated on {len(reports)} endpoint(s), "

@@ -1,0 +1,159 @@
+"""Changing what is served: the release lease, then the recorded state, then reconcile.
+
+Every change of a model's serving state follows the same three moves, in this order:
+
+1. hold the model's release lease (:mod:`seqcls.serving.lease`) — one release at a time;
+2. write the new :class:`~seqcls.serving.state.ServingState` atomically, *before* any endpoint is
+   touched, so a crash at any later point leaves the truth on disk;
+3. :func:`~seqcls.serving.reconcile.reconcile` every endpoint to it (under the repository lock).
+
+Who holds the lease: a release is identified by model + fingerprint (``release:<model>:<fp16>``),
+so the steps of one release re-enter it whether they run in one CLI process or as separate
+Airflow tasks (kind ``run``: no pid to watch, expires by ttl unless renewed by the next task); a
+CLI process holds it as kind ``process`` (recovered as soon as that pid is gone).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import logging
+import os
+import socket
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from seqcls.errors import ServingError
+from seqcls.serving.client import Endpoint, TritonOps, ops_for
+from seqcls.serving.lease import LeaseHolder, ReleaseLease
+from seqcls.serving.reconcile import ReconcileReport, reconcile
+from seqcls.serving.repository import Repository
+from seqcls.serving.state import ServingState, current_state, write_state
+
+log = logging.getLogger(__name__)
+
+DEFAULT_LEASE_TIMEOUT = 1800.0  # a second release waits this long for the first, then fails naming it
+
+
+@dataclass(frozen=True)
+class LeaseContext:
+    """How this process takes leases: ``kind`` process (CLI) or run (Airflow task of run ``run``)."""
+
+    kind: str = "process"
+    run: str | None = None
+    timeout: float = DEFAULT_LEASE_TIMEOUT
+
+
+_CONTEXT: contextvars.ContextVar[LeaseContext | None] = contextvars.ContextVar("seqcls_lease", default=None)
+
+
+def current_context() -> LeaseContext:
+    return _CONTEXT.get() or LeaseContext()
+
+
+@contextlib.contextmanager
+def lease_context(ctx: LeaseContext) -> Iterator[None]:
+    token = _CONTEXT.set(ctx)
+    try:
+        yield
+    finally:
+        _CONTEXT.reset(token)
+
+
+def release_owner(model_name: str, fingerprint: str) -> str:
+    return f"release:{model_name}:{fingerprint[:16]}"
+
+
+def take_lease(repository: Path, model_name: str, owner: str, step: str) -> LeaseHolder:
+    """Acquire (or re-enter and renew) ``owner``'s lease on ``model_name``, per this process's context."""
+    ctx = current_context()
+    lease = ReleaseLease(repository, model_name)
+    by = ctx.run or f"{socket.gethostname()}:{os.getpid()}"
+    return lease.acquire(owner, kind=ctx.kind, run=by, step=step, timeout=ctx.timeout)  # type: ignore[arg-type]
+
+
+def give_lease(repository: Path, model_name: str, owner: str) -> bool:
+    return ReleaseLease(repository, model_name).release(owner)
+
+
+def require_live(endpoints: Sequence[Endpoint]) -> None:
+    """Every endpoint answers (else a ServingError saying how to start it) — checked before a change is
+    recorded, so a release against a stopped Triton changes nothing at all."""
+    for op in ops_for(endpoints):
+        op.require_live()
+
+
+def transition(
+    repo: Repository,
+    model_name: str,
+    change,
+    endpoints: Sequence[Endpoint],
+    *,
+    keep_previous: bool = True,
+    live_first: bool = True,
+) -> tuple[ServingState, ServingState, ReconcileReport]:
+    """``change(state) -> state``: write the result (if different), then reconcile every endpoint.
+
+    Returns (before, after, report). The caller holds the lease; the repository lock serialises
+    this against other reconciles (``seqcls sync``, another model's release on the same volume).
+    ``live_first``: refuse before recording anything if an endpoint is down (releases); recovery
+    paths (sync, rollback) pass False and converge what they can.
+    """
+    if live_first:
+        require_live(endpoints)
+    with repo.lock(what=f"{model_name} state change"):
+        before = current_state(repo.root, model_name)
+        after = change(before)
+        if after is not before and after != before:
+            after = write_state(repo.root, after, expected_generation=before.generation)
+            log.info(
+                "state %s: serving %s → %s, candidate %s → %s, previous %s → %s (generation %d)",
+                model_name,
+                before.serving,
+                after.serving,
+                before.candidate,
+                after.candidate,
+                before.previous,
+                after.previous,
+                after.generation,
+            )
+        from seqcls import faults
+
+        faults.point("state:written")
+        report = reconcile(repo, after, ops_for(endpoints), keep_previous=keep_previous)
+    return before, after, report
+
+
+def require_converged(report: ReconcileReport, what: str) -> None:
+    """A reconcile that left an endpoint behind is an error naming it (``seqcls sync`` finishes it)."""
+    if report.errors:
+        detail = "; ".join(f"{ep}: {msg[:300]}" for ep, msg in report.errors.items())
+        raise ServingError(
+            f"{what}: the recorded state is written, but not every endpoint serves it — {detail}. Fix the "
+            "endpoint and run `seqcls sync` (or let the seqcls_sync DAG do it); nothing else needs undoing."
+        )
+
+
+def reconcile_recorded(
+    repo: Repository, model_name: str, endpoints: Sequence[Endpoint], *, keep_previous: bool = True
+) -> tuple[ServingState, ReconcileReport]:
+    """Reconcile to the recorded state without changing it (what ``sync`` does first)."""
+    _, state, report = transition(
+        repo, model_name, lambda s: s, endpoints, keep_previous=keep_previous, live_first=False
+    )
+    return state, report
+
+
+def observe_all(endpoints: Sequence[Endpoint]) -> dict[str, dict[str, list[int]] | str]:
+    """Endpoint → model → READY versions (or the reason it could not be asked)."""
+    from seqcls.serving.reconcile import observe
+
+    out: dict[str, dict[str, list[int]] | str] = {}
+    for op in [TritonOps(e) for e in endpoints]:
+        try:
+            op.require_live()
+            out[op.endpoint.grpc] = observe(op)
+        except Exception as exc:
+            out[op.endpoint.grpc] = f"unreachable: {str(exc)[:200]}"
+    return out

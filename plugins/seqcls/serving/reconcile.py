@@ -1,0 +1,193 @@
+"""Reconcile: make every Triton endpoint serve exactly the recorded serving state. Idempotent.
+
+Releases, rollbacks, ``seqcls sync``, a restarted Triton and crash recovery all end here, so
+there is no separate undo logic to get wrong. From a :class:`~seqcls.serving.state.ServingState`:
+
+- composing models (tokenizer, seqcls_model, seqcls_postprocess) load the served version, the
+  candidate (a release in flight) and — when no candidate is in flight — the previous version,
+  kept warm so a rollback is an ensemble switch;
+- the public ensemble ``seqcls`` loads exactly the served version (unpinned clients get it);
+- the candidate route ``seqcls_candidate`` loads exactly the candidate, or nothing.
+
+Per endpoint, the ensembles in use are never left without their composing versions: composing
+models first widen to desired ∪ what any endpoint's ensembles pin right now, then the ensembles
+switch, then the composing models narrow to the desired set. An endpoint whose actual state
+already equals the desired one is not touched. Config files are shared by every endpoint, so
+they are written once per phase; a dead endpoint is reported and the others still converge.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from seqcls import faults
+from seqcls.errors import ServingError
+from seqcls.serving.client import TritonOps
+from seqcls.serving.names import CANDIDATE_ENSEMBLE, COMPOSING, ENSEMBLE
+from seqcls.serving.repository import Repository
+from seqcls.serving.state import ServingState
+
+log = logging.getLogger(__name__)
+
+ROUTES = (ENSEMBLE, CANDIDATE_ENSEMBLE)
+ALL = (*COMPOSING, *ROUTES)
+
+
+def desired_versions(state: ServingState, *, keep_previous: bool = True) -> dict[str, list[int]]:
+    """Model → the versions that must be READY (empty = not loaded at all)."""
+    composing = {state.serving, state.candidate}
+    if keep_previous and state.candidate is None:
+        composing.add(state.previous)
+    composing.discard(None)
+    return {
+        **{m: sorted(composing) for m in COMPOSING},  # type: ignore[type-var]
+        ENSEMBLE: [state.serving] if state.serving is not None else [],
+        CANDIDATE_ENSEMBLE: [state.candidate] if state.candidate is not None else [],
+    }
+
+
+def observe(op: TritonOps) -> dict[str, list[int]]:
+    """Model → READY versions on one endpoint, from its repository index (one call)."""
+    index = op.client.get_model_repository_index(as_json=True, client_timeout=op.request_timeout).get("models", [])
+    out: dict[str, list[int]] = {m: [] for m in ALL}
+    for m in index:
+        if m.get("name") in out and m.get("state") == "READY" and str(m.get("version", "")).isdigit():
+            out[m["name"]].append(int(m["version"]))
+    return {k: sorted(v) for k, v in out.items()}
+
+
+@dataclass
+class ReconcileReport:
+    """What reconcile found and did, per endpoint; ``errors`` non-empty = not converged."""
+
+    desired: dict[str, list[int]]
+    actions: list[str] = field(default_factory=list)
+    errors: dict[str, str] = field(default_factory=dict)
+    already: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def converged(self) -> bool:
+        return not self.errors
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "desired": self.desired,
+            "actions": self.actions,
+            "errors": self.errors,
+            "already": self.already,
+            "seconds": round(self.seconds, 3),
+            "converged": self.converged,
+        }
+
+
+class _Reconciler:
+    def __init__(self, repo: Repository, ops: Sequence[TritonOps], desired: dict[str, list[int]]) -> None:
+        self.repo, self.desired = repo, desired
+        self.report = ReconcileReport(desired)
+        self.actual: dict[str, dict[str, list[int]]] = {}
+        self.ops: list[TritonOps] = []
+        for op in ops:
+            try:
+                op.require_live()
+                self.actual[op.endpoint.grpc] = observe(op)
+                self.ops.append(op)
+            except Exception as exc:
+                self.report.errors[op.endpoint.grpc] = f"not reachable: {exc}"
+
+    def pending(self) -> list[TritonOps]:
+        todo = []
+        for op in self.ops:
+            if self.actual[op.endpoint.grpc] == self.desired:
+                self.report.already.append(op.endpoint.grpc)
+            else:
+                todo.append(op)
+        return todo
+
+    def write(self, model: str, versions: list[int]) -> None:
+        """The shared config of ``model`` for ``versions`` (removed when empty)."""
+        if not versions:
+            self.repo.restore_config(model, None)
+            if model == CANDIDATE_ENSEMBLE:
+                self.repo.drop_candidate()
+            return
+        if model == CANDIDATE_ENSEMBLE:
+            self.repo.ensure_candidate_version(versions[0])
+            text = self.repo.candidate_config(versions[0])
+        else:
+            base = versions[-1] if model != ENSEMBLE else versions[0]
+            text = self.repo.config_for(model, base, versions)
+        if self.repo.config_text(model) != text:
+            self.repo.write_config(model, text)
+
+    def apply(self, op: TritonOps, model: str, versions: list[int]) -> None:
+        """Make ``model`` on ``op`` have exactly ``versions`` READY (load, or unload when empty)."""
+        key = op.endpoint.grpc
+        if key in self.report.errors or self.actual[key].get(model) == versions:
+            return
+        try:
+            if versions:
+                op.load(model)
+                op.verify_ready(model, versions)
+            elif op.ready(model):
+                op.unload(model)
+            self.actual[key][model] = list(versions)
+            self.report.actions.append(f"{key}: {model} → {versions or 'unloaded'}")
+        except ServingError as exc:
+            self.report.errors[key] = str(exc)
+
+    def run(self) -> ReconcileReport:
+        todo = self.pending()
+        if not todo:
+            for model in ALL:  # servers agree; make sure the files say the same (a crash between)
+                self.write(model, self.desired[model])
+            return self.report
+        in_use = {v for op in todo for r in ROUTES for v in self.actual[op.endpoint.grpc][r]}
+        complete = set(self.repo.complete_versions())
+        widened = sorted((set(self.desired[COMPOSING[0]]) | in_use) & complete)
+        for phase, composing in (("widen", widened), ("narrow", self.desired[COMPOSING[0]])):
+            for model in COMPOSING:
+                self.write(model, composing)
+                for op in todo:
+                    self.apply(op, model, composing)
+            faults.point(f"reconcile:after-{phase}")
+            if phase == "widen":
+                for model in ROUTES:
+                    self.write(model, self.desired[model])
+                    for op in todo:
+                        self.apply(op, model, self.desired[model])
+                faults.point("reconcile:after-routes")
+        return self.report
+
+
+def reconcile(
+    repo: Repository, state: ServingState, ops: Sequence[TritonOps], *, keep_previous: bool = True
+) -> ReconcileReport:
+    """Make every endpoint in ``ops`` serve ``state``; the caller holds ``repo.lock()``."""
+    t0 = time.perf_counter()
+    desired = desired_versions(state, keep_previous=keep_previous)
+    missing = sorted({v for vs in desired.values() for v in vs} - set(repo.complete_versions()))
+    if missing:
+        raise ServingError(
+            f"{repo.root}: the recorded state of {state.model_name!r} names version(s) {missing}, which are not "
+            "complete in the repository; republish them (or roll back to a version that exists)."
+        )
+    report = _Reconciler(repo, ops, desired).run()
+    report.seconds = time.perf_counter() - t0
+    log.info(
+        "reconcile %s: serving %s, candidate %s, previous %s — %d action(s), %d endpoint(s) already there, "
+        "%d error(s) in %.1fs",
+        state.model_name,
+        state.serving,
+        state.candidate,
+        state.previous,
+        len(report.actions),
+        len(report.already),
+        len(report.errors),
+        report.seconds,
+    )
+    return report

@@ -1,0 +1,135 @@
+"""``seqcls status``: what should be served, what each endpoint serves, what MLflow says — do they agree?
+
+One answer to the operator's question, per model: the recorded state (serving, previous kept
+warm, candidate in flight), every endpoint's READY versions of the five models, the MLflow
+``champion``/``candidate`` aliases with their fingerprints, and the release lease holder. Each
+disagreement is a sentence naming the fix; exit 0 when there is none, 1 otherwise.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from seqcls.serving import control
+from seqcls.serving.lease import ReleaseLease
+from seqcls.serving.names import CANDIDATE_ENSEMBLE, COMPOSING, ENSEMBLE
+from seqcls.serving.reconcile import desired_versions
+from seqcls.serving.repository import Repository, ServingOptions
+from seqcls.serving.state import ServingState, current_state
+from seqcls.settings import Settings
+
+
+@dataclass
+class ModelStatus:
+    model_name: str
+    recorded: dict[str, Any]
+    endpoints: dict[str, Any]
+    registry: dict[str, Any]
+    lease: dict[str, Any] | None
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def agree(self) -> bool:
+        return not self.problems
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "agree": self.agree}
+
+    def lines(self) -> list[str]:
+        r = self.recorded
+        out = [
+            f"{self.model_name}: recorded serving {r['serving']} (fingerprint {str(r['fingerprint'])[:16]}), previous "
+            f"{r['previous']}, candidate {r['candidate']}"
+        ]
+        for ep, seen in self.endpoints.items():
+            if isinstance(seen, str):
+                out.append(f"  {ep}: {seen}")
+            else:
+                out.append(
+                    f"  {ep}: {ENSEMBLE} {seen[ENSEMBLE]}, candidate route {seen[CANDIDATE_ENSEMBLE]}, composing "
+                    f"{seen[COMPOSING[0]]}"
+                )
+        reg = self.registry
+        if "error" in reg:
+            out.append(f"  MLflow: {reg['error']}")
+        else:
+            out.append(
+                f"  MLflow: champion {reg.get('champion')} ({str(reg.get('champion_fingerprint'))[:16]}), "
+                f"candidate {reg.get('candidate')}"
+            )
+        out.append(f"  lease: {self.lease['holder'] if self.lease else 'free'}")
+        out += [f"  ✗ {p}" for p in self.problems] or ["  ✓ served == recorded == champion"]
+        return out
+
+
+def _registry(settings: Settings, model_name: str) -> dict[str, Any]:
+    from seqcls.registry import CANDIDATE, CHAMPION, _alias, client
+
+    try:
+        c = client(settings)
+        champion, candidate = _alias(c, model_name, CHAMPION), _alias(c, model_name, CANDIDATE)
+    except Exception as exc:
+        return {"error": f"unreachable or failing ({str(exc)[:200]})"}
+    return {
+        "champion": int(champion.version) if champion else None,
+        "champion_fingerprint": champion.tags.get("fingerprint") if champion else None,
+        "candidate": int(candidate.version) if candidate else None,
+    }
+
+
+def _endpoint_problems(ep: str, seen: dict[str, list[int]] | str, want: dict[str, list[int]]) -> list[str]:
+    if isinstance(seen, str):
+        return [f"endpoint {ep} {seen}: start it, then run `seqcls sync`"]
+    wrong = [f"{m} {seen.get(m)} (recorded: {want[m]})" for m in want if seen.get(m) != want[m]]
+    return [f"endpoint {ep} serves {'; '.join(wrong)}: run `seqcls sync`"] if wrong else []
+
+
+def model_status(settings: Settings, model_name: str) -> ModelStatus:
+    from seqcls.serving.client import endpoints_from_settings
+
+    repo = Repository.from_settings(settings)
+    state: ServingState = current_state(repo.root, model_name)
+    fp = state.fingerprint_of(state.serving)
+    want = desired_versions(state, keep_previous=ServingOptions.from_settings(settings).keep_previous_loaded)
+    endpoints = control.observe_all(endpoints_from_settings(settings))
+    lease = ReleaseLease(repo.root, model_name)
+    holder = lease.holder()
+    dead = lease.dead_reason(holder) if holder else None
+    recorded = {
+        "serving": state.serving,
+        "previous": state.previous,
+        "candidate": state.candidate,
+        "fingerprint": fp,
+        "generation": state.generation,
+    }
+    status = ModelStatus(
+        model_name,
+        recorded,
+        endpoints,
+        _registry(settings, model_name),
+        {"holder": holder.describe(), "dead": dead} if holder else None,
+    )
+    for ep, seen in endpoints.items():
+        status.problems += _endpoint_problems(ep, seen, want)
+    reg = status.registry
+    if "error" in reg:
+        status.problems.append(f"MLflow {reg['error']}: cannot tell whether champion agrees")
+    elif state.serving is not None and reg.get("champion_fingerprint") != fp:
+        champion_fp = str(reg.get("champion_fingerprint"))[:16]
+        status.problems.append(
+            f"MLflow champion is version {reg.get('champion')} (fingerprint {champion_fp}), but Triton version "
+            f"{state.serving} (fingerprint {str(fp)[:16]}) is served: run `seqcls sync`"
+        )
+    if state.candidate is not None and (holder is None or dead):
+        status.problems.append(
+            f"candidate {state.candidate} has no live release ({dead or 'no lease holder'}): `seqcls sync` abandons it"
+        )
+    return status
+
+
+def status(settings: Settings, model_names: list[str] | None = None) -> list[ModelStatus]:
+    from seqcls.sync import models_in
+
+    names = model_names or models_in(Repository.from_settings(settings))
+    return [model_status(settings, name) for name in names]

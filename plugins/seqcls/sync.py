@@ -1,0 +1,173 @@
+"""``seqcls sync``: make everything agree with the recorded serving state. Safe to run at any time.
+
+What "recover" means after a crash, a Triton restart, an endpoint that missed a switch or an
+MLflow outage, per model:
+
+1. a candidate whose release is gone (its lease holder is dead or expired) is abandoned;
+2. every endpoint is reconciled to the recorded state (load/unload, readiness per version);
+3. the MLflow ``champion`` alias is moved to the registered version of the served fingerprint;
+4. half-written publish/candidate directories left by a killed process are removed.
+
+A live release in flight is left alone (its candidate stays); sync never changes *what* should
+be served — that only releases and rollbacks do, under the lease.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import socket
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from seqcls.serving import control
+from seqcls.serving.lease import ReleaseLease
+from seqcls.serving.names import CANDIDATE_ENSEMBLE
+from seqcls.serving.repository import Repository
+from seqcls.serving.state import STATE_PREFIX, ServingState, current_state
+from seqcls.settings import DEFAULT_MODEL_NAME, Settings
+
+log = logging.getLogger(__name__)
+
+
+def models_in(repo: Repository) -> list[str]:
+    """Models with a recorded state in the repository (or the default one of a legacy layout)."""
+    names = sorted(p.name[len(STATE_PREFIX) : -len(".json")] for p in repo.root.glob(f"{STATE_PREFIX}*.json"))
+    if not names and repo.serving_version() is not None:
+        names = [DEFAULT_MODEL_NAME]
+    return names
+
+
+@dataclass
+class SyncResult:
+    model_name: str
+    serving: int | None
+    candidate: int | None
+    abandoned: int | None = None
+    actions: list[str] = field(default_factory=list)
+    errors: dict[str, str] = field(default_factory=dict)
+    registry: dict[str, Any] = field(default_factory=dict)
+    removed: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.errors and "error" not in self.registry
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "ok": self.ok}
+
+
+def _abandon_orphan(repo: Repository, model: str, endpoints) -> int | None:
+    """Drop a candidate nobody is releasing any more; returns its version (None: nothing abandoned)."""
+    state = current_state(repo.root, model)
+    if state.candidate is None:
+        return None
+    lease = ReleaseLease(repo.root, model)
+    holder = lease.holder()
+    if holder is not None and lease.dead_reason(holder) is None:
+        log.info(
+            "sync %s: candidate %s belongs to a live release (%s) — left alone",
+            model,
+            state.candidate,
+            holder.describe(),
+        )
+        return None
+    owner = f"sync:{socket.gethostname()}:{os.getpid()}"
+    control.take_lease(repo.root, model, owner, "sync")
+    try:
+        note = f"abandoned by sync: its release is gone ({holder.describe() if holder else 'no lease holder'})"
+        control.transition(repo, model, lambda s: s.without_candidate(owner, note), endpoints, live_first=False)
+    finally:
+        control.give_lease(repo.root, model, owner)
+    log.warning("sync %s: %s", model, f"candidate {state.candidate} " + note)
+    return state.candidate
+
+
+def _mirror(settings: Settings, state: ServingState) -> dict[str, Any]:
+    from seqcls.registry import mirror_champion
+
+    if state.serving is None:
+        return {"skipped": "nothing is served"}
+    try:
+        return mirror_champion(settings, state.model_name, state.fingerprint_of(state.serving), state.serving)
+    except Exception as exc:  # MLflow down: serving is fixed anyway; the next sync mirrors
+        return {"error": f"MLflow: {str(exc)[:300]}"}
+
+
+def stale_temporaries(repo: Repository) -> list[Path]:
+    """Half-written publish/candidate directories whose writer is gone (a crash, kill -9)."""
+    found = []
+    for p in [*repo.root.glob(".tmp-publish-*"), *repo.root.glob(f"{CANDIDATE_ENSEMBLE}/.tmp-*")]:
+        parts = p.name.split("-")
+        pid = next((int(x) for x in parts if x.isdigit()), None)
+        if pid is None or not _pid_alive(pid):
+            found.append(p)
+    found += [p for p in repo.root.glob("*/.config.pbtxt.*.tmp") if not _pid_alive(_pid_of(p.name))]
+    return found
+
+
+def _pid_of(name: str) -> int:
+    digits = [x for x in name.split(".") if x.isdigit()]
+    return int(digits[0]) if digits else -1
+
+
+def _pid_alive(pid: int) -> bool:
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def incomplete_versions(repo: Repository, keep: set[int]) -> list[Path]:
+    """Version directories of a publish that died between renames (present for some models only)."""
+    from seqcls.serving.names import MODELS
+
+    complete = set(repo.complete_versions())
+    found = []
+    for model in MODELS:
+        found += [repo.root / model / str(v) for v in repo.versions(model) if v not in complete and v not in keep]
+    return found
+
+
+def _clean(repo: Repository, keep: set[int]) -> list[str]:
+    """Under the repository lock (a publish renames versions into place while holding it)."""
+    removed = []
+    with repo.lock(what="sync cleanup"):
+        leftovers = stale_temporaries(repo) + incomplete_versions(repo, keep)
+    for path in leftovers:
+        shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
+        removed.append(str(path.relative_to(repo.root)))
+    return removed
+
+
+def sync(settings: Settings, model_names: list[str] | None = None) -> list[SyncResult]:
+    """Recover every (or the named) model of the repository; see the module docstring."""
+    from seqcls.serving.client import endpoints_from_settings
+
+    repo = Repository.from_settings(settings)
+    endpoints = endpoints_from_settings(settings)
+    results = []
+    for model in model_names or models_in(repo):
+        abandoned = _abandon_orphan(repo, model, endpoints)
+        state, report = control.reconcile_recorded(repo, model, endpoints)
+        result = SyncResult(model, state.serving, state.candidate, abandoned, report.actions, report.errors)
+        result.registry = _mirror(settings, state)
+        result.removed = _clean(repo, set(state.live_versions()))
+        log.info(
+            "sync %s: serving %s on %d endpoint(s), %d action(s), %d error(s); registry %s",
+            model,
+            state.serving,
+            len(endpoints),
+            len(report.actions),
+            len(report.errors),
+            result.registry,
+        )
+        results.append(result)
+    return results

@@ -1,0 +1,569 @@
+"""Failure drills against the real local Triton and MLflow: every scenario ends with the invariant.
+
+After the scenario and at most one ``seqcls sync``: every endpoint serves the recorded version,
+MLflow's champion equals it, nothing is left unready, no temporary file or directory is left
+behind (``seqcls status`` agreeing is the check — the same command an operator runs).
+
+One Triton for the module (reset between drills: models unloaded, repository emptied), one
+shared release home so the tiny checkpoints are exported/validated once; each drill has its own
+repository contents and MLflow database. Kill drills run ``seqcls release`` in a subprocess with
+the test-only fault seam ``SEQCLS_FAULT_PLAN=die@<point>`` (:mod:`seqcls.faults`): SIGKILL at that
+point, no cleanup code runs.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from seqcls.config import ReleaseConfig
+from seqcls.errors import SeqclsError, ServingError
+from seqcls.localtriton import LocalTriton, TritonServerConfig, free_ports
+from seqcls.serving.names import ENSEMBLE
+from seqcls.serving.state import current_state
+from seqcls.settings import PROJECT_ROOT, Settings
+from seqcls.status import status
+from seqcls.steps import run_release
+from seqcls.sync import incomplete_versions, stale_temporaries, sync
+from seqcls.workspace import open_release
+
+pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.drill]
+
+
+def _start(root: Path, name: str, repository: Path) -> LocalTriton:
+    http, grpc, metrics = free_ports(3)
+    cfg = TritonServerConfig(
+        repository=repository, http_port=http, grpc_port=grpc, metrics_port=metrics, state_dir=root / f"{name}-state"
+    )
+    server = LocalTriton(cfg)
+    server.start()
+    return server
+
+
+@pytest.fixture(scope="module")
+def drill_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("drills")
+
+
+@pytest.fixture(scope="module")
+def triton(drill_root: Path) -> Iterator[LocalTriton]:
+    server = _start(drill_root, "triton", drill_root / "repo")
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def ckpt_c(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from seqcls_tools.testing import build_tiny_checkpoint
+
+    return build_tiny_checkpoint(tmp_path_factory.mktemp("ckpt") / "tiny_c", seed=2, logit_scale=300.0)
+
+
+def _reset(server: LocalTriton) -> None:
+    import tritonclient.grpc as grpcclient
+
+    client = grpcclient.InferenceServerClient(url=server.config.grpc_url)
+    for m in client.get_model_repository_index().models:
+        if m.state == "READY":
+            client.unload_model(m.name)
+    deadline = time.monotonic() + 30
+    while any(m.state == "READY" for m in client.get_model_repository_index().models):
+        assert time.monotonic() < deadline, "models still loaded 30 s after unload"
+        time.sleep(0.2)
+    repo = server.config.repository
+    shutil.rmtree(repo, ignore_errors=True)
+    repo.mkdir(parents=True)
+
+
+@dataclass
+class Drill:
+    settings: Settings
+    server: LocalTriton
+    env: dict[str, str]
+
+    @property
+    def repo(self) -> Path:
+        return Path(str(self.settings.triton_repository))
+
+    def release(self, ckpt: Path, settings: Settings | None = None, **config) -> list:
+        return run_release(open_release(ckpt, ReleaseConfig(**config), settings or self.settings))
+
+    def cli(self, *args: str, timeout: float = 600, **env: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [sys.executable, "-m", "seqcls.cli", *args],
+            env={**self.env, **env},
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+
+    def state(self):
+        return current_state(self.repo, "seqcls")
+
+    def assert_invariant(self, *, served: int | None = None) -> None:
+        """The drill's end condition (see the module docstring)."""
+        reports = status(self.settings)
+        assert reports, "no recorded state at all"
+        for r in reports:
+            assert r.agree, "\n".join(r.lines())
+        if served is not None:
+            assert self.state().serving == served
+        leftovers = stale_temporaries(_repo(self.settings)) + incomplete_versions(_repo(self.settings), set())
+        leftovers += list(self.repo.glob(".tmp-*")) + list(self.repo.glob("*.tmp"))
+        assert not leftovers, f"temporary files left behind: {leftovers}"
+
+
+def _repo(settings: Settings):
+    from seqcls.serving.repository import Repository
+
+    return Repository.from_settings(settings)
+
+
+@pytest.fixture
+def drill(triton: LocalTriton, drill_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Drill:
+    _reset(triton)
+    home = drill_root / "home"  # shared: workspaces (exports) are reused across drills
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    env = {
+        "SEQCLS_HOME": str(home),
+        "SEQCLS_TRITON_REPOSITORY": str(triton.config.repository),
+        "SEQCLS_TRITON_GRPC": triton.config.grpc_url,
+        "SEQCLS_TRITON_HTTP": triton.config.http_url,
+        "SEQCLS_MLFLOW_TRACKING_URI": uri,
+    }
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    env = {**os.environ, **env, "PYTHONUNBUFFERED": "1"}
+    env.pop("SEQCLS_FAULT_PLAN", None)
+    return Drill(Settings.from_env(), triton, env)
+
+
+def _when(condition, action, *, timeout: float = 300.0) -> threading.Thread:
+    """Run ``action`` the moment ``condition()`` holds (polled every 20 ms), from a watcher thread."""
+
+    def watch() -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                if condition():
+                    action()
+                    return
+            except Exception:  # a state file being replaced: look again
+                pass
+            time.sleep(0.02)
+
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.start()
+    return thread
+
+
+def _champion(settings: Settings) -> int | None:
+    from seqcls.registry import CHAMPION, alias_version
+
+    return alias_version(settings, "seqcls", CHAMPION)
+
+
+# --- the four scenarios the issue reported ------------------------------------------------------
+
+
+def test_rollback_of_a_release_that_is_not_served_refuses(drill: Drill, tiny_checkpoint_src, tiny_checkpoint_b_src):
+    """Scenario 1: release A, B; `rollback --checkpoint A` was an outage (everything unloaded)."""
+    drill.release(tiny_checkpoint_src)
+    drill.release(tiny_checkpoint_b_src)
+    out = drill.cli("rollback", "--checkpoint", str(tiny_checkpoint_src))
+    assert out.returncode == 1 and "is neither in flight nor served" in out.stderr, out.stderr[-2000:]
+    assert "seqcls rollback --model-name seqcls" in out.stderr
+    drill.assert_invariant(served=2)
+    assert _champion(drill.settings) == 2
+    # what an operator means by rollback: the model's previous version, champion follows
+    out = drill.cli("rollback", "--model-name", "seqcls")
+    assert out.returncode == 0, out.stderr[-2000:]
+    drill.assert_invariant(served=1)
+    assert _champion(drill.settings) == 1
+
+
+def test_rerelease_while_triton_is_down_changes_nothing(drill: Drill, tiny_checkpoint_src, tiny_checkpoint_b_src):
+    """Scenario 2: re-running the champion's release with Triton down moved champion 2 → 1."""
+    drill.release(tiny_checkpoint_src)
+    drill.release(tiny_checkpoint_b_src)
+    before = (drill.state(), _champion(drill.settings))
+    drill.server.stop()
+    try:
+        with pytest.raises(ServingError, match="seqcls triton start"):
+            drill.release(tiny_checkpoint_b_src)
+        assert (drill.state(), _champion(drill.settings)) == before
+    finally:
+        drill.server.start()
+    sync(drill.settings)  # a restarted explicit-mode Triton serves nothing until synced
+    drill.assert_invariant(served=2)
+
+
+def test_triton_restart_comes_back_serving_the_recorded_state(drill: Drill, tiny_checkpoint_src):
+    """Scenario 3: `triton stop; triton start` came back serving nothing; `seqcls triton start` syncs."""
+    drill.release(tiny_checkpoint_src)
+    drill.server.stop()
+    out = drill.cli("triton", "start")  # the CLI's own server on the same ports and repository
+    try:
+        assert out.returncode == 0, out.stderr[-2000:]
+        assert "reconcile seqcls: serving 1" in out.stderr
+        drill.assert_invariant(served=1)
+    finally:
+        assert drill.cli("triton", "stop").returncode == 0
+        drill.server.start()
+    assert not status(drill.settings)[0].agree  # a plain restart (no CLI) is empty until synced
+    assert all(r.ok for r in sync(drill.settings))
+    drill.assert_invariant(served=1)
+
+
+def test_two_releases_racing_are_serialised_by_the_lease(
+    drill: Drill, tiny_checkpoint_b_src, ckpt_c, tiny_checkpoint_src
+):
+    """Scenario 4: two `seqcls release` at once both promoted, interleaved; now one at a time."""
+    drill.release(tiny_checkpoint_src)
+    for ckpt in (tiny_checkpoint_b_src, ckpt_c):  # the heavy steps first, so they race in serving
+        run_release(open_release(ckpt, settings=drill.settings), until="validate")
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "seqcls.cli", "release", "--checkpoint", str(c)],
+            env=drill.env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for c in (tiny_checkpoint_b_src, ckpt_c)
+    ]
+    outs = [p.communicate(timeout=600) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], [o[1][-1500:] for o in outs]
+    history = [(h.action, h.version) for h in drill.state().history]
+    staged = [v for a, v in history if a == "candidate"]
+    # never two candidates in flight: each candidate is released before the next one is staged
+    for first, second in itertools.pairwise(staged):
+        assert history.index(("release", first)) < history.index(("candidate", second)), history
+    drill.assert_invariant()
+    assert drill.state().serving in (2, 3) and drill.state().previous in (2, 3)
+
+
+def test_a_second_release_waiting_too_long_names_the_holder(drill: Drill, tiny_checkpoint_src, tiny_checkpoint_b_src):
+    from seqcls.serving.control import LeaseContext, lease_context, release_owner
+    from seqcls.serving.lease import ReleaseLease
+
+    drill.release(tiny_checkpoint_src)
+    holder = ReleaseLease(drill.repo, "seqcls")
+    holder.acquire(release_owner("seqcls", "f" * 64), kind="run", run="dag/run-42", step="smoke", timeout=1)
+    try:
+        with lease_context(LeaseContext(timeout=1.0)), pytest.raises(SeqclsError, match=r"run-42.*smoke|smoke.*run-42"):
+            drill.release(tiny_checkpoint_b_src)
+    finally:
+        holder.break_lease("test", "done")
+    drill.assert_invariant(served=1)
+
+
+# --- kill -9 at every step boundary and inside publish / reload -----------------------------------
+
+KILL_POINTS = [
+    "step:before:publish",
+    "publish:written",
+    "publish:renamed:tokenizer",
+    "step:after:publish",
+    "state:written",
+    "reconcile:after-widen",
+    "step:after:reload",
+    "step:after:smoke",
+    "reconcile:after-routes",
+    "step:after:expose",
+]
+
+
+def test_kill_9_anywhere_then_one_sync_converges(drill: Drill, tiny_checkpoint_src, tiny_checkpoint_b_src):
+    drill.release(tiny_checkpoint_src)
+    release_b = open_release(tiny_checkpoint_b_src, settings=drill.settings)
+    run_release(release_b, until="validate")
+    fingerprints = {open_release(tiny_checkpoint_src, settings=drill.settings).checkpoint.fingerprint: "A"}
+    fingerprints[release_b.checkpoint.fingerprint] = "B"
+    seen = []
+    for point in KILL_POINTS:
+        served_before = drill.state().serving
+        out = drill.cli("release", "--checkpoint", str(tiny_checkpoint_b_src), SEQCLS_FAULT_PLAN=f"die@{point}")
+        assert out.returncode == -9, f"{point}: expected SIGKILL, got {out.returncode}: {out.stderr[-1500:]}"
+        results = sync(drill.settings)
+        assert all(r.ok for r in results), (point, [r.to_dict() for r in results])
+        drill.assert_invariant()
+        state = drill.state()
+        served = fingerprints[state.fingerprint_of(state.serving)]
+        seen.append((point, served_before, f"{served} (v{state.serving})"))
+        if served == "B":  # B got exposed before the kill: roll back to A for the next point
+            assert drill.cli("rollback", "--model-name", "seqcls").returncode == 0, point
+            drill.assert_invariant(served=1)
+    print("\nkill -9 drill (point, served before, served after one sync):", seen)
+    after = [s for _, _, s in seen]
+    assert after[0].startswith("A") and after[-1].startswith("B"), seen  # killed before publish / after expose
+
+
+# --- servers dying under a release ----------------------------------------------------------------
+
+
+def test_triton_killed_and_restarted_mid_reload(drill: Drill, tiny_checkpoint_src, tiny_checkpoint_b_src):
+    drill.release(tiny_checkpoint_src)
+    run_release(open_release(tiny_checkpoint_b_src, settings=drill.settings), until="publish")
+    out = drill.cli(
+        "release", "--checkpoint", str(tiny_checkpoint_b_src), SEQCLS_FAULT_PLAN="die@reconcile:after-widen"
+    )
+    assert out.returncode == -9
+    drill.server.stop()  # Triton dies with a half-done reload behind it
+    drill.server.start()
+    assert drill.cli("sync").returncode == 0
+    drill.assert_invariant(served=1)
+
+
+def test_two_endpoints_one_killed_mid_switch(
+    drill: Drill, drill_root: Path, tiny_checkpoint_src, tiny_checkpoint_b_src
+):
+    from seqcls.steps.expose import expose
+
+    second = _start(drill_root, "second", drill.server.config.repository)
+    try:
+        both = Settings.from_env(
+            triton_grpc=(drill.server.config.grpc_url, second.config.grpc_url),
+            triton_http=(drill.server.config.http_url, second.config.http_url),
+        )
+        drill.release(tiny_checkpoint_src, settings=both)
+        release_b = open_release(tiny_checkpoint_b_src, settings=both)
+        run_release(release_b, until="smoke")
+        second.stop()  # an endpoint already down: the switch is refused before anything is recorded
+        with pytest.raises(ServingError, match="seqcls triton start"):
+            expose(release_b)
+        assert current_state(drill.repo, "seqcls").serving == 1
+        second.start()
+        assert all(r.ok for r in sync(both))  # the candidate comes back on the restarted endpoint
+        # now it dies *during* the switch: the moment the recorded state says 2
+        watcher = _when(lambda: current_state(drill.repo, "seqcls").serving == 2, second.stop)
+        try:
+            expose(release_b)
+            outcome = "switched before it died"
+        except ServingError as exc:
+            assert "seqcls sync" in str(exc)
+            outcome = "failed naming the endpoint"
+        watcher.join(timeout=60)
+        print(f"\nexpose with an endpoint killed mid-switch: {outcome}")
+        assert current_state(drill.repo, "seqcls").serving == 2  # recorded before any endpoint was touched
+        second.start()
+        results = sync(both)
+        assert all(r.ok for r in results), [r.to_dict() for r in results]
+        reports = status(both)
+        assert reports[0].agree, "\n".join(reports[0].lines())
+        assert set(reports[0].endpoints) == {drill.server.config.grpc_url, second.config.grpc_url}
+    finally:
+        second.stop()
+
+
+def test_disk_full_while_writing_a_version(drill: Drill, tiny_checkpoint_src, tiny_checkpoint_b_src):
+    drill.release(tiny_checkpoint_src)
+    out = drill.cli("release", "--checkpoint", str(tiny_checkpoint_b_src), SEQCLS_FAULT_PLAN="enospc@publish:copy")
+    assert out.returncode == 1 and "No space left on device" in out.stderr, out.stderr[-1500:]
+    assert not list(drill.repo.glob(".tmp-publish-*"))
+    drill.assert_invariant(served=1)
+
+
+# --- nothing un-smoked is exposed -----------------------------------------------------------------
+
+
+def test_unpinned_clients_never_see_an_unsmoked_model(
+    drill: Drill, tiny_checkpoint_src, tiny_checkpoint_b_src, tmp_path: Path
+):
+    """A release whose postprocess answers wrong: smoke fails on the candidate route, rollback;
+    an unpinned client loop running through it sees only the served version's answers."""
+    from seqcls.records import Expected
+    from seqcls.serving.client import TritonOps, endpoints_from_settings
+
+    results = {r.step: r for r in drill.release(tiny_checkpoint_src)}
+    expected = Expected.load(open_release(tiny_checkpoint_src, settings=drill.settings).workspace)
+    text = expected.items[0].text
+    want = sorted(expected.items[0].labels)
+    src = tmp_path / "source"
+    shutil.copytree(PROJECT_ROOT / "model_repository", src)
+    post = src / "seqcls_postprocess" / "model.py"
+    post.write_text(post.read_text().replace("seqcls_decide.sigmoid(logits)", "seqcls_decide.sigmoid(-logits)"))
+    bad = Settings.from_env(model_repository_source=src)
+    stop, answers, wrong, errors = threading.Event(), [0], [0], []
+
+    def loop() -> None:
+        client = TritonOps(endpoints_from_settings(drill.settings)[0])
+        deadline = time.monotonic() + 300
+        while not stop.is_set() and time.monotonic() < deadline:
+            try:
+                preds, _ = client.infer([text])  # unpinned, as real clients are
+                answers[0] += 1
+                wrong[0] += sorted(p["label"] for p in preds[0]) != want
+            except Exception as exc:
+                errors.append(str(exc)[:200])
+
+    threads = [threading.Thread(target=loop) for _ in range(2)]
+    for t in threads:
+        t.start()
+    try:
+        with pytest.raises(SeqclsError, match="smoke test of seqcls version 2 failed"):
+            drill.release(tiny_checkpoint_b_src, settings=bad)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
+    print(f"\nunpinned client during a bad release: {answers[0]} answers, {wrong[0]} wrong, {len(errors)} errors")
+    assert answers[0] > 20 and wrong[0] == 0 and not errors, errors[:3]
+    assert results["expose"].status == "ok"
+    drill.assert_invariant(served=1)
+
+
+def test_status_json_and_exit_codes(drill: Drill, tiny_checkpoint_src):
+    out = drill.cli("status")
+    assert out.returncode == 1 and "nothing released yet" in out.stdout
+    drill.release(tiny_checkpoint_src)
+    out = drill.cli("status", "--json")
+    assert out.returncode == 0, out.stdout
+    data = json.loads(out.stdout)
+    assert data[0]["agree"] and data[0]["recorded"]["serving"] == 1
+    assert data[0]["endpoints"][drill.server.config.grpc_url][ENSEMBLE] == [1]
+    drill.server.stop()
+    try:
+        out = drill.cli("status")
+        assert out.returncode == 1 and "start it, then run `seqcls sync`" in out.stdout
+    finally:
+        drill.server.start()
+
+
+# --- a real mlflow server killed at register, at promote and during undo ---------------------------
+
+
+class MlflowServer:
+    """``mlflow server`` on loopback that a drill can kill -9 and bring back (same port, same store)."""
+
+    def __init__(self, root: Path) -> None:
+        from seqcls.localtriton import free_port
+
+        self.root, self.port = root, free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        import urllib.request
+
+        log = open(self.root / "mlflow.log", "ab")  # noqa: SIM115 (the server owns it)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", f"sqlite:///{self.root}/server.db",
+             "--artifacts-destination", str(self.root / "artifacts"), "--host", "127.0.0.1", "--port", str(self.port),
+             "--workers", "1"],
+            stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            env={**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"},
+        )  # fmt: skip
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            try:
+                if urllib.request.urlopen(f"{self.url}/health", timeout=2).status == 200:
+                    return
+            except OSError:
+                time.sleep(0.5)
+            assert self.proc.poll() is None, (self.root / "mlflow.log").read_text()[-2000:]
+        pytest.fail("mlflow server did not become healthy in 120 s")
+
+    def kill(self) -> None:
+        import signal
+
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MlflowServer]:
+    server = MlflowServer(tmp_path_factory.mktemp("mlflow-server"))
+    server.start()
+    yield server
+    server.kill()
+
+
+@pytest.fixture
+def mlflow_drill(drill: Drill, mlflow_server: MlflowServer, monkeypatch: pytest.MonkeyPatch) -> Drill:
+    """The drill against the real server, with a model name of its own (the store outlives one drill)."""
+    if mlflow_server.proc is None or mlflow_server.proc.poll() is not None:
+        mlflow_server.start()
+    fast = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": "10"}
+    for key, value in {**fast, "SEQCLS_MLFLOW_TRACKING_URI": mlflow_server.url}.items():
+        monkeypatch.setenv(key, value)
+    drill.env.update(fast, SEQCLS_MLFLOW_TRACKING_URI=mlflow_server.url)
+    drill.settings = Settings.from_env()
+    from seqcls.registry import client
+
+    c = client(drill.settings)
+    for rm in c.search_registered_models():
+        c.delete_registered_model(rm.name)
+    return drill
+
+
+def test_mlflow_killed_at_register(
+    mlflow_drill: Drill, mlflow_server: MlflowServer, tiny_checkpoint_src, tiny_checkpoint_b_src
+):
+    drill = mlflow_drill
+    drill.release(tiny_checkpoint_src)
+    run_release(open_release(tiny_checkpoint_b_src, settings=drill.settings), until="validate")
+    mlflow_server.kill()
+    try:
+        with pytest.raises(Exception):  # noqa: B017 (MLflow's own connection error)
+            drill.release(tiny_checkpoint_b_src)
+        assert drill.state().serving == 1 and drill.state().candidate is None  # nothing reached Triton
+    finally:
+        mlflow_server.start()
+    drill.assert_invariant(served=1)
+
+
+def test_mlflow_killed_at_promote(
+    mlflow_drill: Drill, mlflow_server: MlflowServer, tiny_checkpoint_src, tiny_checkpoint_b_src
+):
+    drill = mlflow_drill
+    drill.release(tiny_checkpoint_src)
+    release_b = open_release(tiny_checkpoint_b_src, settings=drill.settings)
+    run_release(release_b, until="expose")
+    mlflow_server.kill()
+    try:
+        out = drill.cli("promote", "--checkpoint", str(tiny_checkpoint_b_src))
+        assert out.returncode != 0
+        assert drill.state().serving == 2  # the smoke-tested version keeps serving
+    finally:
+        mlflow_server.start()
+    assert not status(drill.settings)[0].agree  # champion lags behind what is served
+    assert all(r.ok for r in sync(drill.settings))
+    drill.assert_invariant(served=2)
+
+
+def test_mlflow_killed_during_undo(
+    mlflow_drill: Drill, mlflow_server: MlflowServer, tiny_checkpoint_src, tiny_checkpoint_b_src, tmp_path: Path
+):
+    drill = mlflow_drill
+    drill.release(tiny_checkpoint_src)
+    src = tmp_path / "source"
+    shutil.copytree(PROJECT_ROOT / "model_repository", src)
+    post = src / "seqcls_postprocess" / "model.py"
+    post.write_text(post.read_text().replace("seqcls_decide.sigmoid(logits)", "seqcls_decide.sigmoid(-logits)"))
+    bad = Settings.from_env(model_repository_source=src)
+    release_b = open_release(tiny_checkpoint_b_src, settings=bad)
+    # MLflow dies once the candidate is staged: smoke fails → rollback meets a dead registry
+    watcher = _when(lambda: current_state(drill.repo, "seqcls").candidate is not None, mlflow_server.kill)
+    try:
+        with pytest.raises(SeqclsError, match="smoke test of seqcls version 2 failed"):
+            run_release(release_b)  # Triton is restored first; the registry undo fails and says so
+        watcher.join(timeout=60)
+        rb = release_b.workspace.step("rollback")["summary"]
+        assert rb["rolled_back"] and "error" in rb["registry"]
+        assert drill.state().serving == 1 and drill.state().candidate is None
+    finally:
+        mlflow_server.start()
+    drill.assert_invariant(served=1)
