@@ -348,6 +348,17 @@ def test_release_skip_then_smoke_failure_rolls_back(
     assert "smoke test of seqcls version 2 failed" in text
     assert "rollback: ok in" in text and "serving 1 again" in text
 
+    # 4. Triton restarts (explicit mode comes back empty): the seqcls_sync DAG serves version 1 again
+    triton.stop()
+    triton.start()
+    assert _ready(triton) == {}
+    from airflow.dag_processing.dagbag import DagBag
+
+    sync_dag = DagBag(dag_folder=str(DAGS)).dags[SYNC_DAG_ID]
+    run = sync_dag.test()
+    assert run.state == "success", run.state
+    assert _ready(triton) == {m: ["1"] for m in MODELS}
+
 
 @pytest.mark.slow
 @pytest.mark.integration

@@ -371,8 +371,37 @@ def test_disk_full_while_writing_a_version(drill: Drill, tiny_checkpoint_src, ti
     drill.release(tiny_checkpoint_src)
     out = drill.cli("release", "--checkpoint", str(tiny_checkpoint_b_src), SEQCLS_FAULT_PLAN="enospc@publish:copy")
     assert out.returncode == 1 and "No space left on device" in out.stderr, out.stderr[-1500:]
+    assert "Nothing was published and nothing served changed" in out.stderr
     assert not list(drill.repo.glob(".tmp-publish-*"))
     drill.assert_invariant(served=1)
+
+
+def test_disk_full_on_a_real_small_filesystem(
+    drill: Drill, drill_root: Path, tiny_checkpoint_src, tiny_checkpoint_b_src, tmp_path: Path
+):
+    """The repository on a size-limited tmpfs, filled until one more version cannot fit."""
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=48m", "tmpfs", str(mnt)], capture_output=True).returncode:
+        pytest.skip("cannot mount a tmpfs here (needs root); test_disk_full_while_writing_a_version injects ENOSPC")
+    server = None
+    try:
+        server = _start(drill_root, "small", mnt / "repo")
+        small = Settings.from_env(
+            triton_repository=mnt / "repo", triton_grpc=(server.config.grpc_url,), triton_http=(server.config.http_url,)
+        )
+        drill.release(tiny_checkpoint_src, settings=small)
+        version_bytes = sum(f.stat().st_size for f in (mnt / "repo").glob("*/1/*") if f.is_file())
+        (mnt / "filler").write_bytes(b"\0" * max(0, shutil.disk_usage(mnt).free - version_bytes // 2))
+        with pytest.raises(ServingError, match="No space left on device"):
+            drill.release(tiny_checkpoint_b_src, settings=small)
+        assert not list((mnt / "repo").glob(".tmp-publish-*"))
+        reports = status(small)
+        assert reports[0].agree and reports[0].recorded["serving"] == 1, "\n".join(reports[0].lines())
+    finally:
+        if server is not None:
+            server.stop()
+        subprocess.run(["umount", str(mnt)], check=False)
 
 
 # --- nothing un-smoked is exposed -----------------------------------------------------------------

@@ -202,7 +202,14 @@ def publish(release: Release, options: ServingOptions | None = None, *, retain: 
                 tmp = repo.root / f".tmp-publish-{os.getpid()}-{version}"
                 shutil.rmtree(tmp, ignore_errors=True)
                 try:
-                    sizes = _write_version(repo, tmp, version, values, key, release, options, sources)
+                    try:
+                        sizes = _write_version(repo, tmp, version, values, key, release, options, sources)
+                    except OSError as exc:  # disk full, read-only volume...: nothing was renamed into place
+                        free = shutil.disk_usage(repo.root).free
+                        raise ServingError(
+                            f"{repo.root}: writing version {version} failed ({exc}); {free / 1e6:.1f} MB free. Nothing "
+                            "was published and nothing served changed; free space on the repository volume and retry."
+                        ) from exc
                     faults.point("publish:written")
                     for model in (*COMPOSING, ENSEMBLE):  # composing models first, the ensemble last
                         (repo.root / model).mkdir(parents=True, exist_ok=True)

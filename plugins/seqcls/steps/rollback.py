@@ -152,7 +152,7 @@ def rollback(
         from seqcls.registry import undo
 
         result.summary["registry"] = _registry(lambda: undo(release, reason=reason, champion=False))
-        ws.mark(STEP, registry=result.summary["registry"])
+        ws.mark(STEP, summary=result.summary)
     registry = result.summary.get("registry") or {}
     if registry.get("actions"):
         result.message += "; registry: " + "; ".join(registry["actions"])
