@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from seqcls.errors import CheckpointError
+from seqcls.safeload import scan_pickle
 
 log = logging.getLogger(__name__)
 
@@ -203,6 +204,8 @@ def _find_weights(root: Path) -> Path:
     if weights is None:
         raise CheckpointError(f"{root}: no weights — expected one of {', '.join(WEIGHT_FILES)}.")
     _check_weights(weights)
+    if weights.suffix == ".pdparams":
+        scan_pickle(weights)  # a pickle: refuse any global but arrays before paddle ever unpickles it
     return weights
 
 

@@ -181,3 +181,11 @@ def dag_schedule() -> str:
 
 def default_runtime() -> str:
     return os.environ.get(ENV_RUNTIME) or RUNTIMES[0]
+
+
+ENV_ALLOW_UNSAFE_PICKLE = "SEQCLS_ALLOW_UNSAFE_PICKLE"  # 1: load .pdparams pickles without the allowlist scan
+
+
+def allow_unsafe_pickle() -> bool:
+    """``SEQCLS_ALLOW_UNSAFE_PICKLE=1``: skip :func:`seqcls.safeload.scan_pickle` (default off, never advised)."""
+    return os.environ.get(ENV_ALLOW_UNSAFE_PICKLE, "").strip().lower() in ("1", "true", "yes", "on")

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from seqcls.errors import CheckpointError, ConversionError
 from seqcls.records import OUT_DIRS
+from seqcls.safeload import scan_pickle
 from seqcls.serving import shipped
 from seqcls.workspace import Release, StepResult
 
@@ -42,6 +43,8 @@ def _load_dygraph(release: Release):
 
     paddle.set_device("cpu")
     path = release.checkpoint.path
+    if release.checkpoint.weights.suffix == ".pdparams":
+        scan_pickle(release.checkpoint.weights)  # again: the file may have changed since the checkpoint step
     try:
         model = AutoModelForSequenceClassification.from_pretrained(str(path))
     except Exception as exc:  # paddlenlp raises many types for a broken checkpoint
@@ -64,6 +67,7 @@ def _file_tensors(weights: Path) -> dict:
         return load_file(str(weights))
     import paddle
 
+    scan_pickle(weights)  # paddle.load unpickles
     state = paddle.load(str(weights), return_numpy=True)
     if not isinstance(state, dict):
         raise CheckpointError(f"{weights}: holds a {type(state).__name__}, not a state dict of tensors.")
