@@ -310,6 +310,20 @@ def test_kill_9_anywhere_then_one_sync_converges(drill: Drill, tiny_checkpoint_s
     assert after[0].startswith("A") and after[-1].startswith("B"), seen  # killed before publish / after expose
 
 
+def test_the_next_release_takes_over_from_a_killed_one(
+    drill: Drill, tiny_checkpoint_src, tiny_checkpoint_b_src, ckpt_c
+):
+    """No sync in between: B killed with its candidate staged; C's release recovers the lease and the state."""
+    drill.release(tiny_checkpoint_src)
+    out = drill.cli("release", "--checkpoint", str(tiny_checkpoint_b_src), SEQCLS_FAULT_PLAN="die@step:after:reload")
+    assert out.returncode == -9 and drill.state().candidate is not None
+    results = {r.step: r for r in drill.release(ckpt_c)}
+    assert results["promote"].status == "ok"
+    assert drill.state().candidate is None and drill.state().serving == results["publish"].summary["version"]
+    assert any(h.action == "abandon" for h in drill.state().history)
+    drill.assert_invariant()
+
+
 # --- servers dying under a release ----------------------------------------------------------------
 
 

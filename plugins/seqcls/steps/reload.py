@@ -77,7 +77,12 @@ def stage(release: Release, endpoints: Sequence[Endpoint], options: ServingOptio
         check_stageable(repo, version, state.serving)
 
     def change(s: ServingState) -> ServingState:
-        return s if s.serving == version else s.with_candidate(version, fp, owner)
+        if s.serving == version:
+            return s
+        if s.candidate not in (None, version):  # we hold the lease: that candidate's release is gone
+            log.warning("reload: abandoning candidate %s of a release that no longer runs", s.candidate)
+            s = s.without_candidate(owner, "abandoned: its release no longer holds the lease")
+        return s.with_candidate(version, fp, owner)
 
     log.info("reload: %s version %d on %d endpoint(s) (serving %s)", model, version, len(endpoints), state.serving)
     t0 = time.perf_counter()
