@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from seqcls.serving import control
-from seqcls.serving.lease import ReleaseLease
+from seqcls.serving.lease import ReleaseLease, pid_alive
 from seqcls.serving.names import CANDIDATE_ENSEMBLE
 from seqcls.serving.repository import Repository
 from seqcls.serving.state import STATE_PREFIX, ServingState, current_state
@@ -102,27 +102,15 @@ def stale_temporaries(repo: Repository) -> list[Path]:
     for p in [*repo.root.glob(".tmp-publish-*"), *repo.root.glob(f"{CANDIDATE_ENSEMBLE}/.tmp-*")]:
         parts = p.name.split("-")
         pid = next((int(x) for x in parts if x.isdigit()), None)
-        if pid is None or not _pid_alive(pid):
+        if pid is None or not pid_alive(pid):
             found.append(p)
-    found += [p for p in repo.root.glob("*/.config.pbtxt.*.tmp") if not _pid_alive(_pid_of(p.name))]
+    found += [p for p in repo.root.glob("*/.config.pbtxt.*.tmp") if not pid_alive(_pid_of(p.name))]
     return found
 
 
 def _pid_of(name: str) -> int:
     digits = [x for x in name.split(".") if x.isdigit()]
-    return int(digits[0]) if digits else -1
-
-
-def _pid_alive(pid: int) -> bool:
-    if pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    return int(digits[0]) if digits else 0
 
 
 def incomplete_versions(repo: Repository, keep: set[int]) -> list[Path]:

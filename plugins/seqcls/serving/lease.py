@@ -57,8 +57,8 @@ def _pid_start(pid: int) -> float | None:
         return None
 
 
-def _pid_alive(pid: int, started: float | None) -> bool:
-    """Whether ``pid`` on this host is still the process that took the lease."""
+def pid_alive(pid: int, started: float | None = None) -> bool:
+    """Whether ``pid`` on this host is (still) that process: ``started`` guards against pid reuse."""
     try:
         import psutil
     except ImportError:  # pragma: no cover - psutil is a dependency
@@ -176,7 +176,7 @@ class ReleaseLease:
         """Why ``holder`` no longer counts (None while it does)."""
         now = time.time() if now is None else now
         same_host = holder.kind == "process" and holder.host == socket.gethostname()
-        if same_host and holder.pid != os.getpid() and not _pid_alive(holder.pid, holder.pid_start):
+        if same_host and holder.pid != os.getpid() and not pid_alive(holder.pid, holder.pid_start):
             return f"its process {holder.pid} on this host ({holder.host}) is gone"
         if now > holder.expires_at:
             return f"it was last renewed {holder.renewed_at} and its ttl of {holder.ttl_seconds:.0f}s has passed"
