@@ -41,6 +41,24 @@ from seqcls.workspace import open_release
 pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.drill]
 
 
+RECORD: list[dict] = []  # scenario → outcome → seconds to recover, written to var/test-artifacts/drills.json
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _drill_record() -> Iterator[None]:
+    yield
+    out = PROJECT_ROOT / "var" / "test-artifacts" / "drills.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(RECORD, indent=1, ensure_ascii=False), encoding="utf-8")
+
+
+def _timed_sync(settings: Settings, scenario: str, outcome: str) -> list:
+    t0 = time.perf_counter()
+    results = sync(settings)
+    RECORD.append({"scenario": scenario, "outcome": outcome, "recover_seconds": round(time.perf_counter() - t0, 2)})
+    return results
+
+
 def _start(root: Path, name: str, repository: Path) -> LocalTriton:
     http, grpc, metrics = free_ports(3)
     cfg = TritonServerConfig(
@@ -205,7 +223,7 @@ def test_rerelease_while_triton_is_down_changes_nothing(drill: Drill, tiny_check
         assert (drill.state(), _champion(drill.settings)) == before
     finally:
         drill.server.start()
-    sync(drill.settings)  # a restarted explicit-mode Triton serves nothing until synced
+    _timed_sync(drill.settings, "re-release of the champion while Triton is down", "refused, nothing changed")
     drill.assert_invariant(served=2)
 
 
@@ -222,7 +240,7 @@ def test_triton_restart_comes_back_serving_the_recorded_state(drill: Drill, tiny
         assert drill.cli("triton", "stop").returncode == 0
         drill.server.start()
     assert not status(drill.settings)[0].agree  # a plain restart (no CLI) is empty until synced
-    assert all(r.ok for r in sync(drill.settings))
+    assert all(r.ok for r in _timed_sync(drill.settings, "Triton stop + start", "empty until synced"))
     drill.assert_invariant(served=1)
 
 
@@ -272,6 +290,10 @@ def test_a_second_release_waiting_too_long_names_the_holder(drill: Drill, tiny_c
 # --- kill -9 at every step boundary and inside publish / reload -----------------------------------
 
 KILL_POINTS = [
+    "step:after:export",
+    "step:after:convert",
+    "step:after:validate",
+    "step:after:register",
     "step:before:publish",
     "publish:written",
     "publish:renamed:tokenizer",
@@ -282,6 +304,7 @@ KILL_POINTS = [
     "step:after:smoke",
     "reconcile:after-routes",
     "step:after:expose",
+    "step:after:promote",
 ]
 
 
@@ -296,12 +319,13 @@ def test_kill_9_anywhere_then_one_sync_converges(drill: Drill, tiny_checkpoint_s
         served_before = drill.state().serving
         out = drill.cli("release", "--checkpoint", str(tiny_checkpoint_b_src), SEQCLS_FAULT_PLAN=f"die@{point}")
         assert out.returncode == -9, f"{point}: expected SIGKILL, got {out.returncode}: {out.stderr[-1500:]}"
-        results = sync(drill.settings)
+        results = _timed_sync(drill.settings, f"kill -9 at {point}", "")
         assert all(r.ok for r in results), (point, [r.to_dict() for r in results])
         drill.assert_invariant()
         state = drill.state()
         served = fingerprints[state.fingerprint_of(state.serving)]
         seen.append((point, served_before, f"{served} (v{state.serving})"))
+        RECORD[-1]["outcome"] = f"serves {served} after one sync"
         if served == "B":  # B got exposed before the kill: roll back to A for the next point
             assert drill.cli("rollback", "--model-name", "seqcls").returncode == 0, point
             drill.assert_invariant(served=1)
@@ -336,7 +360,9 @@ def test_triton_killed_and_restarted_mid_reload(drill: Drill, tiny_checkpoint_sr
     assert out.returncode == -9
     drill.server.stop()  # Triton dies with a half-done reload behind it
     drill.server.start()
-    assert drill.cli("sync").returncode == 0
+    assert all(r.ok for r in _timed_sync(drill.settings, "Triton killed + restarted mid-reload", "serves A"))
+    out = drill.cli("sync", "--json")  # safe to run again at any time: nothing left to do
+    assert out.returncode == 0 and json.loads(out.stdout)[0]["actions"] == [], out.stdout
     drill.assert_invariant(served=1)
 
 
@@ -372,7 +398,7 @@ def test_two_endpoints_one_killed_mid_switch(
         print(f"\nexpose with an endpoint killed mid-switch: {outcome}")
         assert current_state(drill.repo, "seqcls").serving == 2  # recorded before any endpoint was touched
         second.start()
-        results = sync(both)
+        results = _timed_sync(both, "2 endpoints, one killed mid-switch", outcome)
         assert all(r.ok for r in results), [r.to_dict() for r in results]
         reports = status(both)
         assert reports[0].agree, "\n".join(reports[0].lines())
@@ -583,7 +609,7 @@ def test_mlflow_killed_at_promote(
     finally:
         mlflow_server.start()
     assert not status(drill.settings)[0].agree  # champion lags behind what is served
-    assert all(r.ok for r in sync(drill.settings))
+    assert all(r.ok for r in _timed_sync(drill.settings, "mlflow server killed at promote", "B serves, champion lags"))
     drill.assert_invariant(served=2)
 
 
