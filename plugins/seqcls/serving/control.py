@@ -24,6 +24,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from seqcls import faults
 from seqcls.errors import ServingError
 from seqcls.serving.client import Endpoint, TritonOps, ops_for
 from seqcls.serving.lease import LeaseHolder, ReleaseLease
@@ -118,8 +119,6 @@ def transition(
                 after.previous,
                 after.generation,
             )
-        from seqcls import faults
-
         faults.point("state:written")
         report = reconcile(repo, after, ops_for(endpoints), keep_previous=keep_previous)
     return before, after, report

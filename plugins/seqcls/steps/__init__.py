@@ -149,11 +149,11 @@ def run_release(release: Release, *, until: str | None = None) -> list[StepResul
     if until is not None:
         step(until)
     results = []
-    with _lease_while_serving(release) as serving:
+    with contextlib.ExitStack() as lease:  # entered at publish, held (with a heartbeat) to the end
         for s in STEPS:
             faults.point(f"step:before:{s.name}")
             if s.name == "publish":
-                serving()
+                lease.enter_context(_release_lease(release))
             try:
                 result = s(release)
             except SeqclsError as exc:
@@ -170,21 +170,14 @@ def run_release(release: Release, *, until: str | None = None) -> list[StepResul
     return results
 
 
-@contextlib.contextmanager
-def _lease_while_serving(release: Release):
-    """Yield a callable that takes the release lease (with a heartbeat) when the serving steps begin."""
+def _release_lease(release: Release):
+    """This process holds the model's release lease as the release's owner (kind ``process``)."""
     from seqcls.serving.control import release_owner
     from seqcls.serving.lease import ReleaseLease
 
-    with contextlib.ExitStack() as stack:
-
-        def take() -> None:
-            repo = Path(str(release.settings.triton_repository))
-            lease = ReleaseLease(repo, release.config.model_name)
-            owner = release_owner(release.config.model_name, release.checkpoint.fingerprint)
-            stack.enter_context(lease.hold(owner, kind="process", step="release", timeout=_lease_timeout()))
-
-        yield take
+    lease = ReleaseLease(Path(str(release.settings.triton_repository)), release.config.model_name)
+    owner = release_owner(release.config.model_name, release.checkpoint.fingerprint)
+    return lease.hold(owner, kind="process", step="release", timeout=_lease_timeout())
 
 
 def _lease_timeout() -> float:

@@ -127,10 +127,8 @@ def rollback(
                 **rollback_model(release.settings, release.config.model_name, reason=reason),
             }
         elif mode == "requested" and version is not None and state.candidate != version:
-            rolled = (ws.step("publish") or {}).get("rolled_back") and (ws.step("publish") or {}).get(
-                "failed_version"
-            ) == version
-            if not rolled:
+            published = ws.step("publish") or {}
+            if not (published.get("rolled_back") and published.get("failed_version") == version):
                 raise InputError(
                     f"{release.config.model_name} version {version} ({release.checkpoint.path}) is neither in flight "
                     f"nor served (recorded: serving {state.serving}, candidate {state.candidate}): nothing to roll "
