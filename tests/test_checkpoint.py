@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import re
+import shutil
 from pathlib import Path
 
 import pytest
 
-from seqcls.checkpoint import find_latest, resolve_checkpoint
+from seqcls.checkpoint import directory_fingerprint, find_latest, resolve_checkpoint
 from seqcls.errors import CheckpointError
 
 pytestmark = pytest.mark.slow  # the session fixture builds a real (tiny) paddle checkpoint
@@ -131,7 +133,6 @@ def test_not_a_directory(tmp_path: Path) -> None:
 
 def test_find_latest(tiny_checkpoint: Path, tmp_path: Path) -> None:
     import os
-    import shutil
 
     root = tmp_path / "root"
     root.mkdir()
@@ -145,3 +146,65 @@ def test_find_latest(tiny_checkpoint: Path, tmp_path: Path) -> None:
         find_latest(tmp_path / "empty")
     with pytest.raises(CheckpointError, match="checkpoints root does not exist"):
         find_latest(tmp_path / "missing")
+
+
+def test_bom_and_crlf_text_files_give_clean_names(tiny_checkpoint: Path) -> None:
+    bom = "\ufeff".encode()
+    labels = (tiny_checkpoint / "label.txt").read_text(encoding="utf-8").splitlines()
+    (tiny_checkpoint / "label.txt").write_bytes(bom + "\r\n".join(labels).encode() + b"\r\n")
+    (tiny_checkpoint / "golden.txt").write_bytes(bom + "一条测试文本\r\n第二条\r\n\r\n".encode())
+    vocab = (tiny_checkpoint / "vocab.txt").read_bytes()
+    (tiny_checkpoint / "vocab.txt").write_bytes(vocab.replace(b"\n", b"\r\n"))  # CRLF: PaddleNLP drops it too
+    ckpt = resolve_checkpoint(tiny_checkpoint)
+    assert ckpt.labels == tuple(labels) and ckpt.labels[0] == "组织关系"
+    assert ckpt.golden_texts == ("一条测试文本", "第二条")
+    assert not any("\ufeff" in t or "\r" in t for t in (*ckpt.labels, *ckpt.golden_texts))
+    assert ckpt.vocab_size == len(vocab.decode().splitlines())
+    # an explicitly given label file is read the same way
+    other = tiny_checkpoint.parent / "labels-crlf.txt"
+    other.write_bytes(bom + "\r\n".join(labels).encode())
+    assert resolve_checkpoint(tiny_checkpoint, label_file=other).labels == tuple(labels)
+
+
+def test_a_bom_where_paddlenlp_would_keep_it_is_refused(tiny_checkpoint: Path) -> None:
+    vocab = tiny_checkpoint / "vocab.txt"
+    vocab.write_bytes("\ufeff".encode() + vocab.read_bytes())
+    with pytest.raises(CheckpointError, match=r"vocab\.txt: starts with a UTF-8 byte-order mark.*'\\ufeff\[PAD\]'"):
+        resolve_checkpoint(tiny_checkpoint)
+    vocab.write_bytes(vocab.read_bytes()[3:])
+    config = tiny_checkpoint / "config.json"
+    config.write_bytes("\ufeff".encode() + config.read_bytes())
+    with pytest.raises(CheckpointError, match=r"config\.json: starts with a UTF-8 byte-order mark"):
+        resolve_checkpoint(tiny_checkpoint)
+
+
+@pytest.mark.parametrize("name", ["label.txt", "golden.txt", "vocab.txt", "config.json", "model_state.pdparams"])
+def test_a_file_linked_from_outside_the_checkpoint_is_refused(tiny_checkpoint: Path, tmp_path: Path, name: str) -> None:
+    outside = tmp_path / "outside" / name
+    outside.parent.mkdir()
+    link = tiny_checkpoint / name
+    if link.exists():
+        shutil.move(link, outside)
+    else:
+        outside.write_text("一条测试文本\n", encoding="utf-8")
+    link.symlink_to(outside)
+    with pytest.raises(CheckpointError, match=rf"ckpt/{re.escape(name)}: is a symlink to .*outside the checkpoint"):
+        resolve_checkpoint(tiny_checkpoint)
+    with pytest.raises(CheckpointError, match=rf"ckpt/{re.escape(name)}: is a symlink"):
+        directory_fingerprint(tiny_checkpoint)
+
+
+def test_links_inside_the_checkpoint_and_a_linked_checkpoint_are_allowed(tiny_checkpoint: Path, tmp_path: Path) -> None:
+    fp = resolve_checkpoint(tiny_checkpoint).fingerprint
+    (tiny_checkpoint / "labels").mkdir()
+    shutil.move(tiny_checkpoint / "label.txt", tiny_checkpoint / "labels" / "v1.txt")
+    (tiny_checkpoint / "label.txt").symlink_to(Path("labels") / "v1.txt")  # relative, inside
+    linked = tmp_path / "current"
+    linked.symlink_to(tiny_checkpoint, target_is_directory=True)  # the directory itself may be a link
+    ckpt = resolve_checkpoint(linked)
+    assert ckpt.path == tiny_checkpoint.resolve() and ckpt.fingerprint == fp == directory_fingerprint(linked)
+    assert ckpt.labels[1] == "组织关系##裁员"
+    # a label file given explicitly is the caller's choice, wherever it is
+    (tiny_checkpoint / "label.txt").unlink()
+    (tiny_checkpoint / "label.txt").symlink_to(tmp_path / "nowhere.txt")
+    assert resolve_checkpoint(linked, label_file=tiny_checkpoint / "labels" / "v1.txt").labels == ckpt.labels

@@ -5,7 +5,11 @@ A checkpoint is a directory as PaddleNLP's ``save_pretrained`` writes it (``conf
 plus ``label.txt`` (one label per line, hierarchy joined with ``##``) and optionally
 ``golden.txt`` (one text per line: the texts the release is validated and smoke-tested on).
 Everything checked here is cheap (no paddle import), so a bad checkpoint fails in seconds with a
-message naming the file, instead of minutes later inside an export.
+message naming the file, instead of minutes later inside an export. Text files may be saved with
+CRLF line endings, and the label and golden files with a UTF-8 byte-order mark; every file read
+from the directory must be in it (a symlink resolving outside the checkpoint is refused).
+Which checkpoint ``latest`` is — the one its training job marked complete last — is
+:mod:`seqcls.completion`.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ GOLDEN_FILE = "golden.txt"
 #: Files whose bytes define the released model; their hashes make the fingerprint.
 MODEL_FILES = ("config.json", "vocab.txt", "tokenizer_config.json", "special_tokens_map.json", LABEL_FILE)
 REQUIRED_TOKENS = ("[PAD]", "[CLS]", "[SEP]", "[UNK]")
+BOM = "\ufeff"
 WORDPIECE_TOKENIZERS = {"ErnieTokenizer", "BertTokenizer", "ErnieTokenizerFast", "BertTokenizerFast"}
 
 
@@ -92,8 +97,36 @@ def _read_text(path: Path, what: str) -> str:
         raise CheckpointError(f"{path}: cannot be read ({exc.strerror}).") from exc
 
 
-def _read_json(path: Path, what: str) -> dict:
+def _read_lines(path: Path, what: str) -> list[str]:
+    """The lines of a text file without line endings (LF, CRLF) or a leading UTF-8 byte-order mark."""
+    return _read_text(path, what).removeprefix(BOM).splitlines()
+
+
+def inside_checkpoint(root: Path, name: str) -> Path:
+    """``root / name``, refused when it is a symlink resolving outside the (resolved) checkpoint ``root``."""
+    path = root / name
+    if not path.is_symlink():
+        return path
+    try:
+        target = path.resolve()
+    except (OSError, RuntimeError) as exc:
+        raise CheckpointError(f"{path}: symlink cannot be resolved ({exc}).") from exc
+    if not target.is_relative_to(root):
+        raise CheckpointError(
+            f"{path}: is a symlink to {target}, outside the checkpoint directory {root}; a checkpoint must "
+            "hold its own files — copy the file in (cp --dereference) instead of linking to it."
+        )
+    return path
+
+
+def read_json(path: Path, what: str) -> dict:
+    """A JSON object from ``path``; any problem is a CheckpointError naming the file."""
     text = _read_text(path, what)
+    if text.startswith(BOM):
+        raise CheckpointError(
+            f"{path}: starts with a UTF-8 byte-order mark, which PaddleNLP's JSON reader refuses; "
+            "save it without the BOM."
+        )
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
@@ -153,7 +186,7 @@ def _check_weights(path: Path) -> None:
 
 def read_labels(path: Path) -> tuple[str, ...]:
     """Labels from a label file: one per line, trailing blank lines ignored, no duplicates."""
-    lines = _read_text(path, "the label file lists one label per line").splitlines()
+    lines = _read_lines(path, "the label file lists one label per line")
     while lines and not lines[-1].strip():
         lines.pop()
     labels = tuple(line.strip() for line in lines)
@@ -171,7 +204,7 @@ def read_labels(path: Path) -> tuple[str, ...]:
 
 
 def read_golden(path: Path) -> tuple[str, ...]:
-    texts = tuple(t for t in _read_text(path, "golden texts, one per line").splitlines() if t.strip())
+    texts = tuple(t for t in _read_lines(path, "golden texts, one per line") if t.strip())
     if not texts:
         raise CheckpointError(f"{path}: golden text file has no texts; remove it or add texts.")
     return texts
@@ -186,9 +219,16 @@ def _checkpoint_root(path: str | Path) -> Path:
     return root.resolve()
 
 
+def _refuse_outside_links(root: Path, *, skip: frozenset[str] = frozenset()) -> None:
+    """Every file seqcls reads from the checkpoint must be in it (a symlink to ``../x`` outside is refused)."""
+    for name in (*MODEL_FILES, *WEIGHT_FILES, GOLDEN_FILE):
+        if name not in skip:
+            inside_checkpoint(root, name)
+
+
 def _read_model_config(root: Path) -> tuple[dict, int]:
     """``config.json`` and its label count; refuses a model that is not a sequence classifier."""
-    config = _read_json(root / "config.json", "save_pretrained writes the model config there")
+    config = read_json(root / "config.json", "save_pretrained writes the model config there")
     num_labels = num_labels_of(config, root / "config.json")
     arch = config.get("architectures") or []
     if arch and not any("SequenceClassification" in a for a in arch):
@@ -199,10 +239,15 @@ def _read_model_config(root: Path) -> tuple[dict, int]:
     return config, num_labels
 
 
-def _find_weights(root: Path) -> Path:
+def _weights_path(root: Path) -> Path:
     weights = next((root / w for w in WEIGHT_FILES if (root / w).exists()), None)
     if weights is None:
         raise CheckpointError(f"{root}: no weights — expected one of {', '.join(WEIGHT_FILES)}.")
+    return weights
+
+
+def _find_weights(root: Path) -> Path:
+    weights = _weights_path(root)
     _check_weights(weights)
     if weights.suffix == ".pdparams":
         scan_pickle(weights)  # a pickle: refuse any global but arrays before paddle ever unpickles it
@@ -211,7 +256,7 @@ def _find_weights(root: Path) -> Path:
 
 def _read_do_lower_case(root: Path) -> bool:
     """``do_lower_case`` from ``tokenizer_config.json``; refuses a non-WordPiece tokenizer."""
-    tok_cfg = _read_json(root / "tokenizer_config.json", "save_pretrained writes the tokenizer config there")
+    tok_cfg = read_json(root / "tokenizer_config.json", "save_pretrained writes the tokenizer config there")
     tok_class = tok_cfg.get("tokenizer_class")
     if tok_class and tok_class not in WORDPIECE_TOKENIZERS:
         raise CheckpointError(
@@ -224,7 +269,13 @@ def _read_do_lower_case(root: Path) -> bool:
 def _read_vocab(root: Path, config: dict) -> list[str]:
     """The WordPiece vocabulary: non-empty, with the special tokens, no larger than the embeddings."""
     vocab_path = root / "vocab.txt"
-    vocab = [t for t in _read_text(vocab_path, "the WordPiece vocabulary").splitlines() if t.strip()]
+    text = _read_text(vocab_path, "the WordPiece vocabulary")
+    if text.startswith(BOM):  # CRLF is fine: PaddleNLP and the serving tokenizer both drop it
+        raise CheckpointError(
+            f"{vocab_path}: starts with a UTF-8 byte-order mark, which PaddleNLP and the serving tokenizer "
+            f"would read as part of the first token ({text.splitlines()[0]!r}); save it without the BOM."
+        )
+    vocab = [t for t in text.splitlines() if t.strip()]
     if not vocab:
         raise CheckpointError(f"{vocab_path}: vocabulary is empty.")
     missing = [t for t in REQUIRED_TOKENS if t not in vocab]
@@ -266,6 +317,8 @@ def resolve_checkpoint(
 ) -> Checkpoint:
     """Validate a checkpoint directory and fingerprint it (sha256 over the model-defining files)."""
     root = _checkpoint_root(path)
+    given = ((LABEL_FILE, label_file), (GOLDEN_FILE, golden_file))  # files given explicitly may live anywhere
+    _refuse_outside_links(root, skip=frozenset(name for name, file in given if file))
     config, num_labels = _read_model_config(root)
     weights = _find_weights(root)
     do_lower_case = _read_do_lower_case(root)
@@ -299,6 +352,13 @@ def resolve_checkpoint(
         ckpt.short_fingerprint,
     )
     return ckpt
+
+
+def directory_fingerprint(path: str | Path) -> str:
+    """The fingerprint :func:`resolve_checkpoint` gives ``path`` (with its own ``label.txt``), hashing only."""
+    root = _checkpoint_root(path)
+    _refuse_outside_links(root)
+    return _hash_model_files(root, root / LABEL_FILE, _weights_path(root))[1]
 
 
 def find_latest(root: str | Path) -> Path:
