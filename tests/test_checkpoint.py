@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
 
-from seqcls.checkpoint import directory_fingerprint, find_latest, resolve_checkpoint
+from seqcls.checkpoint import directory_fingerprint, resolve_checkpoint
+from seqcls.completion import find_latest, mark_complete, read_marker
 from seqcls.errors import CheckpointError
 
 pytestmark = pytest.mark.slow  # the session fixture builds a real (tiny) paddle checkpoint
@@ -131,21 +134,19 @@ def test_not_a_directory(tmp_path: Path) -> None:
         resolve_checkpoint(f)
 
 
-def test_find_latest(tiny_checkpoint: Path, tmp_path: Path) -> None:
-    import os
-
+def test_tiny_checkpoints_are_marked_complete_and_latest_follows_the_marker(
+    tiny_checkpoint: Path, tiny_checkpoint_b: Path, tmp_path: Path
+) -> None:
+    # build_tiny_checkpoint writes the completion marker last, as a training job does
+    done = read_marker(tiny_checkpoint)
+    assert done is not None and done.fingerprint == resolve_checkpoint(tiny_checkpoint).fingerprint
     root = tmp_path / "root"
-    root.mkdir()
-    old = shutil.copytree(tiny_checkpoint, root / "old")
-    new = shutil.copytree(tiny_checkpoint, root / "new")
-    for f in old.iterdir():
+    newer = shutil.copytree(tiny_checkpoint, root / "a")
+    older = shutil.copytree(tiny_checkpoint_b, root / "b")  # the greater name, the newer files
+    mark_complete(older, completed_at=done.completed_at - timedelta(days=1))
+    for f in newer.iterdir():
         os.utime(f, (1, 1))
-    assert find_latest(root) == new
-    (tmp_path / "empty").mkdir()
-    with pytest.raises(CheckpointError, match="no checkpoint found"):
-        find_latest(tmp_path / "empty")
-    with pytest.raises(CheckpointError, match="checkpoints root does not exist"):
-        find_latest(tmp_path / "missing")
+    assert find_latest(root) == newer  # the newer marker wins although its files are older
 
 
 def test_bom_and_crlf_text_files_give_clean_names(tiny_checkpoint: Path) -> None:

@@ -359,16 +359,3 @@ def directory_fingerprint(path: str | Path) -> str:
     root = _checkpoint_root(path)
     _refuse_outside_links(root)
     return _hash_model_files(root, root / LABEL_FILE, _weights_path(root))[1]
-
-
-def find_latest(root: str | Path) -> Path:
-    """The most recently modified checkpoint directory (one holding ``config.json``) under ``root``."""
-    root = Path(root).expanduser()
-    if not root.is_dir():
-        raise CheckpointError(f"{root}: checkpoints root does not exist; set SEQCLS_CHECKPOINTS_ROOT.")
-    candidates = [p.parent for p in root.glob("*/config.json")]
-    if (root / "config.json").exists():
-        candidates.append(root)
-    if not candidates:
-        raise CheckpointError(f"{root}: no checkpoint found (no */config.json).")
-    return max(candidates, key=lambda p: max(f.stat().st_mtime for f in p.iterdir()))

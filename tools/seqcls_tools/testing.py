@@ -3,7 +3,8 @@
 No pretrained model or vocabulary can be fetched in CI, so tests (and the demo trainer) build
 checkpoints from scratch: a vocabulary from the texts at hand, a randomly initialised
 ``ErnieForSequenceClassification`` of a chosen size, saved exactly the way a PaddleNLP training
-job's ``save_pretrained`` writes it, plus ``label.txt`` and optional golden texts. This module
+job's ``save_pretrained`` writes it, plus ``label.txt``, optional golden texts and, last, the
+completion marker (``seqcls.completion.mark_complete``) that makes it eligible as ``latest``. This module
 is a test seam shipped with the library, so downstream projects can test their DAGs the same way.
 """
 
@@ -130,13 +131,15 @@ def build_tiny_checkpoint(
     logit_scale: float = 1.0,
     safetensors: bool = False,
     vocab_size: int | None = None,
+    complete: bool = True,
 ) -> Path:
     """A randomly initialised tiny ERNIE classifier saved as a real checkpoint directory.
 
     ``logit_scale`` multiplies the classifier weights: > 1 spreads probabilities away from 0.5,
     which makes thresholded decisions stable (as a trained model's are). ``vocab_size`` pads the
     vocabulary built from ``corpus`` with synthetic ``[unusedN]`` tokens (never produced by the
-    tokenizer) up to that size, for a model with a realistic embedding table.
+    tokenizer) up to that size, for a model with a realistic embedding table. ``complete`` writes
+    the completion marker last, as a training job does (``False``: a checkpoint still being written).
     """
     import paddle
     from paddlenlp.transformers import ErnieConfig, ErnieForSequenceClassification
@@ -171,5 +174,9 @@ def build_tiny_checkpoint(
         pd = Path(out_dir) / "model_state.pdparams"
         if (Path(out_dir) / "model.safetensors").exists() and pd.exists():
             pd.unlink()
+    if complete:
+        from seqcls.completion import mark_complete
+
+        mark_complete(out_dir, run=f"seqcls_tools.testing.build_tiny_checkpoint(seed={seed})")
     log.info("built tiny ERNIE checkpoint in %s (%d labels, vocab %d)", out_dir, len(labels), len(vocab))
     return Path(out_dir)

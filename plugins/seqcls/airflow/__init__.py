@@ -79,12 +79,12 @@ def config_from_params(params: Mapping[str, Any] | str | None) -> ReleaseConfig:
 
 def locate_checkpoint(value: str | None, settings: Settings) -> Path:
     """The ``checkpoint`` param as a directory: absolute, relative to the checkpoints root, or
-    ``latest`` (the newest checkpoint under the root)."""
+    ``latest`` (the checkpoint under the root its training job marked complete last, see ``seqcls.completion``)."""
     text = (value or "").strip()
     if not text:
         raise InputError("checkpoint is empty: give a checkpoint directory or 'latest'")
     if text == LATEST:
-        from seqcls.checkpoint import find_latest
+        from seqcls.completion import find_latest
 
         path = find_latest(settings.checkpoints_root)
         log.info("checkpoint 'latest' under %s → %s", settings.checkpoints_root, path)

@@ -24,7 +24,8 @@ def run_params(model_name: str) -> dict[str, dict[str, Any]]:
             "minLength": 1,
             "title": "Checkpoint",
             "description": "Checkpoint directory (save_pretrained output + label.txt), absolute or relative to "
-            "SEQCLS_CHECKPOINTS_ROOT; 'latest' = the newest checkpoint there. Scheduled runs use 'latest'.",
+            "SEQCLS_CHECKPOINTS_ROOT; 'latest' = the one there whose SEQCLS_DONE.json marker (written by the "
+            "training job) records the newest completed_at. Scheduled runs use 'latest'.",
         },
         "runtime": {
             "default": default_runtime(),
