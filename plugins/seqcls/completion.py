@@ -71,7 +71,7 @@ def _completed_at(value: object, marker: Path) -> datetime:
 
 
 def read_marker(directory: str | Path) -> Completion | None:
-    """The completion ``directory``'s marker records; ``None`` without a marker, CheckpointError when malformed."""
+    """What ``directory``'s completion marker records: ``None`` without one, CheckpointError when malformed."""
     directory = Path(directory)
     marker = inside_checkpoint(directory.resolve(), MARKER_FILE)
     if not marker.exists() and not marker.is_symlink():
