@@ -1,6 +1,12 @@
 """
 # seqcls_release — a trained ERNIE classifier to Triton, recorded in MLflow
 
+One DAG per model of the **models file** (`SEQCLS_MODELS_FILE`, else `seqcls-models.yaml` beside
+this file; see `seqcls.airflow.models`): `seqcls_release` for the default model `seqcls`,
+`seqcls_release__<model>` for the others, each with its own schedule, checkpoints root,
+release-param defaults and Connections. Without a models file: the one DAG `seqcls_release` for
+`SEQCLS_MODEL_NAME`, scheduled by `SEQCLS_SCHEDULE`, as before.
+
 The release checklist, one task per step of the `seqcls` library (each task re-opens the
 release workspace `$SEQCLS_HOME/releases/<model>/<fingerprint>/` from its params and calls one
 step; every step is idempotent, so re-running a run or a task redoes only what is missing):
@@ -34,18 +40,25 @@ Connections to use: `triton_conn_id` (extras `grpc_endpoints`, `http_endpoints`,
 and `mlflow_conn_id` (extra `tracking_uri`). A missing Connection falls back to the `SEQCLS_*`
 environment / the local embedded setup.
 
-**Schedule** — `SEQCLS_SCHEDULE` at parse time: unset = manual only (releases are deliberate);
-a cron expression or preset (`@daily`) = scheduled; `asset` = runs when the training pipeline
-updates the Asset `seqcls://checkpoints/<model>` (`outlets=[Asset(...)]`, or
-`POST /api/v2/assets/events`); `<model>` is `SEQCLS_MODEL_NAME` (default `seqcls`, also the
-`model_name` param's default). Scheduled and asset-triggered runs always release `latest` and
-end with every task **skipped** (run state success, nothing re-released) when it already is the
-champion — manual runs too, unless `skip_if_champion` is off (e.g. to reload a restarted Triton).
+**Schedule** — the model's `schedule` in the models file (else `SEQCLS_SCHEDULE`), at parse
+time: unset/`manual` = manual only (releases are deliberate); a cron expression or preset
+(`@daily`) = scheduled; `asset` = runs when the training pipeline updates the Asset
+`seqcls://checkpoints/<model>` (`outlets=[Asset(uri=...)]`, or `POST /api/v2/assets/events`).
+Scheduled and asset-triggered runs always release `latest` (under the model's `checkpoints_root`)
+and end with every task **skipped** (run state success, nothing re-released) when it already is
+the champion — manual runs too, unless `skip_if_champion` is off (e.g. to reload a restarted Triton).
 
-**One release at a time, per model** — the serving steps take the model's release lease (a
-record next to the model repository, shared by every worker that mounts it) as this DAG run;
-its later tasks re-enter it, another run of another checkpoint waits for it (then fails naming
-the holder). `max_active_runs=1` additionally queues this DAG's runs behind each other.
+**Champion Asset** — a successful `promote` emits `seqcls://models/<model>/champion` with extra
+`{version, triton_version, fingerprint}` (MLflow version, Triton version, checkpoint sha256);
+schedule downstream DAGs on it (`schedule=[Asset(uri="seqcls://models/<model>/champion")]`) and
+read the extra from `triggering_asset_events`. Skipped or failed runs emit nothing.
+
+**One release at a time, per model; models in parallel** — the serving steps take the model's
+release lease (a record next to the model repository, shared by every worker that mounts it) as
+this DAG run; its later tasks re-enter it, another run of another checkpoint waits for it (then
+fails naming the holder). `max_active_runs=1` additionally queues this DAG's runs behind each
+other; each model has its own DAG, so alpha and beta release at the same time onto one Triton,
+each under its own Triton names (`seqcls.serving.names`).
 
 **Heavy steps elsewhere** — `SEQCLS_PADDLE_PYTHON` at parse time: export/convert/validate run
 through `@task.external_python` in that interpreter (seqcls must be installed there; Airflow
@@ -55,36 +68,29 @@ need not be), else in the worker's own.
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
-from airflow.sdk import Asset, TriggerRule, chain, dag, task
+from airflow.sdk import DAG, TriggerRule, chain, task
+from airflow.sdk.exceptions import AirflowTimetableInvalid
 
 from seqcls.airflow import RESOLVE_TASK, ROLLBACK_ON
+from seqcls.airflow.assets import champion_asset, checkpoints_asset
+from seqcls.airflow.models import ASSET_SCHEDULE, ModelSpec, release_models
 from seqcls.airflow.params import dag_params
-from seqcls.settings import Settings, dag_model_name, dag_schedule
+from seqcls.errors import InputError
+from seqcls.settings import Settings
 
-DAG_ID = "seqcls_release"
-MODEL_NAME = dag_model_name()
+#: The models this file builds a DAG for (the models file, validated; else the environment's one).
+MODELS = release_models(Path(__file__).resolve().parent)
 PADDLE_PYTHON = Settings.from_env().paddle_python
 HEAVY_TIMEOUT = timedelta(hours=3)
 SERVING_TIMEOUT = timedelta(minutes=20)
-CHECKPOINTS_ASSET = Asset(name=f"seqcls-checkpoints-{MODEL_NAME}", uri=f"seqcls://checkpoints/{MODEL_NAME}")
-
-
-def _schedule(value: str | None):
-    value = (value or "").strip()
-    if value.lower() in ("", "none", "manual"):
-        return None
-    if value.lower() == "asset":
-        return [CHECKPOINTS_ASSET]
-    return value  # a cron expression or preset; Airflow rejects a bad one at parse time
-
 
 # What resolve_checkpoint resolved; empty under `airflow tasks test` (no XCom between calls),
 # where every task falls back to the `checkpoint` param.
 CHECKPOINT = f"{{{{ ti.xcom_pull(task_ids='{RESOLVE_TASK}', key='checkpoint') or '' }}}}"
 FINGERPRINT = f"{{{{ ti.xcom_pull(task_ids='{RESOLVE_TASK}', key='fingerprint') or '' }}}}"
 PARAMS_JSON = "{{ params | tojson }}"
-PARAMS = dag_params(MODEL_NAME)
 
 
 def heavy_task(fn):
@@ -124,18 +130,44 @@ def validate_parity(checkpoint: str, fingerprint: str, params_json: str) -> dict
     return report(validate(open_for_task(checkpoint, params_json, fingerprint=fingerprint)))
 
 
-@dag(
-    dag_id=DAG_ID,
-    schedule=_schedule(dag_schedule()),
-    start_date=datetime(2025, 1, 1, tzinfo=UTC),
-    catchup=False,
-    max_active_runs=1,
-    doc_md=__doc__,
-    params=PARAMS,
-    default_args={"retries": 0, "execution_timeout": SERVING_TIMEOUT},
-    tags=["seqcls", "release", "triton", "mlflow"],
-)
-def seqcls_release():
+def release_dag(spec: ModelSpec) -> DAG:
+    """One model's release DAG (max_active_runs=1: this model's runs queue, other models' do not)."""
+    schedule = [checkpoints_asset(spec.name)] if spec.schedule == ASSET_SCHEDULE else spec.schedule
+    with DAG(
+        dag_id=spec.dag_id,
+        schedule=schedule,
+        start_date=datetime(2025, 1, 1, tzinfo=UTC),
+        catchup=False,
+        max_active_runs=1,
+        doc_md=_doc(spec),
+        params=dag_params(spec.name, {**spec.params, "checkpoints_root": spec.checkpoints_root}),
+        default_args={"retries": 0, "execution_timeout": SERVING_TIMEOUT},
+        tags=["seqcls", "release", "triton", "mlflow", f"model:{spec.name}"],
+    ) as release:
+        release_tasks(spec.name)
+    try:
+        release.timetable.validate()
+    except AirflowTimetableInvalid as exc:  # name the file and the model, not only Airflow's words
+        raise InputError(f"{spec.where()}: schedule {spec.schedule!r} is not a valid cron expression: {exc}") from exc
+    return release
+
+
+def _doc(spec: ModelSpec) -> str:
+    source = f"models file `{spec.source}`" if spec.source else "the environment (no models file)"
+    schedule = {None: "manual", ASSET_SCHEDULE: f"Asset `{checkpoints_asset(spec.name).uri}`"}.get(
+        spec.schedule, f"`{spec.schedule}`"
+    )
+    head = (
+        f"**Model `{spec.name}`** (from {source}) — schedule {schedule}; promote emits "
+        f"`{champion_asset(spec.name).uri}`."
+    )
+    title, rest = __doc__.strip().split("\n", 1)
+    return f"{title}\n\n{head}\n{rest}"
+
+
+def release_tasks(model_name: str) -> None:
+    """The release checklist's tasks for ``model_name``, in the DAG being defined (promote emits its champion)."""
+
     @task(execution_timeout=timedelta(minutes=10))
     def resolve_checkpoint(params=None, dag_run=None, ti=None) -> dict:
         """Validate params + checkpoint before any heavy work; skip when it already is champion."""
@@ -144,6 +176,7 @@ def seqcls_release():
         from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
         from seqcls.airflow import LATEST, champion_skip_reason, config_from_params, locate_checkpoint, task_settings
+        from seqcls.airflow.models import dag_id_for
         from seqcls.errors import InputError
         from seqcls.workspace import open_release
 
@@ -153,6 +186,11 @@ def seqcls_release():
         try:
             settings = task_settings(params)
             config = config_from_params(params)
+            if config.model_name != model_name:  # the lease, max_active_runs and the champion Asset are per model
+                raise InputError(
+                    f"this DAG releases {model_name!r}, not model_name {config.model_name!r}: "
+                    f"trigger that model's own DAG ({dag_id_for(config.model_name)!r} when the models file lists it)"
+                )
             path = locate_checkpoint(LATEST if automatic else params.get("checkpoint"), settings)
             release = open_release(path, config, settings)
         except InputError as exc:  # the user's input: no retry can fix it
@@ -217,12 +255,16 @@ def seqcls_release():
 
         return run_task_step("expose", checkpoint, fingerprint, params, ti)
 
-    @task
-    def promote(checkpoint: str, fingerprint: str, params=None, ti=None) -> dict:
-        """Alias `champion` → this version (it is served now); the one it replaces becomes `previous-champion`."""
+    @task(outlets=[champion_asset(model_name)])
+    def promote(checkpoint: str, fingerprint: str, params=None, ti=None, outlet_events=None) -> dict:
+        """Alias `champion` → this version (it is served now); the one it replaces becomes `previous-champion`.
+        Emits the champion Asset with {version, triton_version, fingerprint} (only when this task succeeds)."""
         from seqcls.airflow import run_task_step
+        from seqcls.airflow.assets import record_champion
 
-        return run_task_step("promote", checkpoint, fingerprint, params, ti)
+        summary = run_task_step("promote", checkpoint, fingerprint, params, ti)
+        record_champion(outlet_events, model_name, summary)
+        return summary
 
     @task(trigger_rule=TriggerRule.ONE_FAILED)
     def rollback(checkpoint: str, fingerprint: str, params=None, ti=None) -> dict:
@@ -256,4 +298,5 @@ def seqcls_release():
     [t for t in tasks if t.operator.task_id in ROLLBACK_ON] >> rollback(**step)
 
 
-seqcls_release()
+for _spec in MODELS:
+    release_dag(_spec)

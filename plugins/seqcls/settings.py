@@ -32,6 +32,7 @@ ENV_CHECKPOINTS_ROOT = "SEQCLS_CHECKPOINTS_ROOT"
 ENV_FAULT_PLAN = "SEQCLS_FAULT_PLAN"  # test-only: see seqcls.faults
 ENV_MODEL_NAME = "SEQCLS_MODEL_NAME"  # the DAG's model (parse time)
 ENV_SCHEDULE = "SEQCLS_SCHEDULE"  # the DAG's schedule: unset/manual, a cron preset/expression, or "asset"
+ENV_MODELS_FILE = "SEQCLS_MODELS_FILE"  # the release DAGs' models file (parse time): a path, or "none"
 #: Set (not read) around paddle2onnx: ``"0"`` forbids polygraphy from pip-installing at conversion.
 ENV_POLYGRAPHY_AUTOINSTALL = "POLYGRAPHY_AUTOINSTALL_DEPS"
 
@@ -177,6 +178,12 @@ def dag_model_name() -> str:
 def dag_schedule() -> str:
     """The raw ``SEQCLS_SCHEDULE`` value (the DAG interprets it: manual, cron, or ``asset``)."""
     return os.environ.get(ENV_SCHEDULE, "")
+
+
+def dag_models_file() -> str:
+    """The raw ``SEQCLS_MODELS_FILE`` value (``seqcls.airflow.models`` resolves it: unset = ``seqcls-models.yaml``
+    beside the DAG file if it exists, ``none`` = no file: one DAG for ``SEQCLS_MODEL_NAME``)."""
+    return os.environ.get(ENV_MODELS_FILE, "")
 
 
 def default_runtime() -> str:

@@ -16,13 +16,13 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Mapping
-from dataclasses import fields
+from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any
 
 from seqcls.config import ReleaseConfig
 from seqcls.errors import CheckpointError, InputError
-from seqcls.settings import Settings
+from seqcls.settings import DEFAULT_MODEL_NAME, Settings
 from seqcls.steps import BY_NAME, STEPS
 
 log = logging.getLogger("seqcls.airflow")
@@ -38,7 +38,9 @@ ROLLBACK_ON: tuple[str, ...] = tuple(s.task_id for s in STEPS if s.undo_on_failu
 
 LATEST = "latest"
 #: DAG params that are not release parameters (they pick a checkpoint, a runtime, connections...).
-NON_RELEASE_PARAMS = frozenset({"checkpoint", "runtime", "triton_conn_id", "mlflow_conn_id", "skip_if_champion"})
+NON_RELEASE_PARAMS = frozenset(
+    {"checkpoint", "checkpoints_root", "runtime", "triton_conn_id", "mlflow_conn_id", "skip_if_champion"}
+)
 RELEASE_PARAMS = frozenset(f.name for f in fields(ReleaseConfig))
 
 #: XCom keys holding URLs the UI shows as task extra links (see ``seqcls.airflow.plugin``).
@@ -89,18 +91,29 @@ def locate_checkpoint(value: str | None, settings: Settings) -> Path:
         path = find_latest(settings.checkpoints_root)
         log.info("checkpoint 'latest' under %s → %s", settings.checkpoints_root, path)
         return path
+    return _under_root(text, settings, "checkpoint")
+
+
+def _under_root(text: str, settings: Settings, what: str) -> Path:
+    """``text`` as a path: absolute, or relative to the checkpoints root without climbing out of it."""
     path = Path(text).expanduser()
-    if not path.is_absolute():  # relative to the checkpoints root, without climbing out of it
+    if not path.is_absolute():
         if ".." in path.parts:
-            raise InputError(f"checkpoint {text!r}: '..' is not allowed in a path relative to the checkpoints root")
+            raise InputError(f"{what} {text!r}: '..' is not allowed in a path relative to the checkpoints root")
         path = Path(settings.checkpoints_root or ".") / path
     return path
 
 
 def settings_from_params(params: Mapping[str, Any] | str | None, **overrides: Any) -> Settings:
-    """Settings from the environment + the ``runtime`` param (no Airflow Connections)."""
+    """Settings from the environment + the ``runtime`` and ``checkpoints_root`` params (no Airflow Connections).
+
+    ``checkpoints_root`` (the models file's per-model root): absolute, or relative to
+    ``SEQCLS_CHECKPOINTS_ROOT``; empty = that root itself.
+    """
     values = as_params(params)
-    return Settings.from_env(runtime=values.get("runtime") or None, **overrides)
+    settings = Settings.from_env(runtime=values.get("runtime") or None, **overrides)
+    root = str(values.get("checkpoints_root") or "").strip()
+    return replace(settings, checkpoints_root=_under_root(root, settings, "checkpoints_root")) if root else settings
 
 
 def task_settings(params: Mapping[str, Any] | str | None) -> Settings:
@@ -155,7 +168,8 @@ def run_task_step(name: str, checkpoint: str, fingerprint: str, params, ti, **kw
     run = f"{getattr(ti, 'dag_id', 'dag')}/{getattr(ti, 'run_id', 'run')}"
     with lease_context(LeaseContext(kind="run", run=run)):
         result = step(name)(release, **kwargs)
-    return report(result, ti=ti, settings=settings)
+    summary = report(result, ti=ti, settings=settings, model_name=release.config.model_name)
+    return {**summary, "model_name": release.config.model_name, "fingerprint": release.checkpoint.fingerprint}
 
 
 def sync_task(params) -> list[dict]:
@@ -188,22 +202,30 @@ def _figure(value: Any) -> str | None:
     return None
 
 
-def step_links(result, settings: Settings) -> dict[str, str]:
+def step_links(result, settings: Settings, model_name: str | None = None) -> dict[str, str]:
     """XCom key → URL for the UI's extra links (MLflow model version, Triton model version)."""
     version = result.summary.get("version")
+    model_name = model_name or result.summary.get("model_name") or DEFAULT_MODEL_NAME
     urls: dict[str, str | None] = {}
     if result.step in ("register", "promote"):
-        urls[MLFLOW_URL_KEY] = mlflow_version_url(settings, result.summary.get("model_name", ""), version)
+        urls[MLFLOW_URL_KEY] = mlflow_version_url(settings, model_name, version)
     elif result.step in ("publish", "reload", "smoke", "expose"):  # the steps that name a Triton version
-        urls[TRITON_URL_KEY] = triton_model_url(settings, version)
+        urls[TRITON_URL_KEY] = triton_model_url(settings, model_name, version)
     return {k: v for k, v in urls.items() if v}
 
 
-def report(result, *, ti=None, settings: Settings | None = None, logger: logging.Logger | None = None) -> dict:
+def report(
+    result,
+    *,
+    ti=None,
+    settings: Settings | None = None,
+    logger: logging.Logger | None = None,
+    model_name: str | None = None,
+) -> dict:
     """Log a step's outcome as a short story; return the small dict a task pushes to XCom.
 
     With the task instance ``ti`` and ``settings``, also push the URLs the plugin's extra links
-    show (:func:`step_links`).
+    show (:func:`step_links`) for ``model_name``'s Triton models.
     """
     logger = logger or log
     logger.info("%s", result.line())
@@ -222,7 +244,7 @@ def report(result, *, ti=None, settings: Settings | None = None, logger: logging
     else:
         logger.info("%s workspace: %s", result.step, root)
     if ti is not None and settings is not None:
-        for key, url in step_links(result, settings).items():
+        for key, url in step_links(result, settings, model_name).items():
             ti.xcom_push(key=key, value=url)
             logger.info("%s link: %s", result.step, url)
     return {
@@ -254,12 +276,13 @@ def champion_skip_reason(release, *, model_name: str) -> str | None:
     return None
 
 
-def triton_model_url(settings: Settings, version: int | None) -> str | None:
-    """Triton's HTTP metadata URL for the served ensemble version (first endpoint), if known."""
+def triton_model_url(settings: Settings, model_name: str, version: int | None) -> str | None:
+    """Triton's HTTP metadata URL for ``model_name``'s ensemble at ``version`` (first endpoint), if known."""
     if not version or not settings.triton_http:
         return None
-    from seqcls.serving.names import ENSEMBLE as model
+    from seqcls.serving.names import names_for
 
+    model = names_for(model_name).ensemble
     host = settings.triton_http[0]
     base = host if host.startswith(("http://", "https://")) else f"http://{host}"
     return f"{base.rstrip('/')}/v2/models/{model}/versions/{version}"

@@ -7,6 +7,7 @@ run-level params (which checkpoint, runtime, Connections) are defined here, once
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from airflow.sdk import Param
@@ -26,6 +27,13 @@ def run_params(model_name: str) -> dict[str, dict[str, Any]]:
             "description": "Checkpoint directory (save_pretrained output + label.txt), absolute or relative to "
             "SEQCLS_CHECKPOINTS_ROOT; 'latest' = the one there whose SEQCLS_DONE.json marker (written by the "
             "training job) records the newest completed_at. Scheduled runs use 'latest'.",
+        },
+        "checkpoints_root": {
+            "default": "",
+            "type": "string",
+            "title": "Checkpoints root",
+            "description": "Where 'latest' and relative checkpoint paths are looked up: absolute, or relative to "
+            "SEQCLS_CHECKPOINTS_ROOT; empty = SEQCLS_CHECKPOINTS_ROOT. Set per model by the models file.",
         },
         "runtime": {
             "default": default_runtime(),
@@ -47,17 +55,27 @@ def run_params(model_name: str) -> dict[str, dict[str, Any]]:
     }
 
 
-def schemas(model_name: str) -> dict[str, dict[str, Any]]:
-    """Every DAG param's schema (with default): run-level first, then the release parameters."""
+def schemas(model_name: str, defaults: Mapping[str, Any] | None = None) -> dict[str, dict[str, Any]]:
+    """Every DAG param's schema (with default): which checkpoint first, then the release parameters, then
+    the other run-level params.
+
+    ``defaults`` (a model's entry of the models file, validated there) replaces defaults by name.
+    """
     release = {f.name: param_schema(f.name) for f in FIELDS}
     release["model_name"]["default"] = model_name
     run = run_params(model_name)
-    return {"checkpoint": run.pop("checkpoint"), **release, **run}
+    out = {"checkpoint": run.pop("checkpoint"), "checkpoints_root": run.pop("checkpoints_root"), **release, **run}
+    unknown = sorted(set(defaults or {}) - set(out))
+    if unknown:
+        raise KeyError(f"not DAG params: {', '.join(unknown)}")
+    for name, value in (defaults or {}).items():
+        out[name] = {**out[name], "default": value}
+    return out
 
 
-def dag_params(model_name: str) -> dict[str, Param]:
+def dag_params(model_name: str, defaults: Mapping[str, Any] | None = None) -> dict[str, Param]:
     out = {}
-    for name, schema in schemas(model_name).items():
+    for name, schema in schemas(model_name, defaults).items():
         kwargs = dict(schema)
         out[name] = Param(kwargs.pop("default"), **kwargs)
     return out
