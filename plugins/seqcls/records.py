@@ -168,7 +168,11 @@ class Published:
 # --- register → promote, rollback ----------------------------------------------------------------
 @dataclass
 class Registered:
-    """The MLflow model version a release registered (or found already registered)."""
+    """The MLflow model version a release registered (or found already registered).
+
+    ``release_key``: the serving configuration the version stands for (``seqcls.registry.release_key``;
+    None in records written before release keys).
+    """
 
     model_name: str
     version: int
@@ -181,6 +185,7 @@ class Registered:
     seconds: float | None = None
     undone: bool = False
     undo_actions: list[str] = field(default_factory=list)
+    release_key: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -3,7 +3,8 @@
 MLflow answers "what is live, where did it come from, what do we roll back to":
 
 - ``register`` (:mod:`seqcls.steps.register`): one run per release attempt, a model version with
-  lineage tags, alias ``candidate``; idempotent per fingerprint.
+  lineage tags, alias ``candidate``; idempotent per :func:`release_key` — one registered model per
+  model name, one version per (checkpoint fingerprint, serving configuration).
 - ``promote`` (:mod:`seqcls.steps.promote`): alias ``champion`` → this version, the one it
   replaced kept as ``previous-champion``, every move appended to the ``champion_history`` tag.
 - ``undo``: what a rollback calls. Champion moves back if this release had been promoted; an
@@ -12,17 +13,20 @@ MLflow answers "what is live, where did it come from, what do we roll back to":
   MLflow *run* stays (tagged ``seqcls.outcome=rolled_back``) as the audit trail.
 
 Aliases and tags, not the deprecated stages. Where MLflow is: see :mod:`seqcls.settings`.
+An MLflow failure (a locked database, a 5xx, a server that is down) is a :class:`RegistryError`,
+never mistaken for "no such alias" or "no such version".
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from seqcls.errors import RegistryError
+from seqcls.errors import InputError, RegistryError
 from seqcls.records import Registered
 from seqcls.settings import Settings
 from seqcls.workspace import Release
@@ -36,6 +40,22 @@ CHAMPION = "champion"
 PREVIOUS = "previous-champion"
 HISTORY_TAG = "champion_history"
 HISTORY_KEEP = 20
+RELEASE_KEY_TAG = "release_key"
+SERVING_CONFIG_TAG = "serving_config"
+FINGERPRINT_TAG = "fingerprint"
+#: Release parameters that change what is served or how its decision is made: in :func:`release_key`.
+SERVING_PARAMS = ("profile", "opset", "max_length", "threshold", "thresholds", "hierarchy")
+#: Release parameters that only decide whether (and where) the parity gate passes: not in it.
+GATE_ONLY_PARAMS = (
+    "atol",
+    "rtol",
+    "prob_atol",
+    "near_margin",
+    "gpu_tolerance_factor",
+    "provider",
+    "require_gpu",
+    "min_decision_agreement",
+)
 
 
 def tracking_uri(settings: Settings) -> str:
@@ -74,24 +94,125 @@ def _experiment(c, settings: Settings, model_name: str) -> str:
     return c.create_experiment(name, artifact_location=location, tags={"seqcls.model_name": model_name})
 
 
+def serving_config(release: Release) -> dict[str, Any]:
+    """What one registry version stands for: the checkpoint and how it is served and decided.
+
+    In: ``fingerprint`` (weights, config, vocabulary, tokenizer files, label file — so the labels
+    and their order), ``profile`` and ``opset`` (which ONNX graph answers: fp32, fused, int8),
+    ``max_length`` (tokenizer truncation), ``hierarchy`` (a child implies its parent) and
+    ``thresholds``: ``threshold`` + the per-label overrides resolved to one float32 value per label,
+    the vector the served ``release.json`` holds (equivalent spellings give the same key).
+
+    Out: ``model_name`` (it names the registered model; versions are looked up inside it); the
+    gate's tolerances and where it runs (:data:`GATE_ONLY_PARAMS`): they decide whether a model may
+    be released, not what it answers — re-gating the same model more strictly reuses its version;
+    the Triton deployment options (tokenizer implementation, runtime, batching: publish's content
+    key) and package versions (lineage tags): the same registry version, another Triton version.
+    """
+    cfg, ckpt = release.config, release.checkpoint
+    from seqcls.serving import shipped
+
+    try:
+        vector = shipped.decide(release.settings).threshold_vector(list(ckpt.labels), cfg.threshold, cfg.thresholds)
+    except ValueError as exc:
+        raise InputError(f"thresholds: {exc}") from exc
+    return {
+        "fingerprint": ckpt.fingerprint,
+        "profile": cfg.profile,
+        "opset": cfg.opset,
+        "max_length": cfg.max_length,
+        "hierarchy": cfg.hierarchy,
+        "thresholds": {label: float32(t) for label, t in zip(ckpt.labels, vector, strict=True)},
+    }
+
+
+def float32(value: float) -> float:
+    """A threshold as served (float32), written in the fewest digits that round-trip (0.7, not 0.699999988)."""
+    import numpy as np
+
+    return float(str(np.float32(value)))
+
+
+def key_of(config: dict[str, Any]) -> str:
+    """The release key of a :func:`serving_config` (also of the JSON in a version's ``serving_config`` tag)."""
+    text = json.dumps(config, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
+
+
+def release_key(release: Release) -> str:
+    """Short stable digest (16 hex) of :func:`serving_config`: one registry version per value.
+
+    Needs only the checkpoint and the config (no workspace), so it can be asked before validate.
+    """
+    return key_of(serving_config(release))
+
+
+def _failed(what: str, exc: Exception) -> RegistryError:
+    return RegistryError(f"MLflow failed {what}: {exc}")
+
+
+def _not_found(exc: Exception) -> bool:
+    """MLflow's "no such model / alias" (the SQL store, and a REST server relaying it), nothing else.
+
+    A missing registered model is ``RESOURCE_DOES_NOT_EXIST``; a missing alias is
+    ``INVALID_PARAMETER_VALUE`` "Registered model alias X not found." (mlflow 3.x SQL store). A
+    locked database (``TEMPORARILY_UNAVAILABLE``), a 5xx (``INTERNAL_ERROR``...) or a proxy's
+    404 without MLflow's JSON (``ENDPOINT_NOT_FOUND``) is not "not found".
+    """
+    code = getattr(exc, "error_code", None)
+    return code == "RESOURCE_DOES_NOT_EXIST" or (code == "INVALID_PARAMETER_VALUE" and "not found" in str(exc))
+
+
 def _alias(c, name: str, alias: str):
+    """The version ``alias`` points to; None only when MLflow says the model or alias does not exist."""
     from mlflow.exceptions import MlflowException
 
     try:
         return c.get_model_version_by_alias(name, alias)
-    except MlflowException:
-        return None
+    except MlflowException as exc:
+        if _not_found(exc):
+            return None
+        raise _failed(f"reading alias {alias!r} of {name!r}", exc) from exc
 
 
-def find_version(c, name: str, fingerprint: str):
-    """The model version registered for ``fingerprint`` (newest if several), or None."""
+def _tagged(c, name: str, tag: str, value: str) -> list:
+    """Versions of ``name`` whose tag ``tag`` is ``value``."""
     from mlflow.exceptions import MlflowException
 
     try:
-        found = c.search_model_versions(f"name = '{name}' and tags.fingerprint = '{fingerprint}'")
-    except MlflowException:
-        found = [v for v in c.search_model_versions(f"name = '{name}'") if v.tags.get("fingerprint") == fingerprint]
-    return max(found, key=lambda v: int(v.version)) if found else None
+        return list(c.search_model_versions(f"name = '{name}' and tags.{tag} = '{value}'"))
+    except MlflowException as exc:
+        if getattr(exc, "error_code", None) != "INVALID_PARAMETER_VALUE":
+            raise _failed(f"searching versions of {name!r}", exc) from exc
+    # a registry that rejects tag filters (INVALID_PARAMETER_VALUE): filter every version of the model here
+    try:
+        return [v for v in c.search_model_versions(f"name = '{name}'") if v.tags.get(tag) == value]
+    except MlflowException as exc:
+        raise _failed(f"listing versions of {name!r}", exc) from exc
+
+
+def _newest(versions: list):
+    return max(versions, key=lambda v: int(v.version)) if versions else None
+
+
+def find_version(c, name: str, fingerprint: str | None, *, release_key: str | None = None):
+    """The version registered for this release (newest if several), or None.
+
+    With ``release_key``: the version tagged with it; else (fallback) a version registered before
+    release keys existed — tagged with ``fingerprint`` and no ``release_key`` at all (a version
+    with another key holds another serving configuration, never this one). Without it (a Triton
+    version published before release keys): such a legacy version of ``fingerprint`` first, else
+    any version of it.
+    """
+    if release_key:
+        keyed = _newest(_tagged(c, name, RELEASE_KEY_TAG, release_key))
+        if keyed is not None:
+            return keyed
+    if not fingerprint:
+        return None
+    found = _tagged(c, name, FINGERPRINT_TAG, fingerprint)
+    legacy = _newest([v for v in found if not v.tags.get(RELEASE_KEY_TAG)])
+    return legacy if release_key or legacy is not None else _newest(found)
 
 
 def alias_version(settings: Settings, model_name: str, alias: str) -> int | None:
@@ -104,7 +225,13 @@ def champion_fingerprint(settings: Settings, model_name: str) -> str | None:
     """Fingerprint of the version the ``champion`` alias points to (None: no champion yet)."""
     c = client(settings)
     mv = _alias(c, model_name, CHAMPION)
-    return mv.tags.get("fingerprint") if mv is not None else None
+    return mv.tags.get(FINGERPRINT_TAG) if mv is not None else None
+
+
+def champion_release_key(settings: Settings, model_name: str) -> str | None:
+    """Release key of the ``champion`` version (None: no champion, or one registered before release keys)."""
+    mv = _alias(client(settings), model_name, CHAMPION)
+    return mv.tags.get(RELEASE_KEY_TAG) if mv is not None else None
 
 
 def model_version_url(settings: Settings, model_name: str, version: int | str) -> str | None:
@@ -218,20 +345,27 @@ def set_champion(settings: Settings, model_name: str, version: int, triton_versi
     return {"previous": replaced, "already": False}
 
 
-def mirror_champion(settings: Settings, model_name: str, fingerprint: str | None, triton_version: int | None) -> dict:
-    """Make ``champion`` the registered version of ``fingerprint`` (what the recorded state serves).
+def mirror_champion(
+    settings: Settings,
+    model_name: str,
+    fingerprint: str | None,
+    triton_version: int | None,
+    *,
+    release_key: str | None = None,
+) -> dict:
+    """Make ``champion`` the registered version of what the recorded state serves.
 
-    The registry follows the serving state, never leads it: ``sync`` and rollback call this.
-    Returns what changed (``{"champion": N, "previous": M | None, "already": bool}``), or
-    ``{"missing": True}`` when no registered version holds that fingerprint.
+    ``release_key`` (from the served Triton version's ``release.json``) names that version; a
+    served version published before release keys gives only ``fingerprint`` (see
+    :func:`find_version` for both fallbacks). The registry follows the serving state, never leads
+    it: ``sync`` and rollback call this. Returns what changed (``{"champion": N, "previous": M |
+    None, "already": bool}``), or ``{"missing": True, "why": ...}`` when no registered version matches.
     """
-    if not fingerprint:
+    if not fingerprint and not release_key:
         return {"missing": True, "why": "the recorded state names no fingerprint for the served version"}
-    mv = find_version(client(settings), model_name, fingerprint)
+    mv = find_version(client(settings), model_name, fingerprint, release_key=release_key)
     if mv is None:
-        return {
-            "missing": True,
-            "why": f"no version of {model_name!r} is registered with fingerprint {fingerprint[:16]}",
-        }
+        key = f" (serving configuration {release_key})" if release_key else ""
+        return {"missing": True, "why": f"no version of {model_name!r} holds fingerprint {str(fingerprint)[:16]}{key}"}
     result = set_champion(settings, model_name, int(mv.version), triton_version)
     return {"champion": int(mv.version), **result}

@@ -3,7 +3,9 @@
 The registry mirrors the recorded serving state, never leads it: promote refuses unless the
 state says this release's Triton version is served (``expose`` ran). The version it replaces
 becomes ``previous-champion``; every move is appended to the registered model's
-``champion_history`` tag. Safe to repeat. It ends the release: the lease is given back.
+``champion_history`` tag. The version promoted is the one registered for this release's
+:func:`~seqcls.registry.release_key` (its serving configuration), never another version of the
+same checkpoint. Safe to repeat. It ends the release: the lease is given back.
 If MLflow is down here, the smoke-tested version keeps serving; a re-run (or ``seqcls sync``)
 moves the alias.
 """
@@ -15,7 +17,7 @@ from pathlib import Path
 
 from seqcls.errors import StepOrderError
 from seqcls.records import OUT_DIRS, Published, Registered
-from seqcls.registry import CHAMPION, PREVIOUS, model_version_url, set_champion
+from seqcls.registry import CHAMPION, PREVIOUS, model_version_url, release_key, set_champion
 from seqcls.serving import control
 from seqcls.serving.state import current_state
 from seqcls.steps import require
@@ -29,10 +31,17 @@ def promote(release: Release) -> StepResult:
     """Move ``champion`` to this release's version (after it was exposed)."""
     ws, cfg = release.workspace, release.config
     require(release, STEP)
-    version = Registered.load(ws).version
+    registered, key = Registered.load(ws), release_key(release)
+    if registered.release_key != key:
+        raise StepOrderError(
+            f"{cfg.model_name}: register recorded version {registered.version} for serving configuration "
+            f"{registered.release_key or '(none: registered before release keys)'}, but this release's is {key}; "
+            "run `seqcls register` with these parameters first."
+        )
+    version = registered.version
     triton_version = Published.load(ws).version
     repository = Path(str(release.settings.triton_repository))
-    inputs = {"version": version, "model_name": cfg.model_name, "triton_version": triton_version}
+    inputs = {"version": version, "model_name": cfg.model_name, "triton_version": triton_version, "release_key": key}
 
     def body(out: Path) -> tuple[dict, str]:
         state = current_state(repository, cfg.model_name)
@@ -51,6 +60,7 @@ def promote(release: Release) -> StepResult:
             "previous": moved["previous"],
             "already": moved["already"],
             "triton_version": triton_version,
+            "release_key": key,
             "url": model_version_url(release.settings, cfg.model_name, version),
         }
         (out / "promote.json").write_text(json.dumps(summary, indent=1), encoding="utf-8")

@@ -3,8 +3,12 @@
 One run per release attempt in experiment ``seqcls-<model>`` (params, every parity figure as a
 metric, artifacts: the ONNX model through MLflow's ONNX flavor, the static Paddle model,
 tokenizer and label files, parity report + plot), then a model version tagged with lineage and
-alias ``candidate``. Idempotent per fingerprint: Airflow retries and re-runs return the
-existing version. MLflow access shared with promote/rollback lives in :mod:`seqcls.registry`.
+alias ``candidate``. One version per (fingerprint, serving configuration): the version is tagged
+with :func:`seqcls.registry.release_key` and a readable ``serving_config`` JSON, and Airflow
+retries and re-runs with the same key return it; the same checkpoint with another threshold,
+profile, opset, max_length or hierarchy is another version. Versions registered before release
+keys (no ``release_key`` tag) are never reused: their serving configuration is not recorded.
+MLflow access shared with promote/rollback lives in :mod:`seqcls.registry`.
 """
 
 from __future__ import annotations
@@ -15,8 +19,22 @@ import time
 from pathlib import Path
 from typing import Any
 
-from seqcls.records import OUT_DIRS, ParityReport, Registered, fp32_onnx, served_onnx, static_dir
-from seqcls.registry import CANDIDATE, _alias, _experiment, client, find_version
+from seqcls.errors import StepOrderError
+from seqcls.records import OUT_DIRS, Expected, ParityReport, Registered, fp32_onnx, served_onnx, static_dir
+from seqcls.registry import (
+    CANDIDATE,
+    RELEASE_KEY_TAG,
+    SERVING_CONFIG_TAG,
+    _alias,
+    _experiment,
+    _failed,
+    _not_found,
+    client,
+    find_version,
+    float32,
+    key_of,
+    serving_config,
+)
 from seqcls.steps import require
 from seqcls.workspace import Release, StepResult, package_versions
 
@@ -48,10 +66,14 @@ def run_params(release: Release, report: ParityReport) -> dict[str, Any]:
     }
 
 
-def lineage_tags(release: Release, report: ParityReport, versions: dict[str, str | None]) -> dict[str, str]:
-    """Model-version tags that answer "where did this come from" without opening the run."""
+def lineage_tags(
+    release: Release, report: ParityReport, versions: dict[str, str | None], config: dict[str, Any]
+) -> dict[str, str]:
+    """Model-version tags that answer "where did this come from, what does it serve" without opening the run."""
     cfg, ckpt = release.config, release.checkpoint
     tags = {
+        RELEASE_KEY_TAG: key_of(config),
+        SERVING_CONFIG_TAG: json.dumps(config, sort_keys=True, ensure_ascii=False),
         "fingerprint": ckpt.fingerprint,
         "opset": str(cfg.opset),
         "profile": cfg.profile,
@@ -65,7 +87,7 @@ def lineage_tags(release: Release, report: ParityReport, versions: dict[str, str
     return tags
 
 
-def log_run(c, release: Release, report: ParityReport, versions: dict[str, str | None]):
+def log_run(c, release: Release, report: ParityReport, versions: dict[str, str | None], key: str):
     """Create the run, log params/metrics/artifacts and the served ONNX model; returns (run_id, info)."""
     import mlflow
     import onnx
@@ -73,14 +95,19 @@ def log_run(c, release: Release, report: ParityReport, versions: dict[str, str |
     ws, cfg, ckpt = release.workspace, release.config, release.checkpoint
     run = c.create_run(
         _experiment(c, release.settings, cfg.model_name),
-        run_name=f"{cfg.model_name}-{ckpt.short_fingerprint}",
-        tags={"fingerprint": ckpt.fingerprint, "seqcls.workspace": str(ws.root), "seqcls.outcome": "registered"},
+        run_name=f"{cfg.model_name}-{ckpt.short_fingerprint}-{key[:8]}",
+        tags={
+            "fingerprint": ckpt.fingerprint,
+            RELEASE_KEY_TAG: key,
+            "seqcls.workspace": str(ws.root),
+            "seqcls.outcome": "registered",
+        },
     )
     run_id = run.info.run_id
-    for key, value in run_params(release, report).items():
-        c.log_param(run_id, key, str(value)[:6000])
-    for key, value in report.metrics().items():
-        c.log_metric(run_id, key, value)
+    for name, value in {**run_params(release, report), RELEASE_KEY_TAG: key}.items():
+        c.log_param(run_id, name, str(value)[:6000])
+    for name, value in report.metrics().items():
+        c.log_metric(run_id, name, value)
     served = served_onnx(ws)
     with mlflow.start_run(run_id=run_id):
         info = mlflow.onnx.log_model(
@@ -108,28 +135,31 @@ def ensure_registered_model(c, name: str) -> bool:
     try:
         c.get_registered_model(name)
         return False
-    except MlflowException:
+    except MlflowException as exc:
+        if not _not_found(exc):
+            raise _failed(f"reading registered model {name!r}", exc) from exc
         c.create_registered_model(
             name, tags={"seqcls": "true"}, description="PaddleNLP ERNIE sequence classifier released by seqcls"
         )
         return True
 
 
-def register_new(release: Release) -> Registered:
-    """Log the run, create the model version with lineage, point ``candidate`` at it."""
+def register_new(release: Release, config: dict[str, Any]) -> Registered:
+    """Log the run, create the model version with lineage and serving configuration, point ``candidate`` at it."""
     cfg, ckpt = release.config, release.checkpoint
     c = client(release.settings)
     t0 = time.perf_counter()
     report = ParityReport.load(release.workspace)
     versions = package_versions()
-    run_id, info = log_run(c, release, report, versions)
+    key = key_of(config)
+    run_id, info = log_run(c, release, report, versions, key)
     created_rm = ensure_registered_model(c, cfg.model_name)
     mv = c.create_model_version(
         cfg.model_name,
         source=info.model_uri,
         run_id=run_id,
-        tags=lineage_tags(release, report, versions),
-        description=f"fingerprint {ckpt.fingerprint}",
+        tags=lineage_tags(release, report, versions, config),
+        description=f"fingerprint {ckpt.fingerprint}, serving configuration {key}",
         model_id=info.model_id,
     )
     prev_candidate = _alias(c, cfg.model_name, CANDIDATE)
@@ -144,29 +174,63 @@ def register_new(release: Release) -> Registered:
         model_uri=f"models:/{cfg.model_name}/{mv.version}",
         logged_model=info.model_uri,
         seconds=round(time.perf_counter() - t0, 3),
+        release_key=key,
     )
+
+
+def check_validated(release: Release, records: dict[str, dict[str, Any]], config: dict[str, Any]) -> None:
+    """The workspace's ONNX and gate must be the ones this config asks for, or the tags would lie.
+
+    A step run alone (``seqcls register --threshold 0.7`` after validating at 0.5) is refused,
+    naming the parameters that differ; ``seqcls release`` re-runs convert/validate first.
+    """
+    expected, report = Expected.load(release.workspace), ParityReport.load(release.workspace)
+    made = {
+        "fingerprint": report.fingerprint,
+        "profile": records["convert"].get("inputs", {}).get("profile", report.profile),
+        "opset": records["convert"].get("inputs", {}).get("opset"),
+        "max_length": expected.max_length,
+        "hierarchy": expected.hierarchy,
+        "thresholds": {label: float32(t) for label, t in zip(expected.labels, expected.thresholds, strict=True)},
+    }
+    stale = sorted(k for k in config if made.get(k) != config[k])
+    if stale:
+        detail = ", ".join(
+            "thresholds" if k == "thresholds" else f"{k} {made.get(k)!r} (asked: {config[k]!r})" for k in stale
+        )
+        raise StepOrderError(
+            f"{release.workspace.root}: convert/validate ran with other serving parameters than this release asks "
+            f"for — {detail}; run `seqcls release` (or convert and validate) with these parameters first."
+        )
 
 
 def register(release: Release) -> StepResult:
     """Register the validated release (or return the version already registered for it)."""
     cfg, ckpt = release.config, release.checkpoint
     records = require(release, STEP)
+    config = serving_config(release)
+    check_validated(release, records, config)  # before the step: a refusal leaves its last record alone
+    key = key_of(config)
     inputs = {
         "validate_outputs": records["validate"]["outputs"],
         "tracking_uri": str(release.settings.mlflow_tracking_uri),
         "model_name": cfg.model_name,
+        "release_key": key,
     }
 
     def body(out: Path) -> tuple[dict, str]:
-        existing = find_version(client(release.settings), cfg.model_name, ckpt.fingerprint)
-        if existing is not None:
-            reg = Registered(cfg.model_name, int(existing.version), existing.run_id)
-            msg = f"{cfg.model_name} version {reg.version} already holds fingerprint {ckpt.short_fingerprint} — reused"
-        else:
-            reg = register_new(release)
+        existing = find_version(client(release.settings), cfg.model_name, ckpt.fingerprint, release_key=key)
+        if existing is not None and existing.tags.get(RELEASE_KEY_TAG) == key:  # not a legacy (untagged) one
+            reg = Registered(cfg.model_name, int(existing.version), existing.run_id, release_key=key)
             msg = (
-                f"registered {cfg.model_name} version {reg.version} (run {str(reg.run_id)[:8]}, alias {CANDIDATE}) "
-                f"in {reg.seconds:.1f}s"
+                f"{cfg.model_name} version {reg.version} already holds fingerprint {ckpt.short_fingerprint} with "
+                f"serving configuration {key} — reused"
+            )
+        else:
+            reg = register_new(release, config)
+            msg = (
+                f"registered {cfg.model_name} version {reg.version} (serving configuration {key}, run "
+                f"{str(reg.run_id)[:8]}, alias {CANDIDATE}) in {reg.seconds:.1f}s"
             )
         (out / "registry.json").write_text(json.dumps(reg.to_dict(), indent=1), encoding="utf-8")
         return reg.to_dict(), msg
