@@ -299,6 +299,7 @@ def test_one_version_per_serving_configuration(tiny_checkpoint: Path) -> None:
     moved = registry.mirror_champion(at05.settings, "seqcls", fp, 2, release_key=key07)
     assert moved["champion"] == 2 and moved["previous"] == 1
     assert registry.champion_release_key(at05.settings, "seqcls") == key07
+    assert registry.registered_version(at05.settings, "seqcls", fp, release_key=key05) == 1  # what status expects
     missing = registry.mirror_champion(at05.settings, "seqcls", fp, 3, release_key="0" * 16)
     assert missing["missing"] and _aliases(c, "seqcls")["champion"] == 2  # keyed versions hold other configs
 

@@ -215,6 +215,15 @@ def find_version(c, name: str, fingerprint: str | None, *, release_key: str | No
     return legacy if release_key or legacy is not None else _newest(found)
 
 
+def registered_version(
+    settings: Settings, model_name: str, fingerprint: str | None, *, release_key: str | None = None
+) -> int | None:
+    """The registry version standing for a served Triton version — the one :func:`mirror_champion`
+    makes champion (``status`` compares the champion with it); None when none is registered."""
+    mv = find_version(client(settings), model_name, fingerprint, release_key=release_key)
+    return int(mv.version) if mv is not None else None
+
+
 def alias_version(settings: Settings, model_name: str, alias: str) -> int | None:
     """The version an alias points to (None when unset or the model is not registered)."""
     mv = _alias(client(settings), model_name, alias)
