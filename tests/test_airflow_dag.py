@@ -81,6 +81,7 @@ def _parse(monkeypatch: pytest.MonkeyPatch | None = None, **env: str | None):
     from airflow.dag_processing.dagbag import DagBag
 
     mp = monkeypatch or pytest.MonkeyPatch()
+    env = {"SEQCLS_MODELS_FILE": "none", **env}  # the single DAG, whatever models file a checkout has
     for key, value in env.items():
         if value is None:
             mp.delenv(key, raising=False)
@@ -112,6 +113,22 @@ def _ready(server) -> dict[str, list[str]]:
         if m.state == "READY":
             out.setdefault(m.name, []).append(m.version)
     return out
+
+
+def _champion_events(uri: str) -> list[dict]:
+    """Every Airflow AssetEvent of the asset ``uri``: extra, source DAG/run, id (oldest first)."""
+    from airflow.models.asset import AssetEvent, AssetModel
+    from airflow.utils.session import create_session
+    from sqlalchemy import select
+
+    with create_session() as session:
+        rows = session.scalars(
+            select(AssetEvent)
+            .join(AssetModel, AssetEvent.asset_id == AssetModel.id)
+            .where(AssetModel.uri == uri)
+            .order_by(AssetEvent.id)
+        ).all()
+        return [{"extra": e.extra, "dag_id": e.source_dag_id, "run_id": e.source_run_id, "id": e.id} for e in rows]
 
 
 def _champion(model: str = "seqcls"):
@@ -268,6 +285,9 @@ def test_release_skip_then_smoke_failure_rolls_back(
     monkeypatch.setenv("SEQCLS_CHECKPOINTS_ROOT", str(root))
     dag = _parse(monkeypatch, SEQCLS_PADDLE_PYTHON=None)
 
+    champion_uri = "seqcls://models/seqcls/champion"
+    before = len(_champion_events(champion_uri))  # the session's Airflow DB is shared by the Airflow tests
+
     # 1. a full release: Triton serves version 1, MLflow champion is it, the logs tell the story
     dr, states = _run(dag, {"checkpoint": str(ckpt_a)})
     assert dr.state == "success", states
@@ -280,6 +300,10 @@ def test_release_skip_then_smoke_failure_rolls_back(
 
     fp_a = resolve_checkpoint(ckpt_a).fingerprint
     assert champion is not None and int(champion.version) == 1 and champion.tags["fingerprint"] == fp_a
+    # promote emitted the champion Asset, its extra naming what is served now
+    assert [(e["extra"], e["dag_id"], e["run_id"]) for e in _champion_events(champion_uri)[before:]] == [
+        ({"version": 1, "triton_version": 1, "fingerprint": fp_a}, DAG_ID, dr.run_id)
+    ]
     logs = capfd.readouterr()
     text = logs.out + logs.err
     for line in (
@@ -308,6 +332,7 @@ def test_release_skip_then_smoke_failure_rolls_back(
     dr, states = _run(dag, {})
     assert dr.state == "success" and set(states.values()) == {"skipped"}, states
     assert "is already the MLflow champion" in "".join(capfd.readouterr())
+    assert len(_champion_events(champion_uri)) == before + 1  # a skipped run emits nothing
     # a real scheduled / asset-triggered run ignores the checkpoint and skip_if_champion params
     from types import SimpleNamespace
 
@@ -344,6 +369,7 @@ def test_release_skip_then_smoke_failure_rolls_back(
     assert Repository.from_settings(settings).serving_version() == 1
     champion = _champion()
     assert int(champion.version) == 1 and champion.tags["fingerprint"] == fp_a
+    assert len(_champion_events(champion_uri)) == before + 1  # nor does a failed one
     text = "".join(capfd.readouterr())
     assert "smoke test of seqcls version 2 failed" in text
     assert "rollback: ok in" in text and "serving 1 again" in text

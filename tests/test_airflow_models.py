@@ -12,8 +12,12 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import subprocess
+import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -272,3 +276,280 @@ def test_a_dag_releases_only_its_own_model(
     assert dr.state == "failed" and states["resolve_checkpoint"] == "failed", states
     text = "".join(capfd.readouterr())
     assert "this DAG releases 'alpha', not model_name 'beta'" in text and "'seqcls_release__beta'" in text
+
+
+# ----------------------------------------------------------------------------- the champion Asset triggers consumers
+
+#: A stand-in for the release DAG's promote (same Asset, same helper, no release behind it) and a
+#: consumer scheduled on the champion URI as a downstream team would write it (by URI, by hand).
+ASSET_DAGS = """
+from datetime import UTC, datetime
+
+from airflow.sdk import Asset, dag, task
+from airflow.sdk.exceptions import AirflowSkipException
+
+from seqcls.airflow.assets import champion_asset, record_champion
+
+MODEL = "{model}"
+START = datetime(2025, 1, 1, tzinfo=UTC)
+
+
+@dag(dag_id="seqcls_test_promote_stand_in", schedule=None, start_date=START, catchup=False)
+def promote_stand_in():
+    @task(outlets=[champion_asset(MODEL)])
+    def promote(params=None, outlet_events=None):
+        if params["skip"]:  # what a run that is already champion does: promote is skipped
+            raise AirflowSkipException("already champion")
+        summary = {{"model_name": MODEL, "version": 4, "triton_version": 9, "fingerprint": "{fingerprint}"}}
+        return record_champion(outlet_events, MODEL, summary)
+
+    promote()
+
+
+@dag(
+    dag_id="seqcls_test_champion_consumer",
+    schedule=[Asset(uri="seqcls://models/{model}/champion")],
+    start_date=START,
+    catchup=False,
+)
+def champion_consumer():
+    @task
+    def deploy_downstream(triggering_asset_events=None):
+        return [e.extra for events in triggering_asset_events.values() for e in events]
+
+    deploy_downstream()
+
+
+promote_stand_in()
+champion_consumer()
+"""
+PRODUCER, CONSUMER = "seqcls_test_promote_stand_in", "seqcls_test_champion_consumer"
+
+
+def _queued_for(dag_id: str) -> list[str]:
+    """The AssetDagRunQueue: which assets have an event the DAG has not consumed yet."""
+    from airflow.models.asset import AssetDagRunQueue, AssetModel
+    from airflow.utils.session import create_session
+    from sqlalchemy import select
+
+    with create_session() as session:
+        rows = session.execute(
+            select(AssetModel.uri)
+            .join(AssetDagRunQueue, AssetDagRunQueue.asset_id == AssetModel.id)
+            .where(AssetDagRunQueue.target_dag_id == dag_id)
+        )
+        return sorted(uri for (uri,) in rows)
+
+
+def _scheduler_creates_asset_triggered_runs() -> None:
+    """One pass of what the scheduler loop does to start DAG runs (``_create_dagruns_for_dags``),
+    under the scheduler's commit guard: finds the DAGs whose asset condition is met and creates
+    their asset-triggered runs, consuming the queued events."""
+    from airflow.jobs.job import Job
+    from airflow.jobs.scheduler_job_runner import SchedulerJobRunner
+    from airflow.utils.session import create_session
+    from airflow.utils.sqlalchemy import prohibit_commit
+
+    runner = SchedulerJobRunner(job=Job(), executors=[])
+    with create_session() as session, prohibit_commit(session) as guard:
+        runner._create_dagruns_for_dags(guard, session)
+
+
+@pytest.mark.slow
+@pytest.mark.integration
+@pytest.mark.timeout(300)
+def test_champion_event_triggers_a_consumer_dag(airflow_db: Path, tmp_path: Path, monkeypatch) -> None:
+    from airflow.dag_processing.bundles.manager import DagBundlesManager
+    from airflow.dag_processing.dagbag import BundleDagBag, sync_bag_to_db
+    from airflow.models.dag import DagModel
+    from airflow.models.dagrun import DagRun
+    from airflow.utils.session import create_session
+    from sqlalchemy import select
+
+    from seqcls.airflow.assets import champion_asset
+
+    t0 = time.perf_counter()
+    model, fingerprint = "gamma", "c0ffee" * 10 + "beef"
+    uri = champion_asset(model).uri
+    folder = tmp_path / "asset-dags"
+    folder.mkdir()
+    _write(folder / "champion_dags.py", ASSET_DAGS.format(model=model, fingerprint=fingerprint))
+    # What the dag-processor does: parse the folder and write the DAGs (their asset references) to the DB.
+    bag = BundleDagBag(dag_folder=str(folder), bundle_path=folder, bundle_name="dags-folder")
+    assert bag.import_errors == {} and sorted(bag.dags) == [CONSUMER, PRODUCER], bag.import_errors
+    DagBundlesManager().sync_bundles_to_db()
+    sync_bag_to_db(bag, "dags-folder", None)
+    with create_session() as session:  # DAGs are created paused; a consumer is switched on by its team
+        session.get(DagModel, CONSUMER).is_paused = False
+    before = len(base._champion_events(uri))
+
+    # 1. promote skipped (already champion): no event, nothing queued, no consumer run
+    dr = bag.dags[PRODUCER].test(run_conf={"skip": True})
+    assert dr.state == "success" and {t.task_id: t.state for t in dr.get_task_instances()} == {"promote": "skipped"}
+    assert len(base._champion_events(uri)) == before and _queued_for(CONSUMER) == []
+    _scheduler_creates_asset_triggered_runs()
+    with create_session() as session:
+        assert session.scalars(select(DagRun).where(DagRun.dag_id == CONSUMER)).all() == []
+
+    # 2. promote succeeds: one event with the release's extra, the consumer queued on it
+    dr = bag.dags[PRODUCER].test(run_conf={"skip": False})
+    assert dr.state == "success", dr.state
+    events = base._champion_events(uri)[before:]
+    assert [(e["extra"], e["dag_id"], e["run_id"]) for e in events] == [
+        ({"version": 4, "triton_version": 9, "fingerprint": fingerprint}, PRODUCER, dr.run_id)
+    ]
+    assert _queued_for(CONSUMER) == [uri]
+
+    # 3. the scheduler's own asset-triggered run creation starts the consumer, consuming that event
+    _scheduler_creates_asset_triggered_runs()
+    with create_session() as session:
+        (run,) = session.scalars(select(DagRun).where(DagRun.dag_id == CONSUMER)).all()
+        assert str(run.run_type) in ("asset_triggered", "DagRunType.ASSET_TRIGGERED"), run.run_type
+        assert str(run.state) in ("queued", "DagRunState.QUEUED")
+        assert [e.id for e in run.consumed_asset_events] == [events[0]["id"]]
+        assert run.consumed_asset_events[0].extra["fingerprint"] == fingerprint
+    assert _queued_for(CONSUMER) == []
+    print(f"\nconsumer triggered in {time.perf_counter() - t0:.1f}s", file=sys.__stderr__)
+
+
+# ----------------------------------------------------------------------------- alpha and beta at the same time
+
+#: One model's release in its own process, as a worker would run it: parse the DAG folder (the
+#: models file from SEQCLS_MODELS_FILE), ``dag.test()`` the model's DAG, print the outcome as JSON.
+RUN_ONE = """
+import json, sys, time
+from airflow.dag_processing.dagbag import DagBag
+
+bag = DagBag(dag_folder=sys.argv[1])
+assert not bag.import_errors, bag.import_errors
+t0 = time.time()
+dr = bag.dags[sys.argv[2]].test(run_conf=json.loads(sys.argv[3]))
+tasks = {
+    ti.task_id: [str(getattr(ti.state, "value", ti.state)), ti.start_date and ti.start_date.timestamp(),
+                 ti.end_date and ti.end_date.timestamp()]
+    for ti in dr.get_task_instances()
+}
+state = str(getattr(dr.state, "value", dr.state))
+out = {"state": state, "run_id": dr.run_id, "tasks": tasks, "start": t0, "end": time.time()}
+print("SEQCLS-RESULT " + json.dumps(out))
+"""
+
+
+def _sync_dags_folder() -> None:
+    """Write the DAGs to the DB once, before two processes' ``dag.test()`` re-sync the same rows."""
+    from airflow.dag_processing.bundles.manager import DagBundlesManager
+    from airflow.dag_processing.dagbag import BundleDagBag, sync_bag_to_db
+
+    DagBundlesManager().sync_bundles_to_db()
+    bag = BundleDagBag(dag_folder=str(DAGS), bundle_path=DAGS, bundle_name="dags-folder")
+    assert bag.import_errors == {}, bag.import_errors
+    sync_bag_to_db(bag, "dags-folder", None)
+
+
+def _infer(server, ensemble: str, text: str) -> list[dict]:
+    import numpy as np
+    import tritonclient.grpc as grpcclient
+
+    client = grpcclient.InferenceServerClient(url=server.config.grpc_url)
+    inp = grpcclient.InferInput("TEXT", [1, 1], "BYTES")
+    inp.set_data_from_numpy(np.array([[text.encode("utf-8")]], dtype=object))
+    out = client.infer(ensemble, [inp], outputs=[grpcclient.InferRequestedOutput("predictions")])
+    return json.loads(out.as_numpy("predictions")[0][0])
+
+
+@pytest.mark.slow
+@pytest.mark.integration
+@pytest.mark.timeout(900)
+def test_alpha_and_beta_release_concurrently_through_airflow(
+    airflow_db: Path,
+    triton,
+    tiny_checkpoint_src: Path,
+    tiny_checkpoint_b_src: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from seqcls.checkpoint import resolve_checkpoint
+    from seqcls.serving.names import CLASSIC, names_for
+
+    # alpha's checkpoints under $SEQCLS_CHECKPOINTS_ROOT/alpha (the default), beta's in a root of its own
+    roots = {"alpha": tmp_path / "checkpoints" / "alpha", "beta": tmp_path / "beta-checkpoints"}
+    for root, src in zip(roots.values(), (tiny_checkpoint_src, tiny_checkpoint_b_src), strict=True):
+        shutil.copytree(src, root / "run-1")
+    models = _write(
+        tmp_path / "seqcls-models.yaml",
+        f"""
+        models:
+          - name: alpha
+          - name: beta
+            checkpoints_root: {roots["beta"]}
+        """,
+    )
+    for key, value in {
+        "SEQCLS_MODELS_FILE": str(models),
+        "SEQCLS_CHECKPOINTS_ROOT": str(tmp_path / "checkpoints"),
+    }.items():
+        monkeypatch.setenv(key, value)
+    for var in ("SEQCLS_SCHEDULE", "SEQCLS_MODEL_NAME", "SEQCLS_PADDLE_PYTHON"):
+        monkeypatch.delenv(var, raising=False)
+    _sync_dags_folder()
+    before = {m: len(base._champion_events(f"seqcls://models/{m}/champion")) for m in roots}
+
+    t0 = time.perf_counter()
+    logs, procs = {}, {}
+    for model in roots:  # both at once: each DAG has max_active_runs=1 and its own lease; nothing is shared
+        logs[model] = (tmp_path / f"{model}.log").open("w")
+        cmd = [
+            sys.executable,
+            "-c",
+            RUN_ONE,
+            str(DAGS),
+            f"seqcls_release__{model}",
+            json.dumps({"checkpoint": "run-1"}),
+        ]
+        procs[model] = subprocess.Popen(cmd, stdout=logs[model], stderr=subprocess.STDOUT, env=os.environ.copy())
+    codes = {m: p.wait(timeout=840) for m, p in procs.items()}
+    wall = time.perf_counter() - t0
+    results = {}
+    for model in roots:
+        logs[model].close()
+        text = (tmp_path / f"{model}.log").read_text(errors="replace")
+        line = next((ln for ln in text.splitlines() if ln.startswith("SEQCLS-RESULT ")), None)
+        assert codes[model] == 0 and line, f"{model}: exit {codes[model]}\n{text[-4000:]}"
+        results[model] = json.loads(line.removeprefix("SEQCLS-RESULT "))
+    for model, r in results.items():
+        tasks = r["tasks"]
+        timing = ", ".join(f"{t} {(tasks[t][2] or 0) - (tasks[t][1] or 0):.1f}s" for t in base.TASKS if t in tasks)
+        print(f"\n{model}: {r['state']} in {r['end'] - r['start']:.0f}s: {timing}", file=sys.__stderr__)
+    states = {m: {t: v[0] for t, v in r["tasks"].items()} for m, r in results.items()}
+    expected = {**{t: "success" for t in base.TASKS}, "rollback": "skipped"}
+    assert states == {"alpha": expected, "beta": expected}, states
+    # they really ran at the same time: the two runs overlap for most of their length
+    overlap = min(r["end"] for r in results.values()) - max(r["start"] for r in results.values())
+    shortest = min(r["end"] - r["start"] for r in results.values())
+    serving = {m: (r["tasks"]["publish_repository"][1], r["tasks"]["promote"][2]) for m, r in results.items()}
+    on_triton = min(e for _, e in serving.values()) - max(s for s, _ in serving.values())
+    print(
+        f"alpha ∥ beta: wall {wall:.0f}s, runs overlap {overlap:.0f}s, publish..promote {on_triton:.1f}s",
+        file=sys.__stderr__,
+    )
+    assert overlap > 0.5 * shortest, (overlap, shortest)
+
+    # one Triton serves both, each under its own names, version 1; nothing under the classic names
+    ready = base._ready(triton)
+    for model in roots:
+        assert {n: ready.get(n) for n in names_for(model).models} == {n: ["1"] for n in names_for(model).models}, ready
+        assert isinstance(_infer(triton, names_for(model).ensemble, "凌云航空确认裁员"), list)
+    assert not set(ready) & set(CLASSIC.all), ready
+    # each promoted alone: its own champion in MLflow and its own champion Asset event
+    for model, root in roots.items():
+        fingerprint = resolve_checkpoint(root / "run-1").fingerprint
+        champion = base._champion(model)
+        assert int(champion.version) == 1 and champion.tags["fingerprint"] == fingerprint
+        events = base._champion_events(f"seqcls://models/{model}/champion")[before[model] :]
+        assert [(e["extra"], e["dag_id"], e["run_id"]) for e in events] == [
+            (
+                {"version": 1, "triton_version": 1, "fingerprint": fingerprint},
+                f"seqcls_release__{model}",
+                results[model]["run_id"],
+            )
+        ]
