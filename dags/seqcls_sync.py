@@ -11,17 +11,37 @@ a task in `seqcls_release`: recovery must not depend on a release being triggere
 release runs skip when the checkpoint already is champion).
 
 The run fails (and says which endpoint or registry call) when an endpoint is still unreachable,
-so a dead replica is visible in the grid. Uses the same `triton_default` / `mlflow_default`
-Connections as `seqcls_release`.
+so a dead replica is visible in the grid. Without a models file: every model of the
+`triton_default` repository, mirrored to `mlflow_default`. With one (the release DAGs' file, see
+`seqcls.airflow.models`): every repository its models' `triton_conn_id`s name, each model's
+champion mirrored through its own `mlflow_conn_id` (`seqcls.airflow.models.sync_groups`). A
+models file that does not parse fails the release DAGs, not this one: recovery then falls back
+to the default Connections.
 """
 
 from __future__ import annotations
 
+import logging
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 from airflow.sdk import dag, task
 
+from seqcls.airflow.models import release_models, sync_groups
+from seqcls.errors import InputError
+
 SYNC_EVERY = timedelta(minutes=5)
+
+
+def _groups() -> list[dict]:
+    try:
+        return sync_groups(release_models(Path(__file__).resolve().parent))
+    except InputError as exc:  # the release DAGs show this error; recovery keeps working
+        logging.getLogger(__name__).error("models file not used by seqcls_sync: %s", exc)
+        return sync_groups(())
+
+
+GROUPS = _groups()
 
 
 @dag(
@@ -40,7 +60,7 @@ def seqcls_sync():
         """Reconcile every model's endpoints and champion to its recorded serving state."""
         from seqcls.airflow import sync_task
 
-        return sync_task(params)
+        return sync_task(params, GROUPS)
 
     sync_models()
 

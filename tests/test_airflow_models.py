@@ -262,6 +262,29 @@ def test_a_bad_models_file_fails_the_parse_naming_file_model_and_field(
     assert f"{cron}: model 'alpha': schedule 'every day at 3' is not a valid cron expression" in error
 
 
+def test_sync_follows_the_models_file_connections(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from seqcls.airflow.models import load_models, release_models, sync_groups
+
+    default = {"triton_conn_id": "triton_default", "mlflow_conn_id": "mlflow_default"}
+    monkeypatch.setenv("SEQCLS_MODELS_FILE", "none")
+    assert sync_groups(release_models(tmp_path)) == [{**default, "models": None}]  # no file: all, as before
+    shared = _write(tmp_path / "shared.yaml", "models: [{name: alpha}, {name: beta}]\n")
+    assert sync_groups(load_models(shared)) == [{**default, "models": None}]  # one Triton, one MLflow: all
+    # the example's beta mirrors its champion to another MLflow: each pair syncs its own models
+    assert sync_groups(load_models(EXAMPLE)) == [
+        {**default, "models": ["seqcls", "alpha"]},
+        {**default, "mlflow_conn_id": "mlflow_beta", "models": ["beta"]},
+    ]
+    other = _write(tmp_path / "other.yaml", "models: [{name: alpha}, {name: beta, triton_conn_id: triton_b}]\n")
+    assert sync_groups(load_models(other)) == [
+        {**default, "models": None},
+        {**default, "triton_conn_id": "triton_b", "models": None},
+    ]
+    # a models file that does not parse breaks the release DAGs, never the recovery DAG
+    bag = _bag(monkeypatch, _write(tmp_path / "bad.yaml", "models: [{name: alpha, shedule: asset}]\n"))
+    assert "seqcls_sync" in bag.dags and "seqcls_release__alpha" not in bag.dags and len(bag.import_errors) == 1
+
+
 @pytest.mark.slow
 @pytest.mark.integration
 @pytest.mark.timeout(300)
@@ -546,10 +569,17 @@ def test_alpha_and_beta_release_concurrently_through_airflow(
         champion = base._champion(model)
         assert int(champion.version) == 1 and champion.tags["fingerprint"] == fingerprint
         events = base._champion_events(f"seqcls://models/{model}/champion")[before[model] :]
-        assert [(e["extra"], e["dag_id"], e["run_id"]) for e in events] == [
+        assert [(e["extra"], e["dag_id"], e["run_id"]) for e in events] == [  # and its own champion event
             (
                 {"version": 1, "triton_version": 1, "fingerprint": fingerprint},
                 f"seqcls_release__{model}",
                 results[model]["run_id"],
             )
         ]
+    # the recovery DAG, reading the same models file, finds both in sync
+    from airflow.dag_processing.dagbag import DagBag
+
+    run = DagBag(dag_folder=str(DAGS)).dags["seqcls_sync"].test()
+    assert run.state == "success", run.state
+    (ti,) = run.get_task_instances()
+    assert {r["model_name"] for r in ti.xcom_pull(task_ids="sync_models")} == set(roots)

@@ -172,12 +172,19 @@ def run_task_step(name: str, checkpoint: str, fingerprint: str, params, ti, **kw
     return {**summary, "model_name": release.config.model_name, "fingerprint": release.checkpoint.fingerprint}
 
 
-def sync_task(params) -> list[dict]:
-    """The seqcls_sync DAG's task: ``seqcls sync`` with the Connections; fails naming what did not converge."""
+def sync_task(params, groups: list[dict[str, Any]] | None = None) -> list[dict]:
+    """The seqcls_sync DAG's task: ``seqcls sync`` with the Connections; fails naming what did not converge.
+
+    ``groups`` (from the models file, :func:`seqcls.airflow.models.sync_groups`): per Connection
+    pair, the models to sync through it (``models`` None = every model of that repository).
+    """
     from seqcls.errors import ServingError
     from seqcls.sync import sync
 
-    results = sync(task_settings(params))
+    results = []
+    for group in groups or [{}]:
+        conns = {k: group[k] for k in ("triton_conn_id", "mlflow_conn_id") if group.get(k)}
+        results += sync(task_settings({**as_params(params), **conns}), group.get("models"))
     for r in results:
         log.info(
             "sync %s: serving %s, actions %s, registry %s", r.model_name, r.serving, r.actions or "none", r.registry
@@ -258,11 +265,12 @@ def report(
 
 
 def champion_skip_reason(release, *, model_name: str) -> str | None:
-    """Why a run need not release: this fingerprint already is the MLflow champion (else None)."""
-    from seqcls.registry import champion_fingerprint
+    """Why a run need not release: this checkpoint, with this serving configuration, already is the
+    MLflow champion (else None). Same checkpoint with other thresholds is a new release."""
+    from seqcls.registry import champion_fingerprint, champion_release_key, release_key
 
     champion = champion_fingerprint(release.settings, model_name)
-    if champion and champion == release.checkpoint.fingerprint:
+    if champion_release_key(release.settings, model_name) == release_key(release):
         return (
             f"checkpoint {release.checkpoint.path} (fingerprint {release.checkpoint.short_fingerprint}) is "
             f"already the MLflow champion of {model_name!r}: nothing to release"

@@ -99,6 +99,27 @@ def release_models(dag_folder: Path) -> tuple[ModelSpec, ...]:
     return load_models(path)
 
 
+def sync_groups(specs: tuple[ModelSpec, ...]) -> list[dict[str, Any]]:
+    """What ``seqcls_sync`` reconciles through which Connections.
+
+    Per Triton Connection whose models share one MLflow Connection: every model of its repository
+    (``models`` None, listed or not — as without a models file); where models of one Triton use
+    different MLflow Connections: each pair with its listed models (so no champion is mirrored to
+    the wrong MLflow).
+    """
+    if not any(s.source for s in specs):
+        return [{**CONN_DEFAULTS, "models": None}]
+    pairs: dict[str, dict[str, list[str]]] = {}
+    for s in specs:
+        pairs.setdefault(s.params["triton_conn_id"], {}).setdefault(s.params["mlflow_conn_id"], []).append(s.name)
+    groups = []
+    for triton, by_mlflow in pairs.items():
+        whole = len(by_mlflow) == 1
+        for mlflow, names in by_mlflow.items():
+            groups.append({"triton_conn_id": triton, "mlflow_conn_id": mlflow, "models": None if whole else names})
+    return groups
+
+
 def models_file(dag_folder: Path) -> Path | None:
     """``SEQCLS_MODELS_FILE`` (must exist), else ``seqcls-models.yaml`` in ``dag_folder`` if present."""
     raw = dag_models_file().strip()
@@ -270,4 +291,13 @@ def _yaml(text: str) -> Any:
         raise InputError(f"not valid YAML: {exc}") from exc
 
 
-__all__ = ["DAG_ID", "MODELS_FILE_NAME", "ModelSpec", "dag_id_for", "load_models", "models_file", "release_models"]
+__all__ = [
+    "DAG_ID",
+    "MODELS_FILE_NAME",
+    "ModelSpec",
+    "dag_id_for",
+    "load_models",
+    "models_file",
+    "release_models",
+    "sync_groups",
+]
