@@ -276,7 +276,8 @@ def test_release_skip_then_smoke_failure_rolls_back(
     monkeypatch: pytest.MonkeyPatch,
     capfd: pytest.CaptureFixture[str],
 ) -> None:
-    from seqcls.serving.repository import ENSEMBLE, MODELS, Repository
+    from seqcls.serving.names import ENSEMBLE, MODELS
+    from seqcls.serving.repository import Repository
     from seqcls.settings import PROJECT_ROOT, Settings
 
     root = tmp_path / "checkpoints"
@@ -294,7 +295,7 @@ def test_release_skip_then_smoke_failure_rolls_back(
     assert states == {**{t: "success" for t in TASKS}, "rollback": "skipped"}
     assert _ready(triton) == {m: ["1"] for m in MODELS}
     settings = Settings.from_env(triton_repository=triton.config.repository)
-    assert Repository.from_settings(settings).serving_version() == 1
+    assert Repository.from_settings(settings, "seqcls").serving_version() == 1
     champion = _champion()
     from seqcls.checkpoint import resolve_checkpoint
 
@@ -366,7 +367,7 @@ def test_release_skip_then_smoke_failure_rolls_back(
         "rollback": "success",
     }
     assert _ready(triton) == {m: ["1"] for m in MODELS}
-    assert Repository.from_settings(settings).serving_version() == 1
+    assert Repository.from_settings(settings, "seqcls").serving_version() == 1
     champion = _champion()
     assert int(champion.version) == 1 and champion.tags["fingerprint"] == fp_a
     assert len(_champion_events(champion_uri)) == before + 1  # nor does a failed one

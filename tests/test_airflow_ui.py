@@ -99,5 +99,5 @@ def test_trigger_release_from_the_ui(server, tiny_checkpoint: Path, home: Path, 
         assert run["state"] == "success", states
         assert run["conf"]["checkpoint"] == str(tiny_checkpoint)  # the form's value reached the run
         assert states["promote"] == "success" and states["rollback"] == "skipped"
-    assert Repository.from_settings(settings).serving_version() == 1
+    assert Repository.from_settings(settings, "seqcls").serving_version() == 1
     assert (ARTIFACTS / "airflow-ui-run.png").read_bytes()[:4] == b"\x89PNG"

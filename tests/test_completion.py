@@ -209,3 +209,17 @@ def test_the_dag_param_latest_uses_the_marker(tmp_path: Path) -> None:
     mark_complete(b, completed_at=T0)
     _age(a)
     assert locate_checkpoint(LATEST, settings_from_params({}, checkpoints_root=root)) == a
+
+
+def test_cli_marks_a_checkpoint_and_shows_latest(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from seqcls.cli import main
+
+    older, newer = _checkpoint(tmp_path / "root" / "older"), _checkpoint(tmp_path / "root" / "newer", seed=1)
+    assert main(["checkpoint", "mark-complete", str(older), "--run", "train-1"]) == 0
+    assert main(["checkpoint", "mark-complete", str(newer), "--run", "train-2"]) == 0
+    capsys.readouterr()
+    assert main(["checkpoint", "latest", str(tmp_path / "root"), "--json"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["checkpoint"] == str(newer) and shown["run"] == "train-2"
+    assert shown["fingerprint"] == directory_fingerprint(newer)
+    assert main(["checkpoint", "latest", str(tmp_path / "nothing-here")]) == 1  # a clear error, exit 1

@@ -145,7 +145,7 @@ class Drill:
 def _repo(settings: Settings):
     from seqcls.serving.repository import Repository
 
-    return Repository.from_settings(settings)
+    return Repository.from_settings(settings, "seqcls")
 
 
 @pytest.fixture
@@ -412,7 +412,7 @@ def test_disk_full_while_writing_a_version(drill: Drill, tiny_checkpoint_src, ti
     out = drill.cli("release", "--checkpoint", str(tiny_checkpoint_b_src), SEQCLS_FAULT_PLAN="enospc@publish:copy")
     assert out.returncode == 1 and "No space left on device" in out.stderr, out.stderr[-1500:]
     assert "Nothing was published and nothing served changed" in out.stderr
-    assert not list(drill.repo.glob(".tmp-publish-*"))
+    assert not list(drill.repo.glob(".tmp-publish*"))
     drill.assert_invariant(served=1)
 
 
@@ -435,7 +435,7 @@ def test_disk_full_on_a_real_small_filesystem(
         (mnt / "filler").write_bytes(b"\0" * max(0, shutil.disk_usage(mnt).free - version_bytes // 2))
         with pytest.raises(ServingError, match="No space left on device"):
             drill.release(tiny_checkpoint_b_src, settings=small)
-        assert not list((mnt / "repo").glob(".tmp-publish-*"))
+        assert not list((mnt / "repo").glob(".tmp-publish*"))
         reports = status(small)
         assert reports[0].agree and reports[0].recorded["serving"] == 1, "\n".join(reports[0].lines())
     finally:

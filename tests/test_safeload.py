@@ -271,8 +271,27 @@ def test_unsafe_opt_in_is_off_by_default_and_logged_loudly(
         scan_pickle(weights)
     with pytest.raises(CheckpointError):
         scan_pickle(weights, allow_unsafe=False)
+    with pytest.raises(CheckpointError, match="SEQCLS_ALLOW_UNSAFE_PICKLE=1 on the worker"):
+        scan_pickle(weights, allow_unsafe=True)  # the release asks, the machine does not permit
     monkeypatch.setenv("SEQCLS_ALLOW_UNSAFE_PICKLE", "1")
+    with pytest.raises(CheckpointError):
+        scan_pickle(weights)  # the machine permits, the release does not ask
     with caplog.at_level("WARNING", logger="seqcls.safeload"):
-        scan_pickle(weights)  # skipped: nothing is loaded here, so still nothing runs
+        scan_pickle(weights, allow_unsafe=True)  # skipped: nothing is loaded here, so still nothing runs
     assert any("UNSAFE" in r.getMessage() and str(weights) in r.getMessage() for r in caplog.records)
+    assert not marker.exists()
+
+
+def test_unsafe_param_alone_does_not_open_the_door(
+    tiny_checkpoint: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A DAG triggerer asking for allow_unsafe_pickle gets a refusal naming the operator's setting."""
+    from seqcls.config import ReleaseConfig
+    from seqcls.workspace import open_release
+
+    marker = tmp_path / "pwned"
+    _hostile(tiny_checkpoint, _os_system_pickle(marker))
+    monkeypatch.delenv("SEQCLS_ALLOW_UNSAFE_PICKLE", raising=False)
+    with pytest.raises(CheckpointError, match="SEQCLS_ALLOW_UNSAFE_PICKLE=1"):
+        open_release(tiny_checkpoint, ReleaseConfig(allow_unsafe_pickle=True))
     assert not marker.exists()

@@ -7,10 +7,8 @@ import pytest
 
 from seqcls.errors import InputError, ServingError
 from seqcls.serving import shipped
+from seqcls.serving.names import ENSEMBLE, MODEL, MODELS
 from seqcls.serving.repository import (
-    ENSEMBLE,
-    MODEL,
-    MODELS,
     Repository,
     ServingOptions,
     check_configs,

@@ -246,11 +246,12 @@ def _weights_path(root: Path) -> Path:
     return weights
 
 
-def _find_weights(root: Path) -> Path:
+def _find_weights(root: Path, allow_unsafe_pickle: bool = False) -> Path:
     weights = _weights_path(root)
     _check_weights(weights)
     if weights.suffix == ".pdparams":
-        scan_pickle(weights)  # a pickle: refuse any global but arrays before paddle ever unpickles it
+        # a pickle: refuse any global but arrays before paddle ever unpickles it
+        scan_pickle(weights, allow_unsafe=allow_unsafe_pickle)
     return weights
 
 
@@ -313,14 +314,18 @@ def _hash_model_files(root: Path, label_path: Path, weights: Path) -> tuple[dict
 
 
 def resolve_checkpoint(
-    path: str | Path, *, label_file: str | Path | None = None, golden_file: str | Path | None = None
+    path: str | Path,
+    *,
+    label_file: str | Path | None = None,
+    golden_file: str | Path | None = None,
+    allow_unsafe_pickle: bool = False,
 ) -> Checkpoint:
     """Validate a checkpoint directory and fingerprint it (sha256 over the model-defining files)."""
     root = _checkpoint_root(path)
     given = ((LABEL_FILE, label_file), (GOLDEN_FILE, golden_file))  # files given explicitly may live anywhere
     _refuse_outside_links(root, skip=frozenset(name for name, file in given if file))
     config, num_labels = _read_model_config(root)
-    weights = _find_weights(root)
+    weights = _find_weights(root, allow_unsafe_pickle)
     do_lower_case = _read_do_lower_case(root)
     vocab = _read_vocab(root, config)
     label_path = Path(label_file).expanduser().resolve() if label_file else root / LABEL_FILE

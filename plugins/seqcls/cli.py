@@ -165,6 +165,25 @@ def _cmd_rollback(args: argparse.Namespace) -> tuple[int, Printer]:
     )
 
 
+def _cmd_checkpoint(args: argparse.Namespace) -> tuple[int, Printer]:
+    """``mark-complete DIR``: the training job's last step; ``latest [ROOT]``: what 'latest' resolves to."""
+    from seqcls.completion import find_latest, mark_complete, read_marker
+    from seqcls.errors import InputError
+    from seqcls.settings import Settings
+
+    if args.action == "mark-complete":
+        if args.path is None:
+            raise InputError("checkpoint mark-complete needs the checkpoint directory")
+        done = mark_complete(args.path, run=args.run)
+    else:
+        done = read_marker(find_latest(args.path or Settings.from_env(home=args.home).checkpoints_root))
+    payload = {"checkpoint": str(done.path), "marker": str(done.marker), **json.loads(done.to_json())}
+    if args.json:
+        return 0, lambda: print(json.dumps(payload, indent=2, ensure_ascii=False))
+    fp = (done.fingerprint or "-")[:16]
+    return 0, lambda: print(f"{done.path}: complete at {payload['completed_at']} (fingerprint {fp}, run {done.run})")
+
+
 def _cmd_step(args: argparse.Namespace) -> tuple[int, Printer]:
     from seqcls.steps import step
 
@@ -265,6 +284,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--home", type=Path, default=None)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=_cmd_triton)
+    p = sub.add_parser(
+        "checkpoint",
+        help="`checkpoint mark-complete DIR` (the training job's last step: writes SEQCLS_DONE.json); "
+        "`checkpoint latest [ROOT]` (what 'latest' resolves to)",
+    )
+    p.add_argument("action", choices=["mark-complete", "latest"])
+    p.add_argument("path", type=Path, nargs="?", default=None, help="the checkpoint (mark-complete) or root (latest)")
+    p.add_argument("--run", default=None, help="mark-complete: the training run's id, recorded in the marker")
+    p.add_argument("--home", type=Path, default=None)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=_cmd_checkpoint)
     _add_tools(sub)
     return parser
 

@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from seqcls.errors import InputError
+from seqcls.serving.names import names_for
 from seqcls.settings import DEFAULT_MODEL_NAME, MODEL_NAME_PATTERN, validate_model_name
 
 PROFILES = ("fp32", "fp32-fused", "int8")
@@ -164,6 +165,13 @@ FIELDS: tuple[Field, ...] = (
         1,
         exclusive=False,
     ),
+    Field(
+        "allow_unsafe_pickle",
+        "boolean",
+        "Allow unsafe pickle",
+        "Load a .pdparams whose pickle imports more than arrays, unscanned (trusted legacy files only); "
+        "also needs SEQCLS_ALLOW_UNSAFE_PICKLE=1 on the worker. Prefer model.safetensors.",
+    ),
 )
 FIELD_BY_NAME = {f.name: f for f in FIELDS}
 
@@ -193,9 +201,11 @@ class ReleaseConfig:
     require_gpu: bool = False
     profile: str = "fp32"
     min_decision_agreement: float = 0.995
+    allow_unsafe_pickle: bool = False
 
     def __post_init__(self) -> None:
         validate_model_name(self.model_name)
+        names_for(self.model_name)  # its Triton names must not collide with another model's
         for spec in FIELDS:
             spec.check(getattr(self, spec.name))
         if self.min_decision_agreement <= 0:

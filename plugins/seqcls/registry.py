@@ -55,6 +55,7 @@ GATE_ONLY_PARAMS = (
     "provider",
     "require_gpu",
     "min_decision_agreement",
+    "allow_unsafe_pickle",
 )
 
 
@@ -78,7 +79,22 @@ def client(settings: Settings):
     uri = tracking_uri(settings)
     mlflow.set_tracking_uri(uri)
     mlflow.set_registry_uri(uri)
-    return MlflowClient(tracking_uri=uri, registry_uri=uri)
+    if not uri.startswith("sqlite:///") or uri in _SQLITE_READY:
+        return MlflowClient(tracking_uri=uri, registry_uri=uri)
+    # Two releases (of two models) starting at once on a fresh mlflow.db would both run MLflow's
+    # schema migrations and one would fail ("Online migration expected to match one row"): create
+    # and migrate the stores (the client's constructor and first registry call do) under a file lock.
+    from seqcls.locking import held
+
+    db = Path(uri[len("sqlite:///") :])
+    with held(db.with_name(db.name + ".seqcls-init.lock"), timeout=300, what="MLflow set-up", error=RegistryError):
+        c = MlflowClient(tracking_uri=uri, registry_uri=uri)
+        c.search_registered_models(max_results=1)
+    _SQLITE_READY.add(uri)
+    return c
+
+
+_SQLITE_READY: set[str] = set()
 
 
 def _experiment(c, settings: Settings, model_name: str) -> str:

@@ -168,18 +168,26 @@ def _scan_stream(fh, path: Path) -> None:
         raise _refuse(path, "malformed pickle (no STOP opcode)")
 
 
-def scan_pickle(path: Path, *, allow_unsafe: bool | None = None) -> None:
+def scan_pickle(path: Path, *, allow_unsafe: bool = False) -> None:
     """Raise :class:`CheckpointError` unless the pickle at ``path`` imports only array types.
 
     Static: the file is read with :func:`pickletools.genops`; nothing in it is executed.
-    ``allow_unsafe`` (default: the ``SEQCLS_ALLOW_UNSAFE_PICKLE`` setting, off) skips the scan,
-    with a warning in the log every time.
+    The scan is skipped only when the release asks (``allow_unsafe``: the ``allow_unsafe_pickle``
+    param / ``--allow-unsafe-pickle``) *and* the machine permits it (``SEQCLS_ALLOW_UNSAFE_PICKLE=1``,
+    the operator's setting): whoever can trigger a DAG cannot switch the protection off alone.
+    Logged as UNSAFE every time.
     """
     path = Path(path)
-    if allow_unsafe if allow_unsafe is not None else allow_unsafe_pickle():
+    if allow_unsafe and not allow_unsafe_pickle():
+        raise CheckpointError(
+            f"{path}: the release asks to load it without the pickle scan (allow_unsafe_pickle), but this machine "
+            f"does not permit it: an operator must set {ENV_ALLOW_UNSAFE_PICKLE}=1 on the worker (not recommended; "
+            "re-save the weights as model.safetensors instead)."
+        )
+    if allow_unsafe:
         log.warning(
-            "UNSAFE: %s=1 — %s is NOT scanned and will be unpickled as it is; a hostile file runs code "
-            "as this user. Unset it and release model.safetensors instead.",
+            "UNSAFE: %s=1 and allow_unsafe_pickle — %s is NOT scanned and will be unpickled as it is; a hostile "
+            "file runs code as this user. Unset it and release model.safetensors instead.",
             ENV_ALLOW_UNSAFE_PICKLE,
             path,
         )

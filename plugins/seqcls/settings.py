@@ -23,6 +23,8 @@ ENV_HOME = "SEQCLS_HOME"
 ENV_TRITON_REPOSITORY = "SEQCLS_TRITON_REPOSITORY"
 ENV_TRITON_GRPC = "SEQCLS_TRITON_GRPC"  # comma-separated host:port, one per replica
 ENV_TRITON_HTTP = "SEQCLS_TRITON_HTTP"  # comma-separated host:port, same order as gRPC
+# name=addr,addr;name2=addr: static answers for dns:/// endpoints (like curl --resolve)
+ENV_TRITON_RESOLVE = "SEQCLS_TRITON_RESOLVE"
 ENV_MLFLOW_URI = "SEQCLS_MLFLOW_TRACKING_URI"
 ENV_RUNTIME = "SEQCLS_RUNTIME"
 ENV_DEVICE = "SEQCLS_DEVICE"  # cpu | gpu: what serving configs are rendered for
@@ -196,3 +198,22 @@ ENV_ALLOW_UNSAFE_PICKLE = "SEQCLS_ALLOW_UNSAFE_PICKLE"  # 1: load .pdparams pick
 def allow_unsafe_pickle() -> bool:
     """``SEQCLS_ALLOW_UNSAFE_PICKLE=1``: skip :func:`seqcls.safeload.scan_pickle` (default off, never advised)."""
     return os.environ.get(ENV_ALLOW_UNSAFE_PICKLE, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def triton_resolve() -> dict[str, tuple[str, ...]]:
+    """Static name → addresses for ``dns:///`` Triton endpoints, read at call time.
+
+    Why: a replica set is addressed by one DNS name (a Kubernetes headless Service); hosts without
+    that DNS (a laptop port-forwarding, the test suite's three loopback Tritons) pin the answer here,
+    as ``curl --resolve`` does. Unset: the system resolver answers.
+    """
+    out: dict[str, tuple[str, ...]] = {}
+    for entry in (os.environ.get(ENV_TRITON_RESOLVE) or "").split(";"):
+        if not entry.strip():
+            continue
+        name, sep, addrs = entry.partition("=")
+        values = tuple(a.strip() for a in addrs.split(",") if a.strip())
+        if not sep or not name.strip() or not values:
+            raise InputError(f"{ENV_TRITON_RESOLVE}: {entry!r} is not name=addr[,addr...] (entries separated by ';')")
+        out[name.strip()] = values
+    return out

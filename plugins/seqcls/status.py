@@ -9,15 +9,17 @@ disagreement is a sentence naming the fix; exit 0 when there is none, 1 otherwis
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 from seqcls.serving import control
 from seqcls.serving.lease import ReleaseLease
-from seqcls.serving.names import CANDIDATE_ENSEMBLE, COMPOSING, ENSEMBLE
+from seqcls.serving.names import names_for
 from seqcls.serving.reconcile import desired_versions
 from seqcls.serving.repository import Repository, ServingOptions
 from seqcls.serving.state import ServingState, current_state
 from seqcls.settings import Settings
+from seqcls.sync import served_release_key
 
 
 @dataclass
@@ -42,13 +44,14 @@ class ModelStatus:
             f"{self.model_name}: recorded serving {r['serving']} (fingerprint {str(r['fingerprint'])[:16]}), previous "
             f"{r['previous']}, candidate {r['candidate']}"
         ]
+        names = names_for(self.model_name)
         for ep, seen in self.endpoints.items():
             if isinstance(seen, str):
                 out.append(f"  {ep}: {seen}")
             else:
                 out.append(
-                    f"  {ep}: {ENSEMBLE} {seen[ENSEMBLE]}, candidate route {seen[CANDIDATE_ENSEMBLE]}, composing "
-                    f"{seen[COMPOSING[0]]}"
+                    f"  {ep}: {names.ensemble} {seen[names.ensemble]}, candidate route {seen[names.candidate]}, "
+                    f"composing {seen[names.tokenizer]}"
                 )
         reg = self.registry
         if "error" in reg:
@@ -63,18 +66,22 @@ class ModelStatus:
         return out
 
 
-def _registry(settings: Settings, model_name: str) -> dict[str, Any]:
-    from seqcls.registry import CANDIDATE, CHAMPION, _alias, client
+def _registry(settings: Settings, model_name: str, fingerprint: str | None, key: str | None) -> dict[str, Any]:
+    """Champion and candidate, and ``expected``: the version that stands for what is served."""
+    from seqcls.registry import CANDIDATE, CHAMPION, _alias, client, registered_version
 
     try:
         c = client(settings)
         champion, candidate = _alias(c, model_name, CHAMPION), _alias(c, model_name, CANDIDATE)
+        expected = registered_version(settings, model_name, fingerprint, release_key=key) if fingerprint else None
     except Exception as exc:
         return {"error": f"unreachable or failing ({str(exc)[:200]})"}
     return {
         "champion": int(champion.version) if champion else None,
         "champion_fingerprint": champion.tags.get("fingerprint") if champion else None,
+        "champion_release_key": champion.tags.get("release_key") if champion else None,
         "candidate": int(candidate.version) if candidate else None,
+        "expected": expected,
     }
 
 
@@ -88,11 +95,11 @@ def _endpoint_problems(ep: str, seen: dict[str, list[int]] | str, want: dict[str
 def model_status(settings: Settings, model_name: str) -> ModelStatus:
     from seqcls.serving.client import endpoints_from_settings
 
-    repo = Repository.from_settings(settings)
+    repo = Repository.from_settings(settings, model_name)
     state: ServingState = current_state(repo.root, model_name)
     fp = state.fingerprint_of(state.serving)
     want = desired_versions(state, keep_previous=ServingOptions.from_settings(settings).keep_previous_loaded)
-    endpoints = control.observe_all(endpoints_from_settings(settings))
+    endpoints = control.observe_all(endpoints_from_settings(settings), model_name)
     lease = ReleaseLease(repo.root, model_name)
     holder = lease.holder()
     dead = lease.dead_reason(holder) if holder else None
@@ -107,7 +114,7 @@ def model_status(settings: Settings, model_name: str) -> ModelStatus:
         model_name,
         recorded,
         endpoints,
-        _registry(settings, model_name),
+        _registry(settings, model_name, fp, served_release_key(repo, state.serving)),
         {"holder": holder.describe(), "dead": dead} if holder else None,
     )
     for ep, seen in endpoints.items():
@@ -115,11 +122,17 @@ def model_status(settings: Settings, model_name: str) -> ModelStatus:
     reg = status.registry
     if "error" in reg:
         status.problems.append(f"MLflow {reg['error']}: cannot tell whether champion agrees")
-    elif state.serving is not None and reg.get("champion_fingerprint") != fp:
+    elif state.serving is not None and reg.get("expected") is None:
+        status.problems.append(
+            f"no MLflow version of {model_name!r} holds the served Triton version {state.serving} (fingerprint "
+            f"{str(fp)[:16]}, serving configuration {served_release_key(repo, state.serving)}): release it again"
+        )
+    elif state.serving is not None and reg.get("champion") != reg.get("expected"):
         champion_fp = str(reg.get("champion_fingerprint"))[:16]
         status.problems.append(
             f"MLflow champion is version {reg.get('champion')} (fingerprint {champion_fp}), but Triton version "
-            f"{state.serving} (fingerprint {str(fp)[:16]}) is served: run `seqcls sync`"
+            f"{state.serving} (MLflow version {reg.get('expected')}, fingerprint {str(fp)[:16]}) is served: run "
+            "`seqcls sync`"
         )
     if state.candidate is not None and (holder is None or dead):
         status.problems.append(
@@ -131,5 +144,5 @@ def model_status(settings: Settings, model_name: str) -> ModelStatus:
 def status(settings: Settings, model_names: list[str] | None = None) -> list[ModelStatus]:
     from seqcls.sync import models_in
 
-    names = model_names or models_in(Repository.from_settings(settings))
+    names = model_names or models_in(Path(str(settings.triton_repository)))
     return [model_status(settings, name) for name in names]

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import shutil
 import socket
 from dataclasses import asdict, dataclass, field
@@ -24,7 +25,7 @@ from typing import Any
 
 from seqcls.serving import control
 from seqcls.serving.lease import ReleaseLease, pid_alive
-from seqcls.serving.names import CANDIDATE_ENSEMBLE
+from seqcls.serving.names import CLASSIC
 from seqcls.serving.repository import Repository
 from seqcls.serving.state import STATE_PREFIX, ServingState, current_state
 from seqcls.settings import DEFAULT_MODEL_NAME, Settings
@@ -32,12 +33,21 @@ from seqcls.settings import DEFAULT_MODEL_NAME, Settings
 log = logging.getLogger(__name__)
 
 
-def models_in(repo: Repository) -> list[str]:
-    """Models with a recorded state in the repository (or the default one of a legacy layout)."""
-    names = sorted(p.name[len(STATE_PREFIX) : -len(".json")] for p in repo.root.glob(f"{STATE_PREFIX}*.json"))
-    if not names and repo.serving_version() is not None:
-        names = [DEFAULT_MODEL_NAME]
+def models_in(root: Path) -> list[str]:
+    """Models with a recorded state in the repository, plus the default one if a legacy layout (no
+    state file, the classic ensemble configured) serves it."""
+    names = sorted(p.name[len(STATE_PREFIX) : -len(".json")] for p in Path(root).glob(f"{STATE_PREFIX}*.json"))
+    if DEFAULT_MODEL_NAME not in names and Repository(Path(root), Path(root)).serving_version() is not None:
+        names = sorted([*names, DEFAULT_MODEL_NAME])
     return names
+
+
+def served_release_key(repo: Repository, version: int | None) -> str | None:
+    """The registry key (fingerprint + serving configuration) Triton version ``version`` was published
+    with; None for versions published before release keys (the registry then matches by fingerprint)."""
+    info = repo.release_info(version) if version is not None else None
+    key = (info or {}).get("release_key")
+    return key if isinstance(key, str) else None
 
 
 @dataclass
@@ -90,21 +100,43 @@ def _mirror(settings: Settings, state: ServingState) -> dict[str, Any]:
 
     if state.serving is None:
         return {"skipped": "nothing is served"}
+    key = served_release_key(Repository.from_settings(settings, state.model_name), state.serving)
     try:
-        return mirror_champion(settings, state.model_name, state.fingerprint_of(state.serving), state.serving)
+        return mirror_champion(
+            settings, state.model_name, state.fingerprint_of(state.serving), state.serving, release_key=key
+        )
     except Exception as exc:  # MLflow down: serving is fixed anyway; the next sync mirrors
         return {"error": f"MLflow: {str(exc)[:300]}"}
 
 
+#: ``publish.TMP_PUBLISH`` (``.tmp-publish.<model>.<pid>-<version>``), and the layout before per-model
+#: names (``.tmp-publish-<pid>-<version>``, the default model's).
+_TMP_PUBLISH = re.compile(r"\.tmp-publish\.(?P<model>.+)\.(?P<pid>\d+)-\d+")
+_TMP_PUBLISH_LEGACY = re.compile(r"\.tmp-publish-(?P<pid>\d+)-\d+")
+
+
+def _tmp_publish_pid(name: str, model_name: str) -> int | None:
+    """The writer's pid if ``name`` is one of ``model_name``'s publish temporaries, else None."""
+    m = _TMP_PUBLISH.fullmatch(name)
+    if m and m["model"] == model_name:
+        return int(m["pid"])
+    m = _TMP_PUBLISH_LEGACY.fullmatch(name)
+    return int(m["pid"]) if m and model_name == CLASSIC.model_name else None
+
+
 def stale_temporaries(repo: Repository) -> list[Path]:
-    """Half-written publish/candidate directories whose writer is gone (a crash, kill -9)."""
+    """This model's half-written publish/candidate/config files whose writer is gone (a crash, kill -9)."""
     found = []
-    for p in [*repo.root.glob(".tmp-publish-*"), *repo.root.glob(f"{CANDIDATE_ENSEMBLE}/.tmp-*")]:
-        parts = p.name.split("-")
-        pid = next((int(x) for x in parts if x.isdigit()), None)
+    for p in repo.root.glob(".tmp-publish*"):
+        pid = _tmp_publish_pid(p.name, repo.model_name)
+        if pid is not None and not pid_alive(pid):
+            found.append(p)
+    for p in repo.root.glob(f"{repo.names.candidate}/.tmp-*"):
+        pid = next((int(x) for x in p.name.split("-") if x.isdigit()), None)
         if pid is None or not pid_alive(pid):
             found.append(p)
-    found += [p for p in repo.root.glob("*/.config.pbtxt.*.tmp") if not pid_alive(_pid_of(p.name))]
+    for model in repo.names.all:
+        found += [p for p in (repo.root / model).glob(".config.pbtxt.*.tmp") if not pid_alive(_pid_of(p.name))]
     return found
 
 
@@ -115,11 +147,9 @@ def _pid_of(name: str) -> int:
 
 def incomplete_versions(repo: Repository, keep: set[int]) -> list[Path]:
     """Version directories of a publish that died between renames (present for some models only)."""
-    from seqcls.serving.names import MODELS
-
     complete = set(repo.complete_versions())
     found = []
-    for model in MODELS:
+    for model in repo.names.models:
         found += [repo.root / model / str(v) for v in repo.versions(model) if v not in complete and v not in keep]
     return found
 
@@ -139,10 +169,11 @@ def sync(settings: Settings, model_names: list[str] | None = None) -> list[SyncR
     """Recover every (or the named) model of the repository; see the module docstring."""
     from seqcls.serving.client import endpoints_from_settings
 
-    repo = Repository.from_settings(settings)
+    root = Path(str(settings.triton_repository))
     endpoints = endpoints_from_settings(settings)
     results = []
-    for model in model_names or models_in(repo):
+    for model in model_names or models_in(root):
+        repo = Repository.from_settings(settings, model)
         abandoned = _abandon_orphan(repo, model, endpoints)
         state, report = control.reconcile_recorded(repo, model, endpoints)
         result = SyncResult(model, state.serving, state.candidate, abandoned, report.actions, report.errors)

@@ -305,7 +305,9 @@ def open_release(
     """Validate the checkpoint and open (or create) its workspace; the ``resolve`` step."""
     config = config or ReleaseConfig()
     settings = settings or Settings.from_env()
-    ckpt = resolve_checkpoint(checkpoint, label_file=label_file, golden_file=golden_file)
+    ckpt = resolve_checkpoint(
+        checkpoint, label_file=label_file, golden_file=golden_file, allow_unsafe_pickle=config.allow_unsafe_pickle
+    )
     ws = Workspace(workspace_dir(settings, config.model_name, ckpt.fingerprint))
     ws.annotate(
         schema=SCHEMA,

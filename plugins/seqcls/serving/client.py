@@ -45,10 +45,70 @@ class Endpoint:
             raise InputError(f"Triton gRPC endpoint {self.grpc!r} is not host:port")
 
 
+DNS_PREFIX = "dns:///"
+
+
+def _split(target: str) -> tuple[str, int]:
+    host, sep, port = target.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise InputError(f"Triton endpoint {target!r} is not host:port (or dns:///name:port)")
+    return host.strip("[]"), int(port)
+
+
+def _join(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def resolve_replicas(name: str) -> list[str]:
+    """Every address ``name`` resolves to (sorted, deduplicated): each is one Triton replica."""
+    import socket
+
+    from seqcls.settings import ENV_TRITON_RESOLVE, triton_resolve
+
+    pinned = triton_resolve().get(name)
+    if pinned:
+        return sorted(set(pinned))
+    try:
+        infos = socket.getaddrinfo(name, None, type=socket.SOCK_STREAM)
+    except OSError as exc:
+        raise ServingError(
+            f"Triton endpoint dns:///{name}: the name does not resolve ({exc}); check the Service name in "
+            f"SEQCLS_TRITON_GRPC / the Triton Connection, or pin it with {ENV_TRITON_RESOLVE}"
+        ) from exc
+    return sorted({str(info[4][0]) for info in infos})
+
+
+def _expand(target: str) -> list[tuple[str, str | None]]:
+    """``dns:///name:port`` → (address:port, name) per resolved address; ``host:port`` → itself."""
+    if not target.startswith(DNS_PREFIX):
+        return [(target, None)]
+    name, port = _split(target[len(DNS_PREFIX) :])
+    return [(_join(addr, port), name) for addr in resolve_replicas(name)]
+
+
 def endpoints_from_settings(settings: Settings, grpc: Sequence[str] | None = None) -> list[Endpoint]:
+    """One :class:`Endpoint` per Triton replica.
+
+    A ``dns:///name:port`` entry (gRPC's own target syntax) stands for every address ``name``
+    resolves to — a Kubernetes headless Service — resolved now, so a release reloads, checks and
+    smoke-tests each replica. Its HTTP entry at the same position (``dns:///name:8000``) gives each
+    replica's HTTP port. Plain ``host:port`` entries are one replica each, in order.
+    """
     grpcs = list(grpc) if grpc else list(settings.triton_grpc)
     https = list(settings.triton_http) if not grpc else []
-    return [Endpoint(g, https[i] if i < len(https) else None) for i, g in enumerate(grpcs)]
+    out: list[Endpoint] = []
+    for i, target in enumerate(grpcs):
+        http = https[i] if i < len(https) else None
+        for address, name in _expand(target):
+            if name is None or http is None:
+                out.append(Endpoint(address, http if name is None else None))
+                continue
+            host = address.rpartition(":")[0]
+            http_port = _split(http[len(DNS_PREFIX) :] if http.startswith(DNS_PREFIX) else http)[1]
+            out.append(Endpoint(address, f"{host}:{http_port}"))
+    if not out:
+        raise ServingError(f"no Triton endpoint: {grpcs} resolved to no address")
+    return out
 
 
 def _status(exc: Exception) -> str:

@@ -7,10 +7,11 @@ Every change of a model's serving state follows the same three moves, in this or
    touched, so a crash at any later point leaves the truth on disk;
 3. :func:`~seqcls.serving.reconcile.reconcile` every endpoint to it (under the repository lock).
 
-Who holds the lease: a release is identified by model + fingerprint (``release:<model>:<fp16>``),
-so the steps of one release re-enter it whether they run in one CLI process or as separate
-Airflow tasks (kind ``run``: no pid to watch, expires by ttl unless renewed by the next task); a
-CLI process holds it as kind ``process`` (recovered as soon as that pid is gone).
+Who holds the lease: a release is identified by model + fingerprint + serving configuration
+(``release:<model>:<fp16>:<key8>``), so the steps of one release re-enter it whether they run in
+one CLI process or as separate Airflow tasks (kind ``run``: no pid to watch, expires by ttl unless
+renewed by the next task); a CLI process holds it as kind ``process`` (recovered as soon as that
+pid is gone).
 """
 
 from __future__ import annotations
@@ -62,8 +63,13 @@ def lease_context(ctx: LeaseContext) -> Iterator[None]:
         _CONTEXT.reset(token)
 
 
-def release_owner(model_name: str, fingerprint: str) -> str:
-    return f"release:{model_name}:{fingerprint[:16]}"
+def release_owner(release) -> str:
+    """``release:<model>:<fingerprint16>:<release_key8>``: the same checkpoint released with other
+    thresholds is another release (another owner, so the lease keeps the two apart)."""
+    from seqcls.registry import release_key
+
+    cfg, fp = release.config, release.checkpoint.fingerprint
+    return f"release:{cfg.model_name}:{fp[:16]}:{release_key(release)[:8]}"
 
 
 def take_lease(repository: Path, model_name: str, owner: str, step: str) -> LeaseHolder:
@@ -101,6 +107,7 @@ def transition(
     ``live_first``: refuse before recording anything if an endpoint is down (releases); recovery
     paths (sync, rollback) pass False and converge what they can.
     """
+    repo = repo.for_model(model_name)  # the model's own Triton names and lock, whatever view was passed
     if live_first:
         require_live(endpoints)
     with repo.lock(what=f"{model_name} state change"):
@@ -144,15 +151,17 @@ def reconcile_recorded(
     return state, report
 
 
-def observe_all(endpoints: Sequence[Endpoint]) -> dict[str, dict[str, list[int]] | str]:
-    """Endpoint → model → READY versions (or the reason it could not be asked)."""
+def observe_all(endpoints: Sequence[Endpoint], model_name: str) -> dict[str, dict[str, list[int]] | str]:
+    """Endpoint → Triton model of ``model_name`` → READY versions (or the reason it could not be asked)."""
+    from seqcls.serving.names import names_for
     from seqcls.serving.reconcile import observe
 
+    names = names_for(model_name)
     out: dict[str, dict[str, list[int]] | str] = {}
     for op in [TritonOps(e) for e in endpoints]:
         try:
             op.require_live()
-            out[op.endpoint.grpc] = observe(op)
+            out[op.endpoint.grpc] = observe(op, names)
         except Exception as exc:
             out[op.endpoint.grpc] = f"unreachable: {str(exc)[:200]}"
     return out

@@ -3,11 +3,15 @@
 Releases, rollbacks, ``seqcls sync``, a restarted Triton and crash recovery all end here, so
 there is no separate undo logic to get wrong. From a :class:`~seqcls.serving.state.ServingState`:
 
-- composing models (tokenizer, seqcls_model, seqcls_postprocess) load the served version, the
-  candidate (a release in flight) and — when no candidate is in flight — the previous version,
-  kept warm so a rollback is an ensemble switch;
-- the public ensemble ``seqcls`` loads exactly the served version (unpinned clients get it);
-- the candidate route ``seqcls_candidate`` loads exactly the candidate, or nothing.
+- composing models (``<m>_tokenizer``, ``<m>_model``, ``<m>_postprocess``; names in
+  :mod:`seqcls.serving.names`) load the served version, the candidate (a release in flight) and —
+  when no candidate is in flight — the previous version, kept warm so a rollback is an ensemble
+  switch;
+- the public ensemble ``<m>`` loads exactly the served version (unpinned clients get it);
+- the candidate route ``<m>_candidate`` loads exactly the candidate, or nothing.
+
+Only the model's own five Triton models are read or touched: another model's release or
+rollback on the same Triton never changes them.
 
 Per endpoint, the ensembles in use are never left without their composing versions: composing
 models first widen to desired ∪ what any endpoint's ensembles pin right now, then the ensembles
@@ -27,33 +31,30 @@ from typing import Any
 from seqcls import faults
 from seqcls.errors import ServingError
 from seqcls.serving.client import TritonOps
-from seqcls.serving.names import CANDIDATE_ENSEMBLE, COMPOSING, ENSEMBLE
+from seqcls.serving.names import CLASSIC, ServingNames, names_for
 from seqcls.serving.repository import Repository
 from seqcls.serving.state import ServingState
 
 log = logging.getLogger(__name__)
 
-ROUTES = (ENSEMBLE, CANDIDATE_ENSEMBLE)
-ALL = (*COMPOSING, *ROUTES)
-
-
 def desired_versions(state: ServingState, *, keep_previous: bool = True) -> dict[str, list[int]]:
-    """Model → the versions that must be READY (empty = not loaded at all)."""
+    """Triton model → the versions that must be READY (empty = not loaded at all)."""
+    names = names_for(state.model_name)
     composing = {state.serving, state.candidate}
     if keep_previous and state.candidate is None:
         composing.add(state.previous)
     composing.discard(None)
     return {
-        **{m: sorted(composing) for m in COMPOSING},  # type: ignore[type-var]
-        ENSEMBLE: [state.serving] if state.serving is not None else [],
-        CANDIDATE_ENSEMBLE: [state.candidate] if state.candidate is not None else [],
+        **{m: sorted(composing) for m in names.composing},  # type: ignore[type-var]
+        names.ensemble: [state.serving] if state.serving is not None else [],
+        names.candidate: [state.candidate] if state.candidate is not None else [],
     }
 
 
-def observe(op: TritonOps) -> dict[str, list[int]]:
-    """Model → READY versions on one endpoint, from its repository index (one call)."""
+def observe(op: TritonOps, names: ServingNames) -> dict[str, list[int]]:
+    """Triton model → READY versions of one seqcls model's five models on one endpoint (one call)."""
     index = op.client.get_model_repository_index(as_json=True, client_timeout=op.request_timeout).get("models", [])
-    out: dict[str, list[int]] = {m: [] for m in ALL}
+    out: dict[str, list[int]] = {m: [] for m in names.all}
     for m in index:
         if m.get("name") in out and m.get("state") == "READY" and str(m.get("version", "")).isdigit():
             out[m["name"]].append(int(m["version"]))
@@ -87,14 +88,14 @@ class ReconcileReport:
 
 class _Reconciler:
     def __init__(self, repo: Repository, ops: Sequence[TritonOps], desired: dict[str, list[int]]) -> None:
-        self.repo, self.desired = repo, desired
+        self.repo, self.desired, self.names = repo, desired, repo.names
         self.report = ReconcileReport(desired)
         self.actual: dict[str, dict[str, list[int]]] = {}
         self.ops: list[TritonOps] = []
         for op in ops:
             try:
                 op.require_live()
-                self.actual[op.endpoint.grpc] = observe(op)
+                self.actual[op.endpoint.grpc] = observe(op, self.names)
                 self.ops.append(op)
             except Exception as exc:
                 self.report.errors[op.endpoint.grpc] = f"not reachable: {exc}"
@@ -112,14 +113,14 @@ class _Reconciler:
         """The shared config of ``model`` for ``versions`` (removed when empty)."""
         if not versions:
             self.repo.restore_config(model, None)
-            if model == CANDIDATE_ENSEMBLE:
+            if model == self.names.candidate:
                 self.repo.drop_candidate()
             return
-        if model == CANDIDATE_ENSEMBLE:
+        if model == self.names.candidate:
             self.repo.ensure_candidate_version(versions[0])
             text = self.repo.candidate_config(versions[0])
         else:
-            base = versions[-1] if model != ENSEMBLE else versions[0]
+            base = versions[-1] if model != self.names.ensemble else versions[0]
             text = self.repo.config_for(model, base, versions)
         if self.repo.config_text(model) != text:
             self.repo.write_config(model, text)
@@ -143,20 +144,21 @@ class _Reconciler:
     def run(self) -> ReconcileReport:
         todo = self.pending()
         if not todo:
-            for model in ALL:  # servers agree; make sure the files say the same (a crash between)
+            for model in self.names.all:  # servers agree; make sure the files say the same (a crash between)
                 self.write(model, self.desired[model])
             return self.report
-        in_use = {v for op in todo for r in ROUTES for v in self.actual[op.endpoint.grpc][r]}
+        routes, first = self.names.routes, self.names.tokenizer
+        in_use = {v for op in todo for r in routes for v in self.actual[op.endpoint.grpc][r]}
         complete = set(self.repo.complete_versions())
-        widened = sorted((set(self.desired[COMPOSING[0]]) | in_use) & complete)
-        for phase, composing in (("widen", widened), ("narrow", self.desired[COMPOSING[0]])):
-            for model in COMPOSING:
+        widened = sorted((set(self.desired[first]) | in_use) & complete)
+        for phase, composing in (("widen", widened), ("narrow", self.desired[first])):
+            for model in self.names.composing:
                 self.write(model, composing)
                 for op in todo:
                     self.apply(op, model, composing)
             faults.point(f"reconcile:after-{phase}")
             if phase == "widen":
-                for model in ROUTES:
+                for model in routes:
                     self.write(model, self.desired[model])
                     for op in todo:
                         self.apply(op, model, self.desired[model])
@@ -169,12 +171,21 @@ def reconcile(
 ) -> ReconcileReport:
     """Make every endpoint in ``ops`` serve ``state``; the caller holds ``repo.lock()``."""
     t0 = time.perf_counter()
+    repo = repo.for_model(state.model_name)
     desired = desired_versions(state, keep_previous=keep_previous)
     missing = sorted({v for vs in desired.values() for v in vs} - set(repo.complete_versions()))
     if missing:
+        legacy = repo.names != CLASSIC and set(missing) <= set(repo.for_model(CLASSIC.model_name).complete_versions())
+        hint = (
+            f" They exist under the classic names ({CLASSIC.ensemble}, {CLASSIC.tokenizer}, …): {state.model_name!r} "
+            "was released before seqcls named Triton models per model; release it again (it gets its own names)."
+            if legacy
+            else ""
+        )
         raise ServingError(
             f"{repo.root}: the recorded state of {state.model_name!r} names version(s) {missing}, which are not "
-            "complete in the repository; republish them (or roll back to a version that exists)."
+            f"complete in the repository under its names ({', '.join(repo.names.models)}); republish them (or roll "
+            f"back to a version that exists).{hint}"
         )
     report = _Reconciler(repo, ops, desired).run()
     report.seconds = time.perf_counter() - t0

@@ -26,13 +26,13 @@ from typing import Any
 from seqcls.errors import InputError, ServingError
 from seqcls.locking import held
 from seqcls.serving import shipped
-from seqcls.serving.names import CANDIDATE_ENSEMBLE, COMPOSING, ENSEMBLE, MODEL, MODELS
+from seqcls.serving.names import CLASSIC, ServingNames, names_for
 from seqcls.settings import DEVICES, RUNTIMES, Settings
 
 log = logging.getLogger(__name__)
 
 SNAPSHOT = "config.snapshot.pbtxt"
-LOCK_FILE = ".seqcls-publish.lock"
+LOCK_FILE = ".seqcls-publish.{model}.lock"
 
 # The serving contract's enums, defined once in model_repository/common/seqcls_contract.py.
 _contract = shipped.contract()
@@ -122,9 +122,9 @@ def version_policy(versions: Sequence[int]) -> str:
     return f"version_policy: {{ specific: {{ versions: [ {vs} ] }} }}"
 
 
-def _template(source: Path, model: str, runtime: str) -> Template:
-    name = f"config.{runtime}.pbtxt.tmpl" if model == MODEL else "config.pbtxt.tmpl"
-    path = source / model / name
+def _template(source: Path, model: str, runtime: str, names: ServingNames) -> Template:
+    name = f"config.{runtime}.pbtxt.tmpl" if names.role(model) == "model" else "config.pbtxt.tmpl"
+    path = source / names.source(model) / name
     if not path.is_file():
         raise InputError(f"{path}: config template missing from the serving source")
     return Template(path.read_text(encoding="utf-8"))
@@ -139,8 +139,10 @@ def render_config(
     num_labels: int,
     pad_id: int = 0,
     versions: Sequence[int] | None = None,
+    names: ServingNames = CLASSIC,
 ) -> str:
-    """The ``config.pbtxt`` text of ``model`` for release ``version`` (live versions ``versions``)."""
+    """The ``config.pbtxt`` text of Triton model ``model`` (one of ``names``) for release ``version``
+    (live versions ``versions``)."""
     kind = "KIND_GPU" if options.device == "gpu" else "KIND_CPU"
     accel = ""
     if options.gpu_accelerator.startswith("tensorrt"):
@@ -154,6 +156,10 @@ def render_config(
     if options.dynamic_batching:
         dyn = f"dynamic_batching {{ max_queue_delay_microseconds: {int(options.max_queue_delay_us)} }}"
     values = {
+        "name": model,
+        "tokenizer_name": names.tokenizer,
+        "model_name": names.model,
+        "postprocess_name": names.postprocess,
         "max_batch_size": int(options.max_batch_size),
         "version_policy": version_policy(versions or [version]),
         "version": int(version),
@@ -173,7 +179,7 @@ def render_config(
         "execution_accelerators": accel,
     }
     try:
-        return _template(source, model, options.runtime).substitute(values)
+        return _template(source, model, options.runtime, names).substitute(values)
     except (KeyError, ValueError) as exc:
         raise InputError(f"template of {model} references an unknown placeholder: {exc}") from exc
 
@@ -191,29 +197,30 @@ def parse_config(text: str, where: str = "config.pbtxt"):
     return config
 
 
-def check_configs(configs: dict[str, str], version: int) -> None:
+def check_configs(configs: dict[str, str], version: int, names: ServingNames = CLASSIC) -> None:
     """Parse every config and check the ensemble wiring against the composing models' I/O."""
+    ensemble = names.ensemble
     parsed = {name: parse_config(text, f"{name}/config.pbtxt") for name, text in configs.items()}
     for name, cfg in parsed.items():
         if cfg.name != name:
             raise ServingError(f"{name}/config.pbtxt: name is {cfg.name!r}, expected {name!r}")
-    ens = parsed[ENSEMBLE]
+    ens = parsed[ensemble]
     steps = list(ens.ensemble_scheduling.step)
-    if [s.model_name for s in steps] != list(COMPOSING):
-        raise ServingError(f"{ENSEMBLE}: steps {[s.model_name for s in steps]}, expected {list(COMPOSING)}")
+    if [s.model_name for s in steps] != list(names.composing):
+        raise ServingError(f"{ensemble}: steps {[s.model_name for s in steps]}, expected {list(names.composing)}")
     for step in steps:
         if step.model_version != version:
-            raise ServingError(f"{ENSEMBLE}: step {step.model_name} pins version {step.model_version}, not {version}")
+            raise ServingError(f"{ensemble}: step {step.model_name} pins version {step.model_version}, not {version}")
         cfg = parsed[step.model_name]
         inputs = {i.name for i in cfg.input}
         outputs = {o.name for o in cfg.output}
         if set(step.input_map) != inputs:
             raise ServingError(
-                f"{ENSEMBLE}: step {step.model_name} maps inputs {sorted(step.input_map)}, model has {sorted(inputs)}"
+                f"{ensemble}: step {step.model_name} maps inputs {sorted(step.input_map)}, model has {sorted(inputs)}"
             )
         if not set(step.output_map) <= outputs:
             raise ServingError(
-                f"{ENSEMBLE}: step {step.model_name} maps outputs {sorted(step.output_map)}, "
+                f"{ensemble}: step {step.model_name} maps outputs {sorted(step.output_map)}, "
                 f"model has {sorted(outputs)}"
             )
         if cfg.max_batch_size < ens.max_batch_size:
@@ -231,31 +238,41 @@ class Repository:
 
     root: Path
     source: Path
+    names: ServingNames = CLASSIC
     _versions_cache: dict[str, list[int]] = field(default_factory=dict, repr=False)
 
     @classmethod
-    def from_settings(cls, settings: Settings) -> Repository:
+    def from_settings(cls, settings: Settings, model_name: str) -> Repository:
+        """The repository as seen by model ``model_name`` (its Triton names: :mod:`seqcls.serving.names`)."""
         assert settings.triton_repository is not None and settings.model_repository_source is not None
-        return cls(Path(settings.triton_repository), Path(settings.model_repository_source))
+        return cls(Path(settings.triton_repository), Path(settings.model_repository_source), names_for(model_name))
+
+    def for_model(self, model_name: str) -> Repository:
+        return Repository(self.root, self.source, names_for(model_name))
+
+    @property
+    def model_name(self) -> str:
+        return self.names.model_name
 
     def lock(self, *, timeout: float = 600.0, what: str = "publish/reconcile"):
-        """One writer of the live configs at a time (across processes and hosts sharing the volume,
-        as far as the filesystem honours ``flock``); waits at most ``timeout``, then names the holder."""
-        return held(self.root / LOCK_FILE, timeout=timeout, what=what)
+        """One writer of this model's live configs at a time (across processes and hosts sharing the
+        volume, as far as the filesystem honours ``flock``); other models have their own lock, so
+        their releases proceed side by side. Waits at most ``timeout``, then names the holder."""
+        return held(self.root / LOCK_FILE.format(model=self.model_name), timeout=timeout, what=what)
 
-    def versions(self, model: str = ENSEMBLE) -> list[int]:
-        d = self.root / model
+    def versions(self, model: str | None = None) -> list[int]:
+        d = self.root / (model or self.names.ensemble)
         if not d.is_dir():
             return []
         return sorted(int(p.name) for p in d.iterdir() if p.is_dir() and p.name.isdigit())
 
     def complete_versions(self) -> list[int]:
         """Versions present for all four models (a release is only usable whole)."""
-        sets = [set(self.versions(m)) for m in MODELS]
+        sets = [set(self.versions(m)) for m in self.names.models]
         return sorted(set.intersection(*sets)) if sets else []
 
     def release_info(self, version: int) -> dict[str, Any] | None:
-        p = self.root / ENSEMBLE / str(version) / RELEASE_FILE
+        p = self.root / self.names.ensemble / str(version) / RELEASE_FILE
         return json.loads(p.read_text(encoding="utf-8")) if p.is_file() else None
 
     def damaged_files(self, version: int) -> list[str]:
@@ -264,7 +281,7 @@ class Repository:
 
         problems = []
         keys = set()
-        for model in MODELS:
+        for model in self.names.models:
             vdir = self.root / model / str(version)
             info_path = vdir / RELEASE_FILE
             if not info_path.is_file():
@@ -301,7 +318,7 @@ class Repository:
         return sorted(int(v) for v in m.group(1).replace(",", " ").split()) if m else []
 
     def serving_version(self) -> int | None:
-        live = self.live_versions(ENSEMBLE)
+        live = self.live_versions(self.names.ensemble)
         return live[-1] if live else None
 
     def snapshot(self, model: str, version: int) -> str:
@@ -331,22 +348,22 @@ class Repository:
 
     def candidate_config(self, version: int) -> str:
         """The candidate route's config: ensemble ``version``'s snapshot under its own name, pinned."""
-        text = self.config_for(ENSEMBLE, version, [version])
-        return re.sub(r'^name:\s*"[^"]*"', f'name: "{CANDIDATE_ENSEMBLE}"', text, count=1, flags=re.M)
+        text = self.config_for(self.names.ensemble, version, [version])
+        return re.sub(r'^name:\s*"[^"]*"', f'name: "{self.names.candidate}"', text, count=1, flags=re.M)
 
     def ensure_candidate_version(self, version: int) -> None:
-        """``seqcls_candidate/<version>/`` (an ensemble version directory holds only metadata)."""
-        target = self.root / CANDIDATE_ENSEMBLE / str(version)
+        """``<candidate>/<version>/`` (an ensemble version directory holds only metadata)."""
+        target = self.root / self.names.candidate / str(version)
         if target.is_dir():
             return
-        tmp = self.root / CANDIDATE_ENSEMBLE / f".tmp-{os.getpid()}-{version}"
+        tmp = self.root / self.names.candidate / f".tmp-{os.getpid()}-{version}"
         shutil.rmtree(tmp, ignore_errors=True)
-        shutil.copytree(self.root / ENSEMBLE / str(version), tmp)
+        shutil.copytree(self.root / self.names.ensemble / str(version), tmp)
         os.replace(tmp, target)
 
     def drop_candidate(self) -> None:
         """Remove the candidate route's config and version directories (after it is unloaded)."""
-        shutil.rmtree(self.root / CANDIDATE_ENSEMBLE, ignore_errors=True)
+        shutil.rmtree(self.root / self.names.candidate, ignore_errors=True)
 
     def io_signature(self, model: str, version: int) -> dict[str, Any]:
         """What an ensemble pinned to another version relies on: I/O names, types, shapes, batch size."""

@@ -348,16 +348,20 @@ def infer_legacy_state(repository: Path, model_name: str) -> ServingState:
 
     The ensemble's ``version_policy`` names the served version; any other version the composing
     models keep live is the warm previous one. Returned with generation 0 and an "adopt" entry,
-    for the caller to record with ``write_state(..., expected_generation=0)``.
+    for the caller to record with ``write_state(..., expected_generation=0)``. Only the default
+    model (the classic names) has such a past: any other model without a state file never served.
     """
-    from seqcls.serving.repository import COMPOSING, Repository  # lazy: keeps this module light
+    from seqcls.serving.names import CLASSIC
+    from seqcls.serving.repository import Repository  # lazy: keeps this module light
 
     validate_model_name(model_name)
-    repo = Repository(Path(repository), Path(repository))
+    if model_name != CLASSIC.model_name:
+        return ServingState.empty(model_name)
+    repo = Repository(Path(repository), Path(repository), CLASSIC)
     serving = repo.serving_version()
     if serving is None:
         return ServingState.empty(model_name)
-    others = sorted({v for m in COMPOSING for v in repo.live_versions(m)} - {serving})
+    others = sorted({v for m in CLASSIC.composing for v in repo.live_versions(m)} - {serving})
     below = [v for v in others if v < serving]
     previous = below[-1] if below else (others[-1] if others else None)
     info = repo.release_info(serving) or {}

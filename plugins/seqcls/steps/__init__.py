@@ -176,7 +176,7 @@ def _release_lease(release: Release):
     from seqcls.serving.lease import ReleaseLease
 
     lease = ReleaseLease(Path(str(release.settings.triton_repository)), release.config.model_name)
-    owner = release_owner(release.config.model_name, release.checkpoint.fingerprint)
+    owner = release_owner(release)
     return lease.hold(owner, kind="process", step="release", timeout=_lease_timeout())
 
 

@@ -44,7 +44,8 @@ def _load_dygraph(release: Release):
     paddle.set_device("cpu")
     path = release.checkpoint.path
     if release.checkpoint.weights.suffix == ".pdparams":
-        scan_pickle(release.checkpoint.weights)  # again: the file may have changed since the checkpoint step
+        # again: the file may have changed since the checkpoint step
+        scan_pickle(release.checkpoint.weights, allow_unsafe=release.config.allow_unsafe_pickle)
     try:
         model = AutoModelForSequenceClassification.from_pretrained(str(path))
     except Exception as exc:  # paddlenlp raises many types for a broken checkpoint
@@ -53,12 +54,12 @@ def _load_dygraph(release: Release):
             f"({type(exc).__name__}: {str(exc)[:300]})."
         ) from exc
     model.eval()
-    verify_loaded(model, release.checkpoint.weights)
+    verify_loaded(model, release.checkpoint.weights, allow_unsafe=release.config.allow_unsafe_pickle)
     n_params = sum(int(p.size) for p in model.parameters())
     return model, n_params
 
 
-def _file_tensors(weights: Path) -> dict:
+def _file_tensors(weights: Path, allow_unsafe: bool = False) -> dict:
     import numpy as np
 
     if weights.suffix == ".safetensors":
@@ -67,14 +68,14 @@ def _file_tensors(weights: Path) -> dict:
         return load_file(str(weights))
     import paddle
 
-    scan_pickle(weights)  # paddle.load unpickles
+    scan_pickle(weights, allow_unsafe=allow_unsafe)  # paddle.load unpickles
     state = paddle.load(str(weights), return_numpy=True)
     if not isinstance(state, dict):
         raise CheckpointError(f"{weights}: holds a {type(state).__name__}, not a state dict of tensors.")
     return {k: np.asarray(v) for k, v in state.items()}
 
 
-def verify_loaded(model, weights: Path) -> None:
+def verify_loaded(model, weights: Path, *, allow_unsafe: bool = False) -> None:
     """Refuse a checkpoint whose tensors do not all match the model (keys, shapes, values).
 
     PaddleNLP's ``from_pretrained`` only *warns* about missing or unexpected weights and
@@ -88,7 +89,7 @@ def verify_loaded(model, weights: Path) -> None:
         return key[len(prefix) :] if prefix != "." and key.startswith(prefix) else key
 
     try:
-        stored = {norm(k): v for k, v in _file_tensors(weights).items()}
+        stored = {norm(k): v for k, v in _file_tensors(weights, allow_unsafe).items()}
     except CheckpointError:
         raise
     except Exception as exc:

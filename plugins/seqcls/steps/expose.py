@@ -1,4 +1,4 @@
-"""Step 8 — expose: the smoke-tested candidate becomes what ``seqcls`` serves, on every endpoint.
+"""Step 8 — expose: the smoke-tested candidate becomes what the ensemble serves, on every endpoint.
 
 Under the release lease the recorded state moves (``serving = N``, the old served version kept
 warm as ``previous``, no candidate), then every endpoint is reconciled: the public ensemble
@@ -20,7 +20,6 @@ from seqcls.errors import StepOrderError
 from seqcls.records import OUT_DIRS, published_version
 from seqcls.serving import control
 from seqcls.serving.client import Endpoint, endpoints_from_settings
-from seqcls.serving.names import ENSEMBLE
 from seqcls.serving.repository import Repository, ServingOptions
 from seqcls.serving.state import ServingState
 from seqcls.steps import require
@@ -49,11 +48,11 @@ def expose(release: Release, endpoints: Sequence[Endpoint] | None = None) -> Ste
                 f"version {version} of {model!r} is not the candidate (recorded: serving {s.serving}, candidate "
                 f"{s.candidate}); run `seqcls reload` and `seqcls smoke` first."
             )
-        return s.promoted(version, fp, control.release_owner(model, fp))
+        return s.promoted(version, fp, control.release_owner(release))
 
     def body(out: Path) -> tuple[dict, str]:
-        repo = Repository.from_settings(release.settings)
-        control.take_lease(repo.root, model, control.release_owner(model, fp), STEP)
+        repo = Repository.from_settings(release.settings, model)
+        control.take_lease(repo.root, model, control.release_owner(release), STEP)
         before, after, report = control.transition(
             repo, model, change, endpoints, keep_previous=options.keep_previous_loaded
         )
@@ -68,10 +67,10 @@ def expose(release: Release, endpoints: Sequence[Endpoint] | None = None) -> Ste
         }
         (out / "expose.json").write_text(json.dumps(summary, indent=1), encoding="utf-8")
         if summary["already"]:
-            return summary, f"{ENSEMBLE} already serves version {version} on {len(endpoints)} endpoint(s)"
+            return summary, f"{repo.names.ensemble} already serves version {version} on {len(endpoints)} endpoint(s)"
         return summary, (
-            f"{ENSEMBLE} serves version {version} on {len(endpoints)} endpoint(s) (previous {after.previous} kept "
-            f"warm) in {report.seconds:.1f}s"
+            f"{repo.names.ensemble} serves version {version} on {len(endpoints)} endpoint(s) (previous "
+            f"{after.previous} kept warm) in {report.seconds:.1f}s"
         )
 
     return release.workspace.run_step(STEP, inputs, body, out_dir=OUT_DIR, always_run=True)

@@ -52,7 +52,7 @@ def promote(release: Release) -> StepResult:
             )
         moved = set_champion(release.settings, cfg.model_name, version, triton_version)
         control.give_lease(
-            repository, cfg.model_name, control.release_owner(cfg.model_name, release.checkpoint.fingerprint)
+            repository, cfg.model_name, control.release_owner(release)
         )
         summary = {
             "model_name": cfg.model_name,

@@ -22,8 +22,9 @@ from seqcls import faults
 from seqcls.checkpoint import sha256_file
 from seqcls.errors import ServingError
 from seqcls.records import OUT_DIRS, Expected, Published, served_onnx
+from seqcls.registry import release_key
 from seqcls.serving import control, shipped
-from seqcls.serving.names import COMPOSING, ENSEMBLE, MODEL, MODELS, POSTPROCESS, TOKENIZER
+from seqcls.serving.names import MODEL, POSTPROCESS, TOKENIZER, ServingNames
 from seqcls.serving.repository import (
     RELEASE_FILE,
     SNAPSHOT,
@@ -41,6 +42,8 @@ log = logging.getLogger(__name__)
 STEP = "publish"
 OUT_DIR = OUT_DIRS[STEP]
 DEFAULT_RETAIN = 3
+#: Where a version is assembled before its renames (``seqcls sync`` removes one whose pid is gone).
+TMP_PUBLISH = ".tmp-publish.{model}.{pid}-{version}"
 
 
 def _release_values(release: Release) -> dict[str, Any]:
@@ -56,10 +59,12 @@ def _release_values(release: Release) -> dict[str, Any]:
         "do_lower_case": release.checkpoint.do_lower_case,
         "pad_id": vocab.index("[PAD]") if "[PAD]" in vocab else 0,
         "profile": release.config.profile,
+        "release_key": release_key(release),  # the MLflow version's key: sync/status find it by this
     }
 
 
-#: Serving source file of each python model (``tokenizer_impl`` picks the tokenizer's flavour).
+#: Serving source file of each python model (``tokenizer_impl`` picks the tokenizer's flavour), by
+#: source directory (the classic names; :meth:`ServingNames.source` maps any model's names to them).
 MODEL_SOURCES = {
     (TOKENIZER, "hf"): f"{TOKENIZER}/model.py",
     (TOKENIZER, "paddlenlp"): f"{TOKENIZER}/model_paddlenlp.py",
@@ -68,9 +73,10 @@ MODEL_SOURCES = {
 }
 
 
-def _files_for(release: Release, model: str, options: ServingOptions) -> dict[str, Path]:
+def _files_for(release: Release, triton_name: str, options: ServingOptions, names: ServingNames) -> dict[str, Path]:
     """Source files of one model version (target name -> source path)."""
     src = Path(release.settings.model_repository_source or "")
+    model = names.source(triton_name)
     key = {TOKENIZER: options.tokenizer_impl, MODEL: options.runtime}.get(model)
     files: dict[str, Path] = {}
     if (model, key) in MODEL_SOURCES:  # a python model: its model.py and the modules it imports
@@ -87,14 +93,18 @@ def _files_for(release: Release, model: str, options: ServingOptions) -> dict[st
 
 
 def publish_key(
-    values: dict[str, Any], files: dict[str, dict[str, Path]], options: ServingOptions, template_root: Path
+    values: dict[str, Any],
+    files: dict[str, dict[str, Path]],
+    options: ServingOptions,
+    template_root: Path,
+    names: ServingNames,
 ) -> str:
     """Content address of a release's serving form: same key → same bytes in every version dir."""
     h = hashlib.sha256(json.dumps({"values": values, "options": options.to_dict()}, sort_keys=True).encode())
-    for model in MODELS:
+    for model in names.models:
         for name, path in sorted(files.get(model, {}).items()):
             h.update(f"{model}/{name}={sha256_file(path)}".encode())
-        for tmpl in sorted((template_root / model).glob("*.tmpl")):
+        for tmpl in sorted((template_root / names.source(model)).glob("*.tmpl")):
             h.update(f"{model}/{tmpl.name}={sha256_file(tmpl)}".encode())
     return h.hexdigest()
 
@@ -110,14 +120,15 @@ def find_published(repo: Repository, key: str) -> int | None:
 def prune(repo: Repository, retain: int, recorded: set[int] | frozenset[int] = frozenset()) -> list[int]:
     """Delete complete versions older than the newest ``retain``, except any a live config or the
     recorded serving state names."""
-    live = {v for m in MODELS for v in repo.live_versions(m)} | set(recorded)
-    all_versions = sorted({v for m in MODELS for v in repo.versions(m)})
+    models = repo.names.models
+    live = {v for m in models for v in repo.live_versions(m)} | set(recorded)
+    all_versions = sorted({v for m in models for v in repo.versions(m)})
     keep = set(all_versions[-retain:]) | live
     removed = []
     for v in all_versions:
         if v in keep:
             continue
-        for m in MODELS:
+        for m in models:
             shutil.rmtree(repo.root / m / str(v), ignore_errors=True)
         removed.append(v)
     if removed:
@@ -137,14 +148,20 @@ def _write_version(
 ) -> dict:
     configs = {
         m: render_config(
-            repo.source, m, options, version=version, num_labels=len(values["labels"]), pad_id=values["pad_id"]
+            repo.source,
+            m,
+            options,
+            version=version,
+            num_labels=len(values["labels"]),
+            pad_id=values["pad_id"],
+            names=repo.names,
         )
-        for m in MODELS
+        for m in repo.names.models
     }
-    check_configs(configs, version)
+    check_configs(configs, version, repo.names)
     published_at = datetime.now(UTC).isoformat(timespec="seconds")
     sizes = {}
-    for model in MODELS:
+    for model in repo.names.models:
         vdir = tmp / model / str(version)
         vdir.mkdir(parents=True)
         files: dict[str, str] = {}
@@ -174,14 +191,14 @@ def publish(release: Release, options: ServingOptions | None = None, *, retain: 
     ws = release.workspace
     validate_rec = require(release, STEP)["validate"]
     options = options or ServingOptions.from_settings(release.settings)
-    repo = Repository.from_settings(release.settings)
+    repo = Repository.from_settings(release.settings, release.config.model_name)
     values = _release_values(release)
-    sources = {m: _files_for(release, m, options) for m in MODELS}
+    sources = {m: _files_for(release, m, options, repo.names) for m in repo.names.models}
     for model, files in sources.items():
         for name, path in files.items():
             if not Path(path).is_file():
                 raise ServingError(f"{path}: missing — needed as {model}/<version>/{name}")
-    key = publish_key(values, sources, options, repo.source)
+    key = publish_key(values, sources, options, repo.source, repo.names)
     inputs = {
         "validate_outputs": validate_rec["outputs"],
         "repository": str(repo.root),
@@ -191,15 +208,15 @@ def publish(release: Release, options: ServingOptions | None = None, *, retain: 
     }
 
     def body(out: Path) -> tuple[dict, str]:
-        owner = control.release_owner(release.config.model_name, release.checkpoint.fingerprint)
+        owner = control.release_owner(release)
         control.take_lease(repo.root, release.config.model_name, owner, STEP)
         with repo.lock(what=f"publish {release.config.model_name}"):
             version = find_published(repo, key)
             reused = version is not None
             if version is None:
-                existing = [v for m in MODELS for v in repo.versions(m)]
+                existing = [v for m in repo.names.models for v in repo.versions(m)]
                 version = max(existing, default=0) + 1
-                tmp = repo.root / f".tmp-publish-{os.getpid()}-{version}"
+                tmp = repo.root / TMP_PUBLISH.format(model=repo.model_name, pid=os.getpid(), version=version)
                 shutil.rmtree(tmp, ignore_errors=True)
                 try:
                     try:
@@ -211,7 +228,7 @@ def publish(release: Release, options: ServingOptions | None = None, *, retain: 
                             "was published and nothing served changed; free space on the repository volume and retry."
                         ) from exc
                     faults.point("publish:written")
-                    for model in (*COMPOSING, ENSEMBLE):  # composing models first, the ensemble last
+                    for model in repo.names.models:  # composing models first, the ensemble last
                         (repo.root / model).mkdir(parents=True, exist_ok=True)
                         os.replace(tmp / model / str(version), repo.root / model / str(version))
                         faults.point(f"publish:renamed:{model}")

@@ -26,7 +26,6 @@ from seqcls.errors import ServingError
 from seqcls.records import OUT_DIRS, published_version
 from seqcls.serving import control
 from seqcls.serving.client import Endpoint, endpoints_from_settings
-from seqcls.serving.names import COMPOSING, ENSEMBLE, MODELS
 from seqcls.serving.repository import SNAPSHOT, Repository, ServingOptions, parse_config
 from seqcls.serving.state import ServingState, current_state
 from seqcls.steps import require
@@ -49,11 +48,11 @@ def check_stageable(repo: Repository, version: int, serving: int | None) -> None
             f"version {version} in {repo.root} was modified after publishing ({'; '.join(damaged[:5])}); "
             "publish the release again instead of editing a version in place"
         )
-    for model in MODELS:  # nothing live is touched unless every config parses
+    for model in repo.names.models:  # nothing live is touched unless every config parses
         parse_config(repo.snapshot(model, version), f"{repo.root / model}/{version}/{SNAPSHOT}")
     if serving is None or serving == version or serving not in complete:
         return
-    for model in COMPOSING:
+    for model in repo.names.composing:
         old, new = repo.io_signature(model, serving), repo.io_signature(model, version)
         if old != new:
             changed = {k: (old[k], new[k]) for k in old if old[k] != new[k]}
@@ -66,10 +65,10 @@ def check_stageable(repo: Repository, version: int, serving: int | None) -> None
 
 def stage(release: Release, endpoints: Sequence[Endpoint], options: ServingOptions) -> tuple[dict, str]:
     """Record N as the candidate and reconcile; already serving N → make sure it is, say so."""
-    repo = Repository.from_settings(release.settings)
+    repo = Repository.from_settings(release.settings, release.config.model_name)
     model, fp = release.config.model_name, release.checkpoint.fingerprint
     version = published_version(release)
-    owner = control.release_owner(model, fp)
+    owner = control.release_owner(release)
     control.take_lease(repo.root, model, owner, STEP)
     state = current_state(repo.root, model)
     already = state.serving == version
@@ -96,7 +95,7 @@ def stage(release: Release, endpoints: Sequence[Endpoint], options: ServingOptio
         "previous": before.serving,
         "already_serving": already,
         "candidate": after.candidate,
-        "live_composing": report.desired[COMPOSING[0]],
+        "live_composing": report.desired[repo.names.tokenizer],
         "seconds": round(seconds, 3),
         "endpoints": [e.grpc for e in endpoints],
         "actions": report.actions,
@@ -105,8 +104,8 @@ def stage(release: Release, endpoints: Sequence[Endpoint], options: ServingOptio
         msg = f"version {version} already serving on {len(endpoints)} endpoint(s)"
     else:
         msg = (
-            f"version {version} loaded as candidate on {len(endpoints)} endpoint(s) in {seconds:.1f}s; {ENSEMBLE} "
-            f"still serves {after.serving} (composing live {summary['live_composing']})"
+            f"version {version} loaded as candidate on {len(endpoints)} endpoint(s) in {seconds:.1f}s; "
+            f"{repo.names.ensemble} still serves {after.serving} (composing live {summary['live_composing']})"
         )
     return summary, msg
 

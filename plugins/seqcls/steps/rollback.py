@@ -41,8 +41,9 @@ OUT_DIR = OUT_DIRS[STEP]
 def rollback_model(settings: Settings, model_name: str, *, reason: str = "", by: str = "") -> dict[str, Any]:
     """Serve the recorded previous version of ``model_name`` again; champion follows. Under its own lease."""
     from seqcls.registry import mirror_champion
+    from seqcls.sync import served_release_key
 
-    repo = Repository.from_settings(settings)
+    repo = Repository.from_settings(settings, model_name)
     endpoints = endpoints_from_settings(settings)
     owner = f"rollback:{model_name}:{by or 'cli'}"
     control.take_lease(repo.root, model_name, owner, STEP)
@@ -55,8 +56,11 @@ def rollback_model(settings: Settings, model_name: str, *, reason: str = "", by:
             live_first=False,
         )
         control.require_converged(report, f"rollback of {model_name}")
+        key = served_release_key(repo, after.serving)
         registry = _registry(
-            lambda: mirror_champion(settings, model_name, after.fingerprint_of(after.serving), after.serving)
+            lambda: mirror_champion(
+                settings, model_name, after.fingerprint_of(after.serving), after.serving, release_key=key
+            )
         )
     finally:
         control.give_lease(repo.root, model_name, owner)
@@ -75,9 +79,9 @@ def _registry(fn) -> dict[str, Any]:
 
 def undo_attempt(release: Release, version: int | None, reason: str, endpoints: Sequence[Endpoint]) -> dict:
     """Drop this release's candidate if still in flight (the registry is reverted after the step)."""
-    repo = Repository.from_settings(release.settings)
-    model, fp = release.config.model_name, release.checkpoint.fingerprint
-    owner = control.release_owner(model, fp)
+    repo = Repository.from_settings(release.settings, release.config.model_name)
+    model = release.config.model_name
+    owner = control.release_owner(release)
     state = current_state(repo.root, model)
     summary: dict[str, Any] = {"rolled_back": False, "version": version, "reason": reason}
     if version is not None and state.candidate == version:

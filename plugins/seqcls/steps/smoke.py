@@ -1,8 +1,9 @@
 """Step 7 — smoke: the candidate must answer what the parity gate validated, before anyone sees it.
 
-Over gRPC on every endpoint, through the candidate route ``seqcls_candidate`` pinned to version N
-(unpinned clients of ``seqcls`` never reach it), or through ``seqcls`` pinned to N when N is
-already the served version (a re-run): metadata has the
+Over gRPC on every endpoint, through the model's candidate route (``<m>_candidate``, for the
+default model ``seqcls_candidate``) pinned to version N (unpinned clients of the ensemble ``<m>``
+never reach it), or through ``<m>`` pinned to N when N is already the served version (a re-run):
+metadata has the
 contract's inputs/outputs; every golden text, sent alone and in batched requests, gets exactly
 the label set recorded in ``parity/expected.json`` (only near-threshold texts may differ) and
 probabilities within tolerance. A profile gated on decision agreement (int8) is held to the same
@@ -24,7 +25,7 @@ from seqcls.errors import SmokeError, StepOrderError
 from seqcls.records import OUT_DIRS, Expected, ExpectedItem, published_version
 from seqcls.serving import shipped
 from seqcls.serving.client import Endpoint, TritonOps, endpoints_from_settings
-from seqcls.serving.names import CANDIDATE_ENSEMBLE, ENSEMBLE
+from seqcls.serving.names import ENSEMBLE, names_for
 from seqcls.serving.state import current_state
 from seqcls.steps import require
 from seqcls.workspace import Release, StepResult
@@ -81,7 +82,7 @@ def compare(
     return diffs
 
 
-def smoke_endpoint(endpoint: Endpoint, version: int, expected: Expected, route: str = ENSEMBLE) -> dict[str, Any]:
+def smoke_endpoint(endpoint: Endpoint, version: int, expected: Expected, route: str) -> dict[str, Any]:
     client = TritonOps(endpoint)
     items = expected.items
     texts = [it.text for it in items]
@@ -127,10 +128,11 @@ def smoke_endpoint(endpoint: Endpoint, version: int, expected: Expected, route: 
 def smoke_route(release: Release, version: int) -> str:
     """Where version N answers: the candidate route while in flight, the public ensemble once served."""
     state = current_state(Path(str(release.settings.triton_repository)), release.config.model_name)
+    names = names_for(release.config.model_name)
     if state.candidate == version:
-        return CANDIDATE_ENSEMBLE
+        return names.candidate
     if state.serving == version:
-        return ENSEMBLE
+        return names.ensemble
     raise StepOrderError(
         f"version {version} of {release.config.model_name!r} is neither the candidate nor served (recorded state: "
         f"serving {state.serving}, candidate {state.candidate}); run `seqcls reload` first."
@@ -187,7 +189,8 @@ def smoke(release: Release, endpoints: Sequence[Endpoint] | None = None) -> Step
                     f"{r['endpoint']}: {len(d)} answers differ{' — ' + first if first else ''}"
                     + (f"; metadata: {r['metadata_problems']}" if r["metadata_problems"] else "")
                 )
-            raise SmokeError(f"smoke test of {ENSEMBLE} version {version} failed: " + " | ".join(parts))
+            model = release.config.model_name
+            raise SmokeError(f"smoke test of {model} version {version} failed: " + " | ".join(parts))
         summary = {
             "version": version,
             "endpoints": [r["endpoint"] for r in reports],

@@ -110,6 +110,10 @@ def ensure_checkpoint(settings: Settings, *, quick: bool = False) -> tuple[Path,
     if (ckpt / "config.json").is_file() and (ckpt / "label.txt").is_file():
         metrics = ckpt / "metrics.json"
         log.info("demo: reusing the trained checkpoint %s", ckpt)
+        from seqcls.completion import mark_complete, read_marker
+
+        if read_marker(ckpt) is None:  # trained before completion markers existed
+            mark_complete(ckpt, run="seqcls_tools.demo (trained before completion markers)")
         return ckpt, json.loads(metrics.read_text()) if metrics.is_file() else None
     from seqcls_tools.demo.train import train_demo_checkpoint
 
@@ -129,7 +133,6 @@ def run_demo(*, keep_servers: bool = False, quick: bool = False, timeout: float 
     from seqcls import registry
     from seqcls.localtriton import LocalTriton, TritonServerConfig
     from seqcls.serving.client import TritonOps, endpoints_from_settings
-    from seqcls.serving.names import ENSEMBLE
     from seqcls.serving.repository import Repository
     from seqcls.steps import ORDER
     from seqcls.workspace import open_release
@@ -141,7 +144,7 @@ def run_demo(*, keep_servers: bool = False, quick: bool = False, timeout: float 
     ckpt, trained = ensure_checkpoint(settings, quick=quick)
     timings["checkpoint"] = time.perf_counter() - t0
     release = open_release(ckpt, settings=settings)
-    already = registry.champion_fingerprint(settings, release.config.model_name) == release.checkpoint.fingerprint
+    already = registry.champion_release_key(settings, release.config.model_name) == registry.release_key(release)
 
     server = LocalTriton(TritonServerConfig.from_settings(settings))
     started_here = not server.status().live
@@ -175,12 +178,12 @@ def run_demo(*, keep_servers: bool = False, quick: bool = False, timeout: float 
             raise SeqclsError(
                 f"the {DAG_ID} run failed (exit {proc.returncode}; steps not ok: {failed}); task logs: {dag_log}"
             )
-        repo = Repository.from_settings(settings)
+        repo = Repository.from_settings(settings, release.config.model_name)
         version = repo.serving_version()
         client = TritonOps(endpoints_from_settings(settings)[0])
-        if not client.ready(ENSEMBLE, version):
-            raise ServingError(f"{ENSEMBLE} version {version} is not ready after the run")
-        preds, _ = client.infer(list(EXAMPLES))
+        if not client.ready(repo.names.ensemble, version):
+            raise ServingError(f"{repo.names.ensemble} version {version} is not ready after the run")
+        preds, _ = client.infer(list(EXAMPLES), model=repo.names.ensemble)
         champion = registry.alias_version(settings, release.config.model_name, registry.CHAMPION)
         timings["total"] = time.perf_counter() - t0
         return DemoResult(

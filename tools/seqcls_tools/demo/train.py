@@ -184,6 +184,9 @@ def train_demo_checkpoint(
     )
     metrics = _metrics(result, best, ev, data, cfg, seed=seed, quick=quick)
     (out_dir / "metrics.json").write_text(json.dumps(metrics, ensure_ascii=False, indent=2) + "\n", "utf-8")
+    from seqcls.completion import mark_complete
+
+    mark_complete(out_dir, run=f"seqcls_tools.demo.train(seed={seed})")  # last: now it may be `latest`
     log.info(
         "saved demo checkpoint to %s: test micro-F1 %.4f macro-F1 %.4f, %d golden texts, %d epochs, %.0f s",
         out_dir, ev.micro, ev.macro, len(ev.golden), best.epochs_run, seconds,

@@ -1,0 +1,207 @@
+"""Several classifiers on one Triton: each under its own Triton names, released and rolled back alone.
+
+One module-scoped real Triton; ``alpha`` and ``beta`` are released at the same time by two
+``seqcls release`` processes, then alpha is re-released and rolled back while beta's answers,
+Triton versions and MLflow aliases are watched for any change.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from seqcls.config import ReleaseConfig
+from seqcls.errors import InputError
+from seqcls.localtriton import LocalTriton, TritonServerConfig, free_ports
+from seqcls.serving.client import TritonOps, endpoints_from_settings
+from seqcls.serving.names import CLASSIC, names_for
+from seqcls.settings import PROJECT_ROOT, Settings
+from seqcls.status import status
+from seqcls.steps import run_release
+from seqcls.workspace import open_release
+
+pytestmark = [pytest.mark.slow, pytest.mark.integration]
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("many-models")
+
+
+@pytest.fixture(scope="module")
+def triton(root: Path) -> Iterator[LocalTriton]:
+    http, grpc, metrics = free_ports(3)
+    server = LocalTriton(
+        TritonServerConfig(
+            repository=root / "repo", http_port=http, grpc_port=grpc, metrics_port=metrics, state_dir=root / "state"
+        )
+    )
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def env(triton: LocalTriton, root: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
+    values = {
+        "SEQCLS_HOME": str(root / "home"),
+        "SEQCLS_TRITON_REPOSITORY": str(triton.config.repository),
+        "SEQCLS_TRITON_GRPC": triton.config.grpc_url,
+        "SEQCLS_TRITON_HTTP": triton.config.http_url,
+        "SEQCLS_MLFLOW_TRACKING_URI": f"sqlite:///{root / 'mlflow.db'}",
+    }
+    for key, value in values.items():
+        monkeypatch.setenv(key, value)
+    return {**os.environ, **values, "PYTHONUNBUFFERED": "1"}
+
+
+ARTIFACT = PROJECT_ROOT / "var" / "test-artifacts" / "many-models.json"
+
+
+def _rss_mb(triton: LocalTriton) -> float:
+    """Resident memory of tritonserver and its python backend stubs (one per model instance)."""
+    import psutil
+
+    proc = psutil.Process(triton.status().pid)
+    return round(sum(p.memory_info().rss for p in [proc, *proc.children(recursive=True)]) / 1e6, 1)
+
+
+def _record(**values: object) -> None:
+    ARTIFACT.parent.mkdir(parents=True, exist_ok=True)
+    old = json.loads(ARTIFACT.read_text()) if ARTIFACT.is_file() else {}
+    ARTIFACT.write_text(json.dumps({**old, **values}, indent=1))
+
+
+def _ready(triton: LocalTriton) -> dict[str, list[int]]:
+    import tritonclient.grpc as grpcclient
+
+    out: dict[str, list[int]] = {}
+    for m in grpcclient.InferenceServerClient(url=triton.config.grpc_url).get_model_repository_index().models:
+        if m.state == "READY":
+            out.setdefault(m.name, []).append(int(m.version))
+    return {k: sorted(v) for k, v in sorted(out.items())}
+
+
+def _of(ready: dict[str, list[int]], model: str) -> dict[str, list[int]]:
+    return {k: v for k, v in ready.items() if k in names_for(model).all}
+
+
+def _answers(settings: Settings, model: str, texts: list[str]) -> list[list[str]]:
+    ops = TritonOps(endpoints_from_settings(settings)[0])
+    out = []
+    for start in range(0, len(texts), 16):
+        preds, _ = ops.infer(texts[start : start + 16], model=names_for(model).ensemble)
+        out += [sorted(p["label"] for p in pred) for pred in preds]
+    return out
+
+
+def _aliases(settings: Settings, model: str) -> dict[str, int | None]:
+    from seqcls.registry import CANDIDATE, CHAMPION, PREVIOUS, alias_version
+
+    return {a: alias_version(settings, model, a) for a in (CHAMPION, PREVIOUS, CANDIDATE)}
+
+
+def _expected(settings: Settings, ckpt: Path, model: str) -> tuple[list[str], list[list[str]]]:
+    from seqcls.records import Expected
+
+    release = open_release(ckpt, ReleaseConfig(model_name=model), settings)
+    items = Expected.load(release.workspace).items
+    return [it.text for it in items], [sorted(it.labels) for it in items]
+
+
+def test_names_are_per_model_and_collisions_are_refused() -> None:
+    alpha = names_for("alpha")
+    assert alpha.models == ("alpha_tokenizer", "alpha_model", "alpha_postprocess", "alpha")
+    assert alpha.candidate == "alpha_candidate" and alpha.source("alpha_model") == CLASSIC.model
+    assert names_for("seqcls") == CLASSIC and CLASSIC.tokenizer == "tokenizer"  # the classic layout, unchanged
+    for bad in ("intent_model", "tokenizer", "x_candidate", "a/b", ".hidden", "alpha\n"):
+        with pytest.raises(InputError):
+            ReleaseConfig(model_name=bad)
+
+
+def test_two_models_release_concurrently_and_roll_back_alone(
+    env: dict[str, str], triton: LocalTriton, tiny_checkpoint_src: Path, tiny_checkpoint_b_src: Path
+) -> None:
+    rss_before = _rss_mb(triton)
+    procs = {
+        model: subprocess.Popen(
+            [sys.executable, "-m", "seqcls.cli", "release", "--checkpoint", str(ckpt), "--model-name", model],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for model, ckpt in (("alpha", tiny_checkpoint_src), ("beta", tiny_checkpoint_b_src))
+    }
+    outs = {m: p.communicate(timeout=900) for m, p in procs.items()}
+    assert {m: p.returncode for m, p in procs.items()} == {"alpha": 0, "beta": 0}, {
+        m: o[1][-2000:] for m, o in outs.items()
+    }
+    settings = Settings.from_env()
+    ready = _ready(triton)
+    for model in ("alpha", "beta"):
+        n = names_for(model)
+        assert _of(ready, model) == {n.tokenizer: [1], n.model: [1], n.postprocess: [1], n.ensemble: [1]}, ready
+    assert not set(ready) & set(CLASSIC.all), "nothing is served under the classic names"
+    _record(triton_rss_mb_nothing_loaded=rss_before, triton_rss_mb_alpha_and_beta_loaded=_rss_mb(triton))
+    for model, ckpt in (("alpha", tiny_checkpoint_src), ("beta", tiny_checkpoint_b_src)):
+        texts, labels = _expected(settings, ckpt, model)
+        assert _answers(settings, model, texts) == labels
+        assert _aliases(settings, model)["champion"] == 1
+
+    # alpha moves on (v2 = beta's checkpoint under alpha's names), then rolls back: beta never notices
+    beta_texts, beta_labels = _expected(settings, tiny_checkpoint_b_src, "beta")
+    beta_before = (_of(_ready(triton), "beta"), _aliases(settings, "beta"), _answers(settings, "beta", beta_texts))
+    run_release(open_release(tiny_checkpoint_b_src, ReleaseConfig(model_name="alpha"), settings))
+    assert _of(_ready(triton), "alpha")["alpha"] == [2] and _aliases(settings, "alpha")["champion"] == 2
+    rolled = subprocess.run(
+        [sys.executable, "-m", "seqcls.cli", "rollback", "--model-name", "alpha", "--reason", "drill"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert rolled.returncode == 0, rolled.stderr[-2000:]
+    alpha_texts, alpha_labels = _expected(settings, tiny_checkpoint_src, "alpha")
+    assert _of(_ready(triton), "alpha")["alpha"] == [1]
+    assert _answers(settings, "alpha", alpha_texts) == alpha_labels
+    assert _aliases(settings, "alpha")["champion"] == 1
+    beta_after = (_of(_ready(triton), "beta"), _aliases(settings, "beta"), _answers(settings, "beta", beta_texts))
+    assert beta_after == beta_before and beta_after[2] == beta_labels
+
+    reports = {r.model_name: r for r in status(settings)}
+    assert sorted(reports) == ["alpha", "beta"]
+    assert all(r.agree for r in reports.values()), [line for r in reports.values() for line in r.lines()]
+    shown = subprocess.run(
+        [sys.executable, "-m", "seqcls.cli", "status", "--json"], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert shown.returncode == 0, shown.stdout + shown.stderr
+    assert sorted(m["model_name"] for m in json.loads(shown.stdout)) == ["alpha", "beta"]
+
+
+def test_same_checkpoint_with_another_threshold_is_another_registry_version(
+    env: dict[str, str], triton: LocalTriton, tiny_checkpoint_src: Path
+) -> None:
+    from seqcls.registry import client
+
+    settings = Settings.from_env()
+    runs = [
+        run_release(open_release(tiny_checkpoint_src, ReleaseConfig(model_name="gamma", threshold=t), settings))
+        for t in (0.5, 0.7, 0.7)
+    ]
+    serving = [round(sum(r.seconds for r in run if r.step in ("reload", "smoke", "expose")), 2) for run in runs]
+    _record(one_replica_serving_steps_s=serving[:2])
+    versions = sorted(client(settings).search_model_versions("name = 'gamma'"), key=lambda v: int(v.version))
+    assert [int(v.version) for v in versions] == [1, 2], "0.7 is a new version; its re-run reuses it"
+    served = [json.loads(v.tags["serving_config"])["thresholds"] for v in versions]
+    assert set(served[0].values()) == {0.5} and set(served[1].values()) == {0.7}
+    assert _aliases(settings, "gamma")["champion"] == 2
+    assert _of(_ready(triton), "gamma")["gamma"] == [2]
+    report = status(settings, ["gamma"])[0]
+    assert report.agree and report.registry["expected"] == 2, report.lines()
