@@ -78,6 +78,7 @@ def airflow_env(root: Path, settings: Settings) -> dict[str, str]:
         "AIRFLOW__CORE__PARALLELISM": "4",
         "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{airflow_home / 'airflow.db'}",
         "SEQCLS_HOME": str(settings.home),
+        "SEQCLS_MODELS_FILE": "none",  # the demo releases the default model through seqcls_release
         "SEQCLS_CHECKPOINTS_ROOT": str(settings.checkpoints_root),
         "SEQCLS_TRITON_GRPC": grpc,
         "SEQCLS_TRITON_HTTP": http,
