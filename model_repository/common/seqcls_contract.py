@@ -33,3 +33,10 @@ GRAPH_LEVELS = {"disable": 0, "basic": 1, "extended": 2, "all": -1}
 
 #: The per-release file each published version carries (labels, thresholds, vocabulary facts).
 RELEASE_FILE = "release.json"
+
+#: The longest text (UTF-8 bytes) the tokenizer accepts. A longer text fails its own request with
+#: ``INVALID_ARG`` (never truncated silently; the rest of the dynamic batch is answered). A
+#: version's ``release.json`` may set its own under :data:`MAX_TEXT_BYTES_KEY`; 64 KiB is far
+#: beyond any ``max_length`` (4096 tokens) yet keeps one request from tying up a tokenizer stub.
+MAX_TEXT_BYTES = 64 * 1024
+MAX_TEXT_BYTES_KEY = "max_text_bytes"

@@ -109,22 +109,36 @@ def encode(tokenizer, texts: Sequence[str]) -> list[list[int]]:
     return [enc.ids for enc in tokenizer.encode_batch(list(texts))]
 
 
-def decode_utf8(items: Sequence[object]) -> tuple[list[str], list[str | None]]:
-    """Raw BYTES items → texts; an item that is not valid UTF-8 gets an error message instead."""
+def decode_utf8(items: Sequence[object], *, max_bytes: int | None = None) -> tuple[list[str], list[str | None]]:
+    """Raw BYTES items → texts; an item that is not valid UTF-8, not bytes at all, or longer than
+    ``max_bytes`` gets an error message instead (and ``""`` as its text)."""
     texts: list[str] = []
     errors: list[str | None] = []
     for i, item in enumerate(items):
-        if isinstance(item, str):
-            texts.append(item)
-            errors.append(None)
-            continue
-        try:
-            texts.append(bytes(item).decode("utf-8"))  # type: ignore[arg-type]
-            errors.append(None)
-        except UnicodeDecodeError as exc:
-            texts.append("")
-            errors.append(f"text {i} is not valid UTF-8 ({exc.reason} at byte {exc.start})")
+        text, error = _decode_one(i, item, max_bytes)
+        texts.append(text)
+        errors.append(error)
     return texts, errors
+
+
+def _decode_one(i: int, item: object, max_bytes: int | None) -> tuple[str, str | None]:
+    if isinstance(item, str):
+        try:
+            data = item.encode("utf-8")
+        except UnicodeEncodeError as exc:  # a lone surrogate: no UTF-8 form, the tokenizer would raise
+            return "", f"text {i} is not valid Unicode ({exc.reason} at character {exc.start})"
+    elif isinstance(item, bytes | bytearray | memoryview):
+        data = bytes(item)
+    else:  # bytes(5) would be five NUL bytes: refuse anything that is not text
+        return "", f"text {i} is {type(item).__name__}, not bytes"
+    if max_bytes is not None and len(data) > max_bytes:
+        return "", f"text {i} is {len(data)} bytes, over the limit of {max_bytes} bytes (max_text_bytes)"
+    if isinstance(item, str):
+        return item, None
+    try:
+        return data.decode("utf-8"), None
+    except UnicodeDecodeError as exc:
+        return "", f"text {i} is not valid UTF-8 ({exc.reason} at byte {exc.start})"
 
 
 def padded_length(

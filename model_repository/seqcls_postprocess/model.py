@@ -5,11 +5,16 @@ For every row of every request: sigmoid, per-label thresholds, optional hierarch
 of ``{"label", "confidence"}`` per text) and ``probabilities`` (FP32 ``[N, num_labels]``). Labels,
 thresholds and the hierarchy flag come from this version's ``release.json``; the logic is
 ``seqcls_decide.py``, the same file the release's validate step uses.
+
+One bad request fails only itself, with ``INVALID_ARG``: logits missing, not ``[N, num_labels]``,
+or any exception while that request is decided; the others of the batch are answered. ``[0, C]``
+logits give empty outputs.
 """
 
 import json
 import os
 import sys
+import traceback
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
@@ -17,6 +22,19 @@ import triton_python_backend_utils as pb_utils
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import seqcls_contract as contract
 import seqcls_decide
+
+
+def _invalid(message):
+    """An error response for one request: ``INVALID_ARG`` where the python backend has codes."""
+    code = getattr(pb_utils.TritonError, "INVALID_ARG", None)
+    error = pb_utils.TritonError(message) if code is None else pb_utils.TritonError(message, code)
+    return pb_utils.InferenceResponse(output_tensors=[], error=error)
+
+
+def _log_unexpected(what):
+    logger = getattr(pb_utils, "Logger", None)
+    if logger is not None:
+        logger.log_error(f"{what}: {traceback.format_exc()}")
 
 
 class TritonPythonModel:
@@ -30,39 +48,33 @@ class TritonPythonModel:
         if len(self.thresholds) != len(self.labels):
             raise pb_utils.TritonModelException("release.json: thresholds and labels differ in length")
 
+    def _answer(self, request):
+        tensor = pb_utils.get_input_tensor_by_name(request, contract.LOGITS_OUTPUT)
+        if tensor is None:
+            return _invalid(f"seqcls_postprocess: the request has no {contract.LOGITS_OUTPUT} input")
+        logits = tensor.as_numpy()
+        if logits.ndim != 2 or logits.shape[1] != len(self.labels):
+            return _invalid(f"seqcls_postprocess: logits shape {list(logits.shape)}, expected [N, {len(self.labels)}]")
+        probs = seqcls_decide.sigmoid(logits)
+        rows = seqcls_decide.decide(probs, self.thresholds, self.labels, hierarchy=self.hierarchy)
+        payload = np.empty((len(rows), 1), dtype=object)
+        for i, row in enumerate(rows):
+            payload[i, 0] = json.dumps(
+                [{"label": lbl, "confidence": round(c, 6)} for lbl, c in row], ensure_ascii=False
+            ).encode("utf-8")
+        return pb_utils.InferenceResponse(
+            output_tensors=[
+                pb_utils.Tensor(contract.PREDICTIONS_OUTPUT, payload),
+                pb_utils.Tensor(contract.PROBABILITIES_OUTPUT, probs.astype(np.float32)),
+            ]
+        )
+
     def execute(self, requests):
         responses = []
         for request in requests:
-            logits = pb_utils.get_input_tensor_by_name(request, contract.LOGITS_OUTPUT).as_numpy()
-            if logits.ndim != 2 or logits.shape[1] != len(self.labels):
-                responses.append(
-                    pb_utils.InferenceResponse(
-                        output_tensors=[],
-                        error=pb_utils.TritonError(
-                            f"seqcls_postprocess: logits shape {list(logits.shape)}, expected [N, {len(self.labels)}]"
-                        ),
-                    )
-                )
-                continue
-            probs = seqcls_decide.sigmoid(logits)
-            rows = seqcls_decide.decide(probs, self.thresholds, self.labels, hierarchy=self.hierarchy)
-            payload = np.array(
-                [
-                    [
-                        json.dumps(
-                            [{"label": lbl, "confidence": round(c, 6)} for lbl, c in row], ensure_ascii=False
-                        ).encode("utf-8")
-                    ]
-                    for row in rows
-                ],
-                dtype=object,
-            )
-            responses.append(
-                pb_utils.InferenceResponse(
-                    output_tensors=[
-                        pb_utils.Tensor(contract.PREDICTIONS_OUTPUT, payload),
-                        pb_utils.Tensor(contract.PROBABILITIES_OUTPUT, probs.astype(np.float32)),
-                    ]
-                )
-            )
+            try:
+                responses.append(self._answer(request))
+            except Exception as exc:
+                _log_unexpected("seqcls_postprocess: one request")
+                responses.append(_invalid(f"seqcls_postprocess: {type(exc).__name__}: {exc}"))
         return responses

@@ -3,16 +3,23 @@
 All requests of a dynamically formed batch are tokenized in one ``encode_batch`` call; each
 request gets its own tensors, padded as the rendered ``padding`` parameter says (``longest``
 within the request, length ``buckets`` so similar requests share a shape for a native backend's
-batcher, or ``max_length``). Per-release values (vocabulary, lower-casing, max_length) come from
-this version's ``release.json``, so versions stay immutable while ``config.pbtxt`` is shared.
-Invalid UTF-8 fails only the request that carried it; empty texts give ``[CLS] [SEP]``; long
-texts are truncated to max_length.
+batcher, or ``max_length``). Per-release values (vocabulary, lower-casing, max_length,
+max_text_bytes) come from this version's ``release.json``, so versions stay immutable while
+``config.pbtxt`` is shared.
+
+One bad request fails only itself, with ``INVALID_ARG``: invalid UTF-8, a text over
+``max_text_bytes`` (refused, not truncated), a tensor that is not BYTES, or any exception while
+that request is processed; the other requests of the batch are answered. Empty texts give
+``[CLS] [SEP]``; texts over ``max_length`` tokens are truncated (the parity gate proves the same
+ids as PaddleNLP); a request with no texts gets empty ``[0, 2]`` tensors.
 """
 
 import json
 import os
 import sys
+import traceback
 
+import numpy as np
 import triton_python_backend_utils as pb_utils
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -25,6 +32,19 @@ def _param(config, key, default):
     return default if value in (None, "") else value
 
 
+def _invalid(message):
+    """An error response for one request: ``INVALID_ARG`` where the python backend has codes."""
+    code = getattr(pb_utils.TritonError, "INVALID_ARG", None)
+    error = pb_utils.TritonError(message) if code is None else pb_utils.TritonError(message, code)
+    return pb_utils.InferenceResponse(output_tensors=[], error=error)
+
+
+def _log_unexpected(what):
+    logger = getattr(pb_utils, "Logger", None)
+    if logger is not None:
+        logger.log_error(f"{what}: {traceback.format_exc()}")
+
+
 class TritonPythonModel:
     def initialize(self, args):
         config = json.loads(args["model_config"])
@@ -32,6 +52,7 @@ class TritonPythonModel:
         with open(os.path.join(version_dir, contract.RELEASE_FILE), encoding="utf-8") as fh:
             release = json.load(fh)
         self.max_length = int(release["max_length"])
+        self.max_text_bytes = int(release.get(contract.MAX_TEXT_BYTES_KEY) or contract.MAX_TEXT_BYTES)
         self.padding = _param(config, "padding", "longest")
         if self.padding not in contract.PADDINGS:
             raise pb_utils.TritonModelException(
@@ -47,36 +68,65 @@ class TritonPythonModel:
             max_length=self.max_length,
         )
 
-    def execute(self, requests):
-        per_request, errors, flat = [], [], []
-        for request in requests:
-            raw = pb_utils.get_input_tensor_by_name(request, contract.TEXT_INPUT).as_numpy().reshape(-1)
-            texts, item_errors = seqcls_text.decode_utf8(raw)
-            bad = [e for e in item_errors if e]
-            errors.append("; ".join(bad) if bad else None)
-            per_request.append((len(flat), len(texts)))
-            flat.extend("" if bad else t for t in texts)
-        ids = seqcls_text.encode(self.tokenizer, flat) if flat else []
-        responses = []
-        for (start, count), error in zip(per_request, errors, strict=True):
-            if error:
-                responses.append(
-                    pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(f"tokenizer: {error}"))
-                )
-                continue
+    def _texts(self, request):
+        """The request's texts, or the message saying why it is refused (never raises)."""
+        try:
+            tensor = pb_utils.get_input_tensor_by_name(request, contract.TEXT_INPUT)
+            if tensor is None:
+                return f"tokenizer: the request has no {contract.TEXT_INPUT} input"
+            raw = tensor.as_numpy()
+            if raw.dtype != np.object_:
+                return f"tokenizer: {contract.TEXT_INPUT} must be BYTES (UTF-8 texts), got {raw.dtype}"
+            texts, errors = seqcls_text.decode_utf8(raw.reshape(-1), max_bytes=self.max_text_bytes)
+            bad = [e for e in errors if e]
+            if bad:
+                more = f" (+{len(bad) - 3} more)" if len(bad) > 3 else ""
+                return "tokenizer: " + "; ".join(bad[:3]) + more
+            return texts
+        except Exception as exc:
+            _log_unexpected("tokenizer: reading a request")
+            return f"tokenizer: could not read the request ({type(exc).__name__}: {exc})"
+
+    def _encode(self, parsed):
+        """Ids per request (a list, or an error message): one ``encode_batch`` for the whole batch,
+        and request by request only if that call fails, so the culprit alone gets the error."""
+        good = [p for p in parsed if isinstance(p, list)]
+        try:
+            flat = seqcls_text.encode(self.tokenizer, [t for texts in good for t in texts]) if good else []
+            out, start = [], 0
+            for p in parsed:
+                if isinstance(p, list):
+                    out.append(flat[start : start + len(p)])
+                    start += len(p)
+                else:
+                    out.append(p)
+            return out
+        except Exception:
+            _log_unexpected("tokenizer: encode_batch failed; retrying request by request")
+        out = []
+        for p in parsed:
+            try:
+                out.append(seqcls_text.encode(self.tokenizer, p) if isinstance(p, list) else p)
+            except Exception as exc:
+                out.append(f"tokenizer: tokenization failed ({type(exc).__name__}: {exc})")
+        return out
+
+    def _response(self, ids):
+        if isinstance(ids, str):
+            return _invalid(ids)
+        try:
             input_ids, type_ids = seqcls_text.pad(
-                ids[start : start + count],
-                strategy=self.padding,
-                max_length=self.max_length,
-                pad_id=self.pad_id,
-                buckets=self.buckets,
+                ids, strategy=self.padding, max_length=self.max_length, pad_id=self.pad_id, buckets=self.buckets
             )
-            responses.append(
-                pb_utils.InferenceResponse(
-                    output_tensors=[
-                        pb_utils.Tensor(contract.MODEL_INPUTS[0], input_ids),
-                        pb_utils.Tensor(contract.MODEL_INPUTS[1], type_ids),
-                    ]
-                )
+            return pb_utils.InferenceResponse(
+                output_tensors=[
+                    pb_utils.Tensor(contract.MODEL_INPUTS[0], input_ids),
+                    pb_utils.Tensor(contract.MODEL_INPUTS[1], type_ids),
+                ]
             )
-        return responses
+        except Exception as exc:
+            _log_unexpected("tokenizer: building a response")
+            return _invalid(f"tokenizer: could not build the response ({type(exc).__name__}: {exc})")
+
+    def execute(self, requests):
+        return [self._response(ids) for ids in self._encode([self._texts(r) for r in requests])]

@@ -6,19 +6,47 @@ against (``ServingOptions(tokenizer_impl="paddlenlp")`` publishes this file as `
 Python loop over the requests of a batch, each tokenized on its own and padded to its longest
 text. Unlike the sample it loads the release's own vocabulary (``vocab.txt`` and, when
 published, ``tokenizer_config.json`` from this version directory) instead of downloading
-``ernie-3.0-medium-zh`` from a hub, and an invalid request fails alone. Outputs are the same as
-the fast ``model.py``: ``input_ids`` and ``token_type_ids`` (INT64 ``[N, L]``) per request.
+``ernie-3.0-medium-zh`` from a hub, and an invalid request fails alone (``INVALID_ARG``: invalid
+UTF-8, a text over ``max_text_bytes``, a tensor that is not BYTES, any exception while that request
+is tokenized), as in the fast ``model.py``. Outputs are the same: ``input_ids`` and
+``token_type_ids`` (INT64 ``[N, L]``) per request.
 """
 
 import json
 import os
 import sys
+import traceback
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import seqcls_contract as contract
+
+
+def _invalid(message):
+    """An error response for one request: ``INVALID_ARG`` where the python backend has codes."""
+    code = getattr(pb_utils.TritonError, "INVALID_ARG", None)
+    error = pb_utils.TritonError(message) if code is None else pb_utils.TritonError(message, code)
+    return pb_utils.InferenceResponse(output_tensors=[], error=error)
+
+
+def _texts(raw, max_bytes):
+    """Decoded texts, or a message saying why the request is refused."""
+    if raw.dtype != np.object_:
+        return f"tokenizer: {contract.TEXT_INPUT} must be BYTES (UTF-8 texts), got {raw.dtype}"
+    texts = []
+    for i, item in enumerate(raw.reshape(-1)):
+        if not isinstance(item, bytes | str):
+            return f"tokenizer: text {i} is {type(item).__name__}, not bytes"
+        data = item.encode("utf-8") if isinstance(item, str) else item
+        if len(data) > max_bytes:
+            return f"tokenizer: text {i} is {len(data)} bytes, over the limit of {max_bytes} bytes (max_text_bytes)"
+        try:
+            texts.append(data.decode("utf-8"))
+        except UnicodeDecodeError as exc:
+            return f"tokenizer: text {i} is not valid UTF-8 ({exc.reason} at byte {exc.start})"
+    return texts
 
 
 def _load_tokenizer(version_dir, do_lower_case):
@@ -38,10 +66,13 @@ class TritonPythonModel:
         with open(os.path.join(version_dir, contract.RELEASE_FILE), encoding="utf-8") as fh:
             release = json.load(fh)
         self.max_length = int(release["max_length"])
+        self.max_text_bytes = int(release.get(contract.MAX_TEXT_BYTES_KEY) or contract.MAX_TEXT_BYTES)
         self.tokenizer = _load_tokenizer(version_dir, bool(release.get("do_lower_case", True)))
         self.pad_id = int(release.get("pad_id", self.tokenizer.pad_token_id or 0))
 
     def _encode(self, texts):
+        if not texts:
+            return np.zeros((0, 2), dtype=np.int64), np.zeros((0, 2), dtype=np.int64)
         enc = self.tokenizer(texts, max_length=self.max_length, truncation=True, padding=False)
         ids = [list(map(int, x)) for x in enc["input_ids"]]
         types = [list(map(int, x)) for x in enc["token_type_ids"]]
@@ -53,27 +84,29 @@ class TritonPythonModel:
             type_ids[row, : len(b)] = b
         return input_ids, type_ids
 
+    def _answer(self, request):
+        tensor = pb_utils.get_input_tensor_by_name(request, contract.TEXT_INPUT)
+        if tensor is None:
+            return _invalid(f"tokenizer: the request has no {contract.TEXT_INPUT} input")
+        texts = _texts(tensor.as_numpy(), self.max_text_bytes)
+        if isinstance(texts, str):
+            return _invalid(texts)
+        input_ids, type_ids = self._encode(texts)
+        return pb_utils.InferenceResponse(
+            output_tensors=[
+                pb_utils.Tensor(contract.MODEL_INPUTS[0], input_ids),
+                pb_utils.Tensor(contract.MODEL_INPUTS[1], type_ids),
+            ]
+        )
+
     def execute(self, requests):
         responses = []
         for request in requests:
-            raw = pb_utils.get_input_tensor_by_name(request, contract.TEXT_INPUT).as_numpy().reshape(-1)
             try:
-                texts = [x.decode("utf-8") if isinstance(x, bytes) else str(x) for x in raw]
-            except UnicodeDecodeError as exc:
-                responses.append(
-                    pb_utils.InferenceResponse(
-                        output_tensors=[],
-                        error=pb_utils.TritonError(f"tokenizer: text is not valid UTF-8 ({exc.reason})"),
-                    )
-                )
-                continue
-            input_ids, type_ids = self._encode(texts)
-            responses.append(
-                pb_utils.InferenceResponse(
-                    output_tensors=[
-                        pb_utils.Tensor(contract.MODEL_INPUTS[0], input_ids),
-                        pb_utils.Tensor(contract.MODEL_INPUTS[1], type_ids),
-                    ]
-                )
-            )
+                responses.append(self._answer(request))
+            except Exception as exc:
+                logger = getattr(pb_utils, "Logger", None)
+                if logger is not None:
+                    logger.log_error(f"tokenizer: one request: {traceback.format_exc()}")
+                responses.append(_invalid(f"tokenizer: {type(exc).__name__}: {exc}"))
         return responses
