@@ -26,7 +26,7 @@ import numpy as np
 
 from seqcls import parity
 from seqcls.checkpoint import sha256_file
-from seqcls.errors import GateError
+from seqcls.errors import GateError, InputError
 from seqcls.golden import DEFAULT_GOLDEN_TEXTS
 from seqcls.parity import Tolerance
 from seqcls.records import OUT_DIRS, Expected, ExpectedItem, ParityReport, served_onnx, static_dir
@@ -263,8 +263,21 @@ def failure_paragraph(release: Release, report: ParityReport, where: str) -> str
     )
 
 
+def check_max_length(release: Release) -> None:
+    """``max_length`` must fit the checkpoint's position embeddings, or the served model would
+    refuse (or mis-embed) every text tokenized to more than ``max_position_embeddings`` tokens."""
+    max_length, positions = release.config.max_length, release.checkpoint.max_position_embeddings
+    if max_length > positions:
+        raise InputError(
+            f"max_length={max_length} is larger than the checkpoint's max_position_embeddings={positions} "
+            f"({release.checkpoint.path / 'config.json'}): the model cannot embed more than {positions} "
+            f"positions. Release with --max-length {positions} (the max_length param) or less."
+        )
+
+
 def validate(release: Release) -> StepResult:
     """Run the parity gate; on success the expected decisions are ready for the smoke test."""
+    check_max_length(release)
     records = require(release, STEP)
     texts, source = golden_texts(release)
     inputs = gate_inputs(release, texts, records)
