@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import json
 import os
 import pickle
 import shutil
@@ -295,3 +296,32 @@ def test_unsafe_param_alone_does_not_open_the_door(
     with pytest.raises(CheckpointError, match="SEQCLS_ALLOW_UNSAFE_PICKLE=1"):
         open_release(tiny_checkpoint, ReleaseConfig(allow_unsafe_pickle=True))
     assert not marker.exists()
+
+
+@pytest.mark.parametrize(
+    "index", ["model_state.pdparams.index.json", "model.safetensors.index.json", "pytorch_model.bin.index.json"]
+)
+def test_a_weight_index_beside_the_scanned_weights_is_refused(
+    tiny_checkpoint: Path, tmp_path: Path, index: str
+) -> None:
+    """PaddleNLP's from_pretrained prefers a shard index over model_state.pdparams: a benign, scanned
+    model_state.pdparams next to an index naming a hostile shard would run the shard's pickle."""
+    from seqcls.steps import run_release
+    from seqcls.workspace import open_release
+
+    marker = tmp_path / "pwned"
+    stem, _, ext = index.removesuffix(".index.json").partition(".")
+    shard = f"{stem}-00001-of-00001.{ext}"
+    (tiny_checkpoint / shard).write_bytes(_os_system_pickle(marker))
+    weight_map = {"ernie.embeddings.word_embeddings.weight": shard}
+    (tiny_checkpoint / index).write_text(json.dumps({"metadata": {}, "weight_map": weight_map}), encoding="utf-8")
+    with pytest.raises(CheckpointError, match=index.replace(".", r"\.")):
+        run_release(open_release(tiny_checkpoint), until="export")
+    assert not marker.exists()
+
+
+def test_both_weight_files_are_ambiguous(tiny_checkpoint: Path) -> None:
+    """PaddleNLP would load model.safetensors while seqcls scanned and fingerprinted model_state.pdparams."""
+    (tiny_checkpoint / "model.safetensors").write_bytes(b"\0" * 16)
+    with pytest.raises(CheckpointError, match=r"both model_state\.pdparams and model\.safetensors"):
+        resolve_checkpoint(tiny_checkpoint)

@@ -239,11 +239,29 @@ def _read_model_config(root: Path) -> tuple[dict, int]:
     return config, num_labels
 
 
+#: What PaddleNLP's ``from_pretrained`` would load *instead of* the single weights file seqcls
+#: scans and fingerprints: it prefers a shard index (whose shards it unpickles unscanned) over
+#: ``model_state.pdparams``, and ``model.safetensors`` over both.
+SHADOWING_FILES = ("model.safetensors.index.json", "model_state.pdparams.index.json", "pytorch_model.bin.index.json")
+
+
 def _weights_path(root: Path) -> Path:
-    weights = next((root / w for w in WEIGHT_FILES if (root / w).exists()), None)
-    if weights is None:
+    present = [w for w in WEIGHT_FILES if (root / w).exists() or (root / w).is_symlink()]
+    if not present:
         raise CheckpointError(f"{root}: no weights — expected one of {', '.join(WEIGHT_FILES)}.")
-    return weights
+    if len(present) > 1:
+        raise CheckpointError(
+            f"{root}: both {' and '.join(present)} — PaddleNLP would load model.safetensors while the release "
+            "records the other; keep one (model.safetensors preferred)."
+        )
+    shadows = [name for name in SHADOWING_FILES if (root / name).exists() or (root / name).is_symlink()]
+    if shadows:
+        raise CheckpointError(
+            f"{root / shadows[0]}: a sharded-weights index; PaddleNLP would load its shards instead of "
+            f"{present[0]} (unscanned, and not what the release fingerprints). seqcls releases one weights file: "
+            "save with save_pretrained(..., max_shard_size large enough) or remove the index."
+        )
+    return root / present[0]
 
 
 def _find_weights(root: Path, allow_unsafe_pickle: bool = False) -> Path:
