@@ -1,11 +1,13 @@
 """``seqcls <step>``: every release step without Airflow.
 
-Each command prints the release workspace and a one-line outcome and exits 0 on success; on a
-failure it prints the reason and exits 1 (2 for usage errors). ``status`` exits 1 when the
-recorded state, the endpoints and MLflow disagree; ``triton status`` exits 3 when not live. ``--json`` prints the step
-results as JSON instead, for scripts. The step subcommands, their order and help come from the
-step table (:mod:`seqcls.steps`), the release flags from :mod:`seqcls.config`; the development
-tools (demo, bench, airflow-ui, demo-checkpoint) are registered by ``seqcls_tools`` when installed.
+Each command prints the release workspace and a one-line outcome. Exit codes: 0 success; 1 the
+command failed (the reason is printed: bad input, a failed gate or smoke, Triton or MLflow
+unreachable) — ``status`` also exits 1 when the recorded state, the endpoints and MLflow disagree,
+``sync`` when something did not converge; 2 usage error (argparse); 3 ``triton status``: the local
+server is not live. ``--json`` prints the results as JSON instead, for scripts. The step
+subcommands, their order and help come from the step table (:mod:`seqcls.steps`), the release
+flags from :mod:`seqcls.config`; the development tools (demo, bench, airflow-ui, demo-checkpoint)
+are registered by ``seqcls_tools`` when installed.
 """
 
 from __future__ import annotations
@@ -142,6 +144,9 @@ def _cmd_lease(args: argparse.Namespace) -> tuple[int, Printer]:
     settings = _ops_settings(args)
     lease = ReleaseLease(settings.triton_repository, args.model_name)
     removed = lease.break_lease(f"cli:{getpass.getuser()}", args.reason)
+    if args.json:
+        payload = {"model_name": args.model_name, "broken": removed.describe() if removed else None}
+        return 0, lambda: print(json.dumps(payload, indent=2))
     return 0, lambda: print(
         f"lease of {args.model_name}: " + (f"broken (was {removed.describe()})" if removed else "was free")
     )
@@ -245,11 +250,23 @@ def _add_tools(sub: argparse._SubParsersAction) -> None:
     add_commands(sub)
 
 
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("seqcls")
+    except PackageNotFoundError:  # a source tree without `pip install -e .`
+        from seqcls import __version__
+
+        return __version__
+
+
 def build_parser() -> argparse.ArgumentParser:
     from seqcls.steps import EXTRA_STEPS, ORDER, STEPS
 
     parser = argparse.ArgumentParser(prog="seqcls", description=__doc__.splitlines()[0])
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    parser.add_argument("--version", action="version", version=f"seqcls {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
     for s in (*STEPS, *EXTRA_STEPS):
         p = sub.add_parser(s.name, help=s.help)

@@ -1,0 +1,35 @@
+"""CLI manners: --version, the documented exit codes, --json where a command reports state."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from seqcls.cli import main
+
+
+def test_version_prints_the_installed_package_version() -> None:
+    from importlib.metadata import version
+
+    out = subprocess.run([sys.executable, "-m", "seqcls.cli", "--version"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout.strip() == f"seqcls {version('seqcls')}"
+
+
+def test_usage_error_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["lease", "break"])  # --model-name missing
+    assert exc.value.code == 2
+
+
+def test_lease_break_reports_json(home: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["lease", "break", "--model-name", "alpha", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == {"model_name": "alpha", "broken": None}
+
+
+def test_a_bad_model_name_is_a_clear_error_with_exit_1(home: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["status", "--model-name", "alpha_model"]) == 1
+    assert "collide" in capsys.readouterr().err
