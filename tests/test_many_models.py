@@ -205,3 +205,28 @@ def test_same_checkpoint_with_another_threshold_is_another_registry_version(
     assert _of(_ready(triton), "gamma")["gamma"] == [2]
     report = status(settings, ["gamma"])[0]
     assert report.agree and report.registry["expected"] == 2, report.lines()
+
+
+def _readme_curl() -> str:
+    """The KServe-v2 curl command README shows, exactly (the test only points it at its own port)."""
+    text = (PROJECT_ROOT / "README.md").read_text(encoding="utf-8")
+    block = text.split("```bash\ncurl -s -X POST http://127.0.0.1:8000/v2/models/seqcls/infer", 1)[1].split("```", 1)[0]
+    return "curl -s -X POST http://127.0.0.1:8000/v2/models/seqcls/infer" + block.rstrip()
+
+
+def test_the_readme_curl_call_answers_what_grpc_answers(
+    env: dict[str, str], triton: LocalTriton, tiny_checkpoint_src: Path
+) -> None:
+    """The default model beside the others, called as its users call it: KServe-v2 HTTP/JSON."""
+    settings = Settings.from_env()
+    run_release(open_release(tiny_checkpoint_src, settings=settings))
+    command = _readme_curl().replace("127.0.0.1:8000", triton.config.http_url)
+    out = subprocess.run(["bash", "-c", command], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    answer = json.loads(out.stdout)
+    outputs = {o["name"]: o for o in answer["outputs"]}
+    text = json.loads(command.split("-d '", 1)[1].rsplit("'", 1)[0])["inputs"][0]["data"][0]
+    preds, probs = TritonOps(endpoints_from_settings(settings)[0]).infer([text])
+    assert answer["model_name"] == "seqcls" and outputs["predictions"]["shape"] == [1, 1]
+    assert json.loads(outputs["predictions"]["data"][0]) == preds[0]
+    assert outputs["probabilities"]["data"] == pytest.approx([float(p) for p in probs[0]], abs=1e-6)
