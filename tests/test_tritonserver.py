@@ -28,6 +28,8 @@ from seqcls.localtriton import (
     free_ports,
     wait_until_live,
 )
+from seqcls.localtriton.distribution import server_environment
+from seqcls.localtriton.keys import ensure_key, masked
 from seqcls.settings import Settings
 
 # ----------------------------------------------------------------------------- helpers
@@ -183,6 +185,9 @@ def wait_for(predicate, timeout: float = 10.0) -> bool:
         ({"extra_args": ("--http-port=1234",)}, "may not set --http-port"),
         ({"extra_args": ("--model-repository", "/x")}, "may not set --model-repository"),
         ({"extra_args": "--log-info=true"}, "sequence of strings"),
+        ({"extra_args": ("--grpc-restricted-protocol=health:k=v",)}, "may not set --grpc-restricted-protocol"),
+        ({"control_key": "too-short"}, "control_key: the Triton control key must be 16-512"),
+        ({"control_key": "x" * 20 + " y"}, "control_key"),
         ({"startup_timeout": 0}, "startup_timeout"),
         ({"shm_default_byte_size": 0}, "shm_default_byte_size"),
         ({"log_verbose": -1}, "log_verbose"),
@@ -223,6 +228,48 @@ def test_config_from_settings(tmp_path: Path) -> None:
         TritonServerConfig.from_settings(remote)
     with pytest.raises(TypeError, match="unknown"):
         TritonServerConfig.from_settings(settings, http=1)
+
+
+KEY = "k3y-" + "0123456789abcdef" * 2
+
+
+def test_command_restricts_model_control_to_the_key_and_logs_it_masked(tmp_path: Path) -> None:
+    cfg = TritonServerConfig(tmp_path / "repo", state_dir=tmp_path / "state", control_key=KEY)
+    argv = cfg.command(tmp_path / "server", "seqcls-00000000-")
+    apis = "model-repository,shared-memory,trace,logging"
+    assert f"--http-restricted-api={apis}:triton-control-key={KEY}" in argv
+    assert f"--grpc-restricted-protocol={apis}:triton-control-key={KEY}" in argv
+    assert KEY not in repr(cfg) and KEY not in " ".join(masked(argv, KEY)) and "***" in " ".join(masked(argv, KEY))
+    with pytest.raises(InputError, match="no Triton control key"):
+        TritonServerConfig(tmp_path / "repo").command(tmp_path / "server", "seqcls-00000000-")
+    settings = Settings(home=tmp_path, triton_control_key=KEY)
+    assert TritonServerConfig.from_settings(settings).control_key == KEY
+    assert KEY not in repr(settings)
+    assert TritonServerConfig.from_settings(Settings(home=tmp_path)).control_key is None  # the key file decides
+
+
+def test_key_file_is_generated_once_private_and_found_by_settings(tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    settings = Settings(home=tmp_path, triton_repository=repo)
+    assert settings.control_key() is None
+    key = ensure_key(repo)
+    path = repo / ".seqcls-triton-control-key"
+    assert path.stat().st_mode & 0o777 == 0o600
+    assert ensure_key(repo) == key == settings.control_key() and len(key) >= 32
+    assert [p.name for p in repo.iterdir()] == [path.name], "no temporary left behind"
+    assert Settings(home=tmp_path, triton_repository=repo, triton_control_key=KEY).control_key() == KEY  # explicit wins
+    path.chmod(0o644)
+    with pytest.raises(InputError, match=r"accessible by others .*chmod 600"):
+        ensure_key(repo)
+    with pytest.raises(InputError, match="SEQCLS_TRITON_CONTROL_KEY / the Triton Connection's password"):
+        Settings(home=tmp_path, triton_control_key="short")
+
+
+def test_server_environment_does_not_carry_the_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SEQCLS_TRITON_CONTROL_KEY", KEY)
+    env = server_environment(TritonDistribution.locate(), find_libpython())
+    assert "SEQCLS_TRITON_CONTROL_KEY" not in env and KEY not in env.values()
 
 
 def test_missing_binary_names_the_install_command(tmp_path: Path) -> None:
@@ -372,7 +419,7 @@ def test_load_and_infer_over_grpc_and_http_with_a_sibling_module(server: LocalTr
 
     client = grpcclient.InferenceServerClient(server.grpc_url)
     try:
-        client.load_model("echo")
+        client.load_model("echo", headers=server.control_headers())
         assert client.is_model_ready("echo")
     finally:
         client.close()
@@ -396,13 +443,13 @@ def test_failed_load_does_not_poison_server_readiness(server: LocalTriton) -> No
     client = grpcclient.InferenceServerClient(server.grpc_url)
     try:
         with pytest.raises(InferenceServerException, match="broken on purpose"):
-            client.load_model("broken")
+            client.load_model("broken", headers=server.control_headers())
         assert not client.is_model_ready("broken")
         assert client.is_server_ready()  # --strict-readiness=false
         assert "broken on purpose" in server.log_tail(200)
 
-        client.load_model("echo")
-        client.unload_model("echo")  # asynchronous: poll until it is gone
+        client.load_model("echo", headers=server.control_headers())
+        client.unload_model("echo", headers=server.control_headers())  # asynchronous: poll until it is gone
         assert wait_for(lambda: not client.is_model_ready("echo"))
         assert client.is_server_ready()
     finally:
@@ -417,7 +464,7 @@ def test_context_manager_stop_leaves_no_process_or_shm(tmp_path: Path) -> None:
     cfg = make_config(write_repository(tmp_path / "repo"), tmp_path / "state")
     with LocalTriton(cfg) as srv:
         client = grpcclient.InferenceServerClient(srv.grpc_url)
-        client.load_model("echo")
+        client.load_model("echo", headers=srv.control_headers())
         client.close()
         procs = server_processes(srv.status().pid)  # server + one python stub
         assert any("triton_python_backend_stub" in " ".join(p.cmdline()) for p in procs)
@@ -439,7 +486,7 @@ def test_stop_falls_back_to_sigkill_and_cleans_up(tmp_path: Path, caplog: pytest
     srv.start()
     try:
         client = grpcclient.InferenceServerClient(srv.grpc_url)
-        client.load_model("echo")
+        client.load_model("echo", headers=srv.control_headers())
         client.close()
         procs = server_processes(srv.status().pid)
         prefix = json.loads(srv.state_path.read_text())["shm_prefix"]
@@ -479,7 +526,7 @@ def test_restart_after_a_crash_cleans_orphans_and_shm(tmp_path: Path) -> None:
     first = srv.start()
     try:
         client = grpcclient.InferenceServerClient(srv.grpc_url)
-        client.load_model("echo")
+        client.load_model("echo", headers=srv.control_headers())
         client.close()
         stubs = server_processes(first.pid)[1:]
         prefix = json.loads(srv.state_path.read_text())["shm_prefix"]

@@ -25,6 +25,8 @@ ENV_TRITON_GRPC = "SEQCLS_TRITON_GRPC"  # comma-separated host:port, one per rep
 ENV_TRITON_HTTP = "SEQCLS_TRITON_HTTP"  # comma-separated host:port, same order as gRPC
 # name=addr,addr;name2=addr: static answers for dns:/// endpoints (like curl --resolve)
 ENV_TRITON_RESOLVE = "SEQCLS_TRITON_RESOLVE"
+# the key Triton's model control (load/unload/repository index) requires; unset = a local Triton's key file
+ENV_TRITON_CONTROL_KEY = "SEQCLS_TRITON_CONTROL_KEY"
 ENV_MLFLOW_URI = "SEQCLS_MLFLOW_TRACKING_URI"
 ENV_RUNTIME = "SEQCLS_RUNTIME"
 ENV_DEVICE = "SEQCLS_DEVICE"  # cpu | gpu: what serving configs are rendered for
@@ -41,6 +43,12 @@ ENV_POLYGRAPHY_AUTOINSTALL = "POLYGRAPHY_AUTOINSTALL_DEPS"
 DEFAULT_MODEL_NAME = "seqcls"
 DEFAULT_GRPC = "127.0.0.1:8001"
 DEFAULT_HTTP = "127.0.0.1:8000"
+#: The request header Triton checks on restricted APIs (HTTP); gRPC metadata is ``triton-grpc-protocol-<it>``.
+CONTROL_HEADER = "triton-control-key"
+#: Where a local Triton keeps the control key it generated: its model repository's root, mode 0600.
+CONTROL_KEY_FILE = ".seqcls-triton-control-key"
+#: hex, base64 and base64url keys; at least 16 characters (``openssl rand -hex 32`` is 64).
+_CONTROL_KEY_RE = re.compile(r"[A-Za-z0-9._~+/=-]{16,512}")
 RUNTIMES = ("python-onnxruntime", "onnxruntime")
 DEVICES = ("cpu", "gpu")
 
@@ -94,6 +102,35 @@ def fault_plan() -> str:
     return os.environ.get(ENV_FAULT_PLAN, "")
 
 
+def check_control_key(key: str, source: str = ENV_TRITON_CONTROL_KEY) -> str:
+    """``key`` if it can travel as a header value and on Triton's command line; else InputError naming ``source``."""
+    if not isinstance(key, str) or not _CONTROL_KEY_RE.fullmatch(key):
+        raise InputError(
+            f"{source}: the Triton control key must be 16-512 characters from letters, digits and '._~+/=-' "
+            "(e.g. `openssl rand -hex 32`)"  # never echo the value: it is a secret
+        )
+    return key
+
+
+def read_control_key(repository: Path) -> str | None:
+    """The key a local Triton generated for ``repository`` (:data:`CONTROL_KEY_FILE`), or None."""
+    path = Path(repository) / CONTROL_KEY_FILE
+    try:
+        return path.read_text(encoding="ascii").strip() or None
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputError(f"cannot read the Triton control key {path} ({exc}); set {ENV_TRITON_CONTROL_KEY}") from exc
+
+
+def control_headers(key: str | None, protocol: str = "grpc") -> dict[str, str] | None:
+    """The headers carrying ``key`` on a restricted call (``protocol`` ``grpc`` or ``http``); None without a key."""
+    if not key:
+        return None
+    name = f"triton-grpc-protocol-{CONTROL_HEADER}" if protocol == "grpc" else CONTROL_HEADER
+    return {name: key}
+
+
 @dataclass(frozen=True)
 class Settings:
     """Resolved locations and endpoints; build with :meth:`from_env` and override fields."""
@@ -108,6 +145,8 @@ class Settings:
     paddle_python: str | None = None
     model_repository_source: Path | None = None
     checkpoints_root: Path | None = None
+    #: Triton's model-control key (SEQCLS_TRITON_CONTROL_KEY / the Triton Connection's password); see control_key().
+    triton_control_key: str | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "home", Path(self.home).expanduser().resolve())
@@ -128,6 +167,10 @@ class Settings:
             object.__setattr__(self, "model_repository_source", PROJECT_ROOT / "model_repository")
         if self.checkpoints_root is None:
             object.__setattr__(self, "checkpoints_root", self.home / "checkpoints")
+        if self.triton_control_key is not None:
+            key = str(self.triton_control_key).strip()
+            source = f"{ENV_TRITON_CONTROL_KEY} / the Triton Connection's password"
+            object.__setattr__(self, "triton_control_key", check_control_key(key, source) if key else None)
 
     @classmethod
     def from_env(cls, **overrides: object) -> Settings:
@@ -146,6 +189,7 @@ class Settings:
                 Path(env[ENV_MODEL_REPOSITORY_SOURCE]) if env.get(ENV_MODEL_REPOSITORY_SOURCE) else None
             ),
             "checkpoints_root": Path(env[ENV_CHECKPOINTS_ROOT]) if env.get(ENV_CHECKPOINTS_ROOT) else None,
+            "triton_control_key": env.get(ENV_TRITON_CONTROL_KEY) or None,
         }
         for key, value in overrides.items():
             if key not in values:
@@ -170,6 +214,15 @@ class Settings:
     def triton_dir(self) -> Path:
         """Local Triton state: server copy, pid file, logs."""
         return self.home / "triton"
+
+    def control_key(self) -> str | None:
+        """The key sent on model-control calls, read now: the explicit one (environment, Airflow Connection)
+        wins; else the key a local Triton generated in the repository (:data:`CONTROL_KEY_FILE`); else None.
+
+        Why the repository: it is what every endpoint serving it and every process releasing into it share
+        (like the recorded serving state), so the CLI, Airflow tasks and all local replicas find one key.
+        """
+        return self.triton_control_key or read_control_key(Path(str(self.triton_repository)))
 
 
 def dag_model_name() -> str:

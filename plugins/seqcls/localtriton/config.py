@@ -7,7 +7,10 @@ Choices that matter when reading the command line (:meth:`TritonServerConfig.com
   ``/v2/health/ready`` false for the rest of the server's life, even after the broken model is
   unloaded. Readiness of what we serve is always checked per model (``is_model_ready``);
   server readiness then only means "accepting requests".
-* Loopback only by default: the model-control API (load/unload) has no authentication, so a
+* Model control needs the control key: load/unload/repository index (and shared memory, trace,
+  logging) are restricted to callers sending it (:mod:`~seqcls.localtriton.keys`); health,
+  metadata and inference stay open.
+* Loopback only by default, all the same: the key travels in clear text (no TLS), so a
   non-loopback host needs ``allow_remote=True``.
 * Flags seqcls sets itself (repository, control mode, ports, addresses) may not be passed again
   in ``extra_args``: status and stop rely on them.
@@ -22,7 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from seqcls.errors import InputError
-from seqcls.settings import Settings, default_home
+from seqcls.localtriton.keys import RESTRICTED_FLAGS, restricted_flags
+from seqcls.settings import Settings, check_control_key, default_home
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +53,7 @@ _MANAGED_FLAGS = (
     "--metrics-address",
     "--allow-http",  # liveness/status go over HTTP
     "--allow-grpc",  # load/unload and smoke tests go over gRPC
+    *RESTRICTED_FLAGS,  # the control key (control_key / the repository's key file)
 )
 
 
@@ -101,11 +106,13 @@ class TritonServerConfig:
     log_verbose: int = 0
     extra_args: tuple[str, ...] = ()
     startup_timeout: float = 60.0
-    #: Bind a non-loopback host. Off by default: load/unload is unauthenticated.
+    #: Bind a non-loopback host. Off by default: the control key travels unencrypted.
     allow_remote: bool = False
     shm_default_byte_size: int = DEFAULT_SHM_DEFAULT_BYTE_SIZE
     shm_growth_byte_size: int = DEFAULT_SHM_GROWTH_BYTE_SIZE
     exit_timeout: int = DEFAULT_EXIT_TIMEOUT
+    #: The model-control key; None = the repository's key file (generated on first start).
+    control_key: str | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
@@ -118,9 +125,9 @@ class TritonServerConfig:
             raise InputError("Triton host is empty: use 127.0.0.1")
         if not self.allow_remote and not is_loopback(host):
             raise InputError(
-                f"Triton host {host!r} is not a loopback address. The model-control API "
-                "(load/unload) is unauthenticated, so seqcls binds 127.0.0.1 unless "
-                "allow_remote=True is passed deliberately."
+                f"Triton host {host!r} is not a loopback address. The model-control key travels "
+                "unencrypted (no TLS), so seqcls binds 127.0.0.1 unless allow_remote=True is passed "
+                "deliberately."
             )
         set_(self, "host", host)
         if isinstance(self.extra_args, str) or not all(isinstance(a, str) for a in self.extra_args):
@@ -153,6 +160,8 @@ class TritonServerConfig:
                 raise InputError(f"{name}={value!r} must be a positive number of bytes")
         if not _is_int(self.exit_timeout, minimum=0):
             raise InputError(f"exit_timeout={self.exit_timeout!r} must be an integer >= 0 seconds")
+        if self.control_key is not None:
+            check_control_key(self.control_key, "control_key")
 
     @classmethod
     def from_settings(cls, settings: Settings, **overrides: Any) -> TritonServerConfig:
@@ -168,6 +177,7 @@ class TritonServerConfig:
             # different endpoints never fight over the default metrics port.
             "metrics_port": http_port + 2 if http_port + 2 != grpc_port else http_port + 3,
             "host": http_host,
+            "control_key": settings.triton_control_key,  # explicit only; None = the repository's key file
         }
         known = {f.name for f in fields(cls)}
         for key, value in overrides.items():
@@ -213,8 +223,15 @@ class TritonServerConfig:
     def metrics_url(self) -> str:
         return hostport(self.client_host, self.metrics_port)
 
-    def command(self, server_dir: Path, shm_prefix: str) -> list[str]:
-        """The ``tritonserver`` command line for this config, run from a prepared ``server_dir``."""
+    def command(self, server_dir: Path, shm_prefix: str, control_key: str | None = None) -> list[str]:
+        """The ``tritonserver`` command line for this config, run from a prepared ``server_dir``.
+
+        ``control_key`` (default: :attr:`control_key`) is on it in clear: log it through
+        :func:`seqcls.localtriton.keys.masked` only.
+        """
+        key = control_key or self.control_key
+        if not key:
+            raise InputError("no Triton control key: pass control_key (LocalTriton.start reads the key file)")
         return [
             str(server_dir / "bin" / "tritonserver"),
             f"--model-repository={self.repository}",
@@ -236,6 +253,7 @@ class TritonServerConfig:
             f"--backend-config=python,shm-growth-byte-size={self.shm_growth_byte_size}",
             # Our own prefix lets stop() remove regions a SIGKILLed server leaves in /dev/shm.
             f"--backend-config=python,shm-region-prefix-name={shm_prefix}",
+            *restricted_flags(key),
             *self.extra_args,
         ]
 

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from seqcls.errors import ServingError
+from seqcls.settings import ENV_TRITON_CONTROL_KEY
 
 log = logging.getLogger(__name__)
 
@@ -178,4 +179,5 @@ def server_environment(dist: TritonDistribution, libpython: Path) -> dict[str, s
     env["LD_LIBRARY_PATH"] = os.pathsep.join(lib_path)
     env["PATH"] = os.pathsep.join(p for p in (str(bin_dir), env.get("PATH", "")) if p)
     env.pop("PYTHONHOME", None)  # would point the stub's interpreter at another installation
+    env.pop(ENV_TRITON_CONTROL_KEY, None)  # the server has it on its command line; models need not see it
     return env

@@ -38,9 +38,10 @@ def tail(path: Path, n: int) -> str:
     return "\n".join(lines[-n:])
 
 
-def _startup_failure_summary(log_path: Path | None) -> str:
+def _startup_failure_summary(log_path: Path | None, secret: str | None = None) -> str:
     """Why startup failed, from the log: salient lines first (a bad flag is followed by ~400
-    lines of usage text), then the tail; plus a port hint for a busy port."""
+    lines of usage text), then the tail; plus a port hint for a busy port. Triton echoes a rejected
+    flag's value, so ``secret`` (the control key) is masked."""
     if log_path is None or not log_path.is_file():
         return ""
     with log_path.open("rb") as f:
@@ -55,7 +56,7 @@ def _startup_failure_summary(log_path: Path | None) -> str:
         text += ", errors:\n" + "\n".join(salient) + "\nlast lines:\n" + tail(log_path, 10)
     else:
         text += ", last lines:\n" + tail(log_path, 30)
-    return text
+    return text.replace(secret, "***") if secret else text
 
 
 def wait_until_live(
@@ -65,6 +66,7 @@ def wait_until_live(
     process: Process | None = None,
     log_path: Path | None = None,
     interval: float = 0.1,
+    secret: str | None = None,
 ) -> float:
     """Poll ``/v2/health/live`` until it answers; returns seconds waited.
 
@@ -81,7 +83,7 @@ def wait_until_live(
             if process is not None and not process_alive(process):
                 raise ServingError(
                     f"tritonserver exited with code {exit_code(process)} during startup"
-                    + _startup_failure_summary(log_path)
+                    + _startup_failure_summary(log_path, secret)
                 )
             try:
                 if client.is_server_live():
@@ -89,9 +91,8 @@ def wait_until_live(
             except Exception:  # connection refused/reset while it starts: keep polling
                 pass
             if time.monotonic() >= deadline:
-                raise ServingError(
-                    f"Triton at {http_url} was not live after {timeout:g} s" + _startup_failure_summary(log_path)
-                )
+                summary = _startup_failure_summary(log_path, secret)
+                raise ServingError(f"Triton at {http_url} was not live after {timeout:g} s" + summary)
             time.sleep(interval)
     finally:
         client.close()

@@ -32,11 +32,12 @@ from typing import Any
 import psutil
 
 from seqcls.errors import InputError, ServingError
-from seqcls.localtriton import process
+from seqcls.localtriton import keys, process
 from seqcls.localtriton.config import TritonServerConfig, hostport
 from seqcls.localtriton.distribution import TritonDistribution, find_libpython, prepare_server, server_environment
 from seqcls.localtriton.health import probe, tail, wait_until_live
 from seqcls.localtriton.ports import check_ports_free
+from seqcls.settings import control_headers, read_control_key
 
 log = logging.getLogger(__name__)
 
@@ -126,11 +127,12 @@ class LocalTriton:
             process.warn_low_shm()
 
             shm_prefix = f"seqcls-{secrets.token_hex(4)}-"
-            cmd = cfg.command(server_dir, shm_prefix)
+            key = cfg.control_key or keys.ensure_key(cfg.repository)
+            cmd = cfg.command(server_dir, shm_prefix, key)
             env = server_environment(dist, libpython)
             self._rotate_log()
             log.info("starting tritonserver %s: HTTP %s, gRPC %s", dist.version, cfg.http_url, cfg.grpc_url)
-            log.debug("tritonserver command: %s", " ".join(cmd))
+            log.debug("tritonserver command: %s", " ".join(keys.masked(cmd, key)))
             started = time.monotonic()
             try:
                 with self.log_path.open("ab") as log_file:
@@ -147,14 +149,14 @@ class LocalTriton:
             except OSError as exc:
                 raise ServingError(
                     f"could not execute {cmd[0]}: {exc}. Delete {server_dir} to have it prepared again."
-                ) from exc
+                ) from None  # the OSError may quote the command line, key included
             self._proc = proc
             self._started_here = True
             self._write_state(proc.pid, shm_prefix, server_dir, dist)
             if not wait:
                 return self.status()
             try:
-                wait_until_live(cfg.http_url, cfg.startup_timeout, process=proc, log_path=self.log_path)
+                wait_until_live(cfg.http_url, cfg.startup_timeout, process=proc, log_path=self.log_path, secret=key)
             except BaseException:
                 self._terminate(proc.pid, shm_prefix, timeout=5.0)
                 self._remove_state_files()
@@ -222,6 +224,15 @@ class LocalTriton:
             repository=Path(state["repository"]),
             detail=detail,
         )
+
+    @property
+    def control_key(self) -> str | None:
+        """The key this server's model control requires: the configured one, else the repository's key file."""
+        return self.config.control_key or read_control_key(self.config.repository)
+
+    def control_headers(self, protocol: str = "grpc") -> dict[str, str] | None:
+        """``headers=`` for a raw tritonclient load/unload/index call (``protocol`` ``grpc`` or ``http``)."""
+        return control_headers(self.control_key, protocol)
 
     def log_tail(self, n: int = 50) -> str:
         """Last ``n`` lines of the server log (load errors end up here, with Python tracebacks)."""

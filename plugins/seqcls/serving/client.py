@@ -7,15 +7,21 @@ absorb: a ``load`` that returns OK is no proof the model (or the ensemble built 
 followed by per-model, per-version readiness checks, transport errors (UNAVAILABLE, connection
 refused, deadline) are retried with backoff — and nothing else is, because a config or
 ``initialize()`` error, or a bad request, will not fix itself.
+
+Model control (load, unload, repository index) carries the endpoint's control key (the header
+:data:`~seqcls.settings.CONTROL_HEADER`; ``Settings.control_key()``); inference, health and metadata
+never do. A refusal — no key, or the wrong one — is :class:`ControlRefused`, never retried (Triton's
+gRPC answers it UNAVAILABLE), naming the setting to fix.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, TypeVar
 
@@ -24,7 +30,7 @@ import numpy as np
 from seqcls.errors import InputError, ServingError
 from seqcls.serving import shipped
 from seqcls.serving.names import ENSEMBLE
-from seqcls.settings import Settings
+from seqcls.settings import CONTROL_KEY_FILE, ENV_TRITON_CONTROL_KEY, Settings, control_headers
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -34,10 +40,12 @@ RETRYABLE = ("StatusCode.UNAVAILABLE", "StatusCode.DEADLINE_EXCEEDED", "StatusCo
 
 @dataclass(frozen=True)
 class Endpoint:
-    """One Triton replica: its gRPC address (``host:port``) and optional HTTP address."""
+    """One Triton replica: its gRPC address (``host:port``), optional HTTP address, and the key its
+    model control requires (never in ``repr``, not part of equality)."""
 
     grpc: str
     http: str | None = None
+    control_key: str | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         host, _, port = self.grpc.rpartition(":")
@@ -96,16 +104,17 @@ def endpoints_from_settings(settings: Settings, grpc: Sequence[str] | None = Non
     """
     grpcs = list(grpc) if grpc else list(settings.triton_grpc)
     https = list(settings.triton_http) if not grpc else []
+    key = settings.control_key()
     out: list[Endpoint] = []
     for i, target in enumerate(grpcs):
         http = https[i] if i < len(https) else None
         for address, name in _expand(target):
             if name is None or http is None:
-                out.append(Endpoint(address, http if name is None else None))
+                out.append(Endpoint(address, http if name is None else None, control_key=key))
                 continue
             host = address.rpartition(":")[0]
             http_port = _split(http[len(DNS_PREFIX) :] if http.startswith(DNS_PREFIX) else http)[1]
-            out.append(Endpoint(address, f"{host}:{http_port}"))
+            out.append(Endpoint(address, f"{host}:{http_port}", control_key=key))
     if not out:
         raise ServingError(f"no Triton endpoint: {grpcs} resolved to no address")
     return out
@@ -121,6 +130,58 @@ def _message(exc: Exception) -> str:
     return str(msg() if callable(msg) else msg or exc)
 
 
+class ControlRefused(ServingError):
+    """Triton refused a model-control call: the control key is missing or wrong."""
+
+
+def _refused(exc: Exception) -> bool:
+    """Triton's answer to a restricted call without the right key (HTTP 403; gRPC UNAVAILABLE in 2.51)."""
+    text = _message(exc)
+    status = _status(exc)
+    return ("is restricted, expecting header" in text) or status in ("403", "StatusCode.PERMISSION_DENIED")
+
+
+def control_refused(endpoint: str, what: str, exc: Exception, *, sent: bool) -> ControlRefused:
+    """The error naming the setting to fix (the setting first: callers may cut long messages)."""
+    return ControlRefused(
+        f"Triton at {endpoint} refused model control ({what}): "
+        f"{'the control key sent is wrong' if sent else 'no control key is set'} — set {ENV_TRITON_CONTROL_KEY} "
+        f"/ the Triton Connection's password to the server's key (a local Triton's: {CONTROL_KEY_FILE} in its "
+        f"model repository). Server: {_message(exc)} ({_status(exc) or 'no status'})"
+    )
+
+
+class ControlClient:
+    """A tritonclient gRPC client that sends the control key on model-repository calls — and only there.
+
+    Every other attribute is the raw client's own, so inference, health and metadata requests never
+    carry the key. Refusals become :class:`ControlRefused` here, before any retry policy sees them.
+    """
+
+    CALLS = frozenset({"load_model", "unload_model", "get_model_repository_index"})
+
+    def __init__(self, raw: Any, endpoint: Endpoint) -> None:
+        self._raw, self._endpoint = raw, endpoint
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._raw, name)
+        return functools.partial(self._control, name, attr) if name in self.CALLS else attr
+
+    def _control(self, name: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        from tritonclient.utils import InferenceServerException
+
+        key = self._endpoint.control_key
+        if key and kwargs.get("headers") is None:
+            kwargs["headers"] = control_headers(key, "grpc")
+        try:
+            return fn(*args, **kwargs)
+        except InferenceServerException as exc:
+            if _refused(exc):
+                what = name.replace("get_model_", "").replace("_", " ") + (f" {args[0]!r}" if args else "")
+                raise control_refused(self._endpoint.grpc, what, exc, sent=bool(key)) from exc
+            raise
+
+
 def retrying(what: str, fn: Callable[[], T], *, attempts: int = 4, base_delay: float = 0.5) -> T:
     """Call ``fn``, retrying transport failures with exponential backoff; the single retry policy."""
     from tritonclient.utils import InferenceServerException
@@ -129,6 +190,11 @@ def retrying(what: str, fn: Callable[[], T], *, attempts: int = 4, base_delay: f
         try:
             return fn()
         except InferenceServerException as exc:
+            if _refused(exc):  # a raw client without the key: UNAVAILABLE, but no retry will fix it
+                raise ControlRefused(
+                    f"{what}: refused — set {ENV_TRITON_CONTROL_KEY} / the Triton Connection's "
+                    f"password to the server's key. Server: {_message(exc)}"
+                ) from exc
             status = _status(exc)
             transient = status in RETRYABLE or "failed to connect" in _message(exc).lower()
             if not transient:
@@ -158,14 +224,15 @@ class TritonOps:
     def wrap(cls, raw_client: Any, **kwargs: Any) -> TritonOps:
         """Use an existing ``tritonclient.grpc.InferenceServerClient`` (same policy, its connection)."""
         ops = cls(Endpoint("wrapped-client:0"), **kwargs)  # the address lives inside the raw client
-        ops.__dict__["client"] = raw_client
+        ops.__dict__["client"] = ControlClient(raw_client, ops.endpoint)
         return ops
 
     @cached_property
-    def client(self):
+    def client(self) -> Any:
+        """The gRPC client; model-control calls on it carry the key (:class:`ControlClient`)."""
         import tritonclient.grpc as grpcclient
 
-        return grpcclient.InferenceServerClient(url=self.endpoint.grpc)
+        return ControlClient(grpcclient.InferenceServerClient(url=self.endpoint.grpc), self.endpoint)
 
     def __repr__(self) -> str:
         return f"TritonOps({self.endpoint.grpc})"
@@ -177,6 +244,8 @@ class TritonOps:
             return False
 
     def require_live(self) -> None:
+        """Triton answers here *and* accepts our control key (one repository-index call): every caller is
+        about to change or read what is loaded, so a wrong key fails before anything is recorded."""
         try:
             retrying(
                 f"Triton at {self.endpoint.grpc} liveness",
@@ -189,6 +258,11 @@ class TritonOps:
                 "`seqcls triton start`; for another server check SEQCLS_TRITON_GRPC or the triton_default "
                 "Airflow connection."
             ) from exc
+        retrying(
+            f"repository index on {self.endpoint.grpc}",
+            lambda: self.client.get_model_repository_index(client_timeout=self.request_timeout),
+            attempts=3,
+        )
 
     def ready(self, model: str, version: int | None = None) -> bool:
         try:
