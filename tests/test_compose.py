@@ -2,14 +2,17 @@
 
 The YAML is read with PyYAML (anchors/merge keys resolved) and checked against the contract with
 the project: service set, health checks, loopback-only ports, the shared Triton repository
-volume, Connections the hooks read, and SEQCLS_* names that exist in ``seqcls.settings``. Then
-Debian's ``docker-compose`` (1.29, engine-less) validates the file for real, and must reject a
-broken copy of it.
+volume, Connections the hooks read, SEQCLS_* names that exist in ``seqcls.settings``, and Triton's
+model control restricted to the key ``SEQCLS_TRITON_CONTROL_KEY`` — the Triton Connection's password
+and the Airflow containers' setting, from the environment / ``.env`` only. Then Debian's
+``docker-compose`` (1.29, engine-less) validates the file for real, must reject a broken copy of it,
+and must refuse the file without the key (default-deny).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
 import shlex
 import shutil
@@ -21,6 +24,7 @@ import pytest
 import yaml
 
 from seqcls import settings
+from seqcls.localtriton import keys
 
 ROOT = Path(__file__).resolve().parents[1]
 COMPOSE_FILE = ROOT / "docker-compose.airflow.yml"
@@ -42,6 +46,9 @@ AIRFLOW_SERVICES = sorted(s for s in EXPECTED_SERVICES if s.startswith("airflow-
 AIRFLOW_LONG_RUNNING = [s for s in AIRFLOW_SERVICES if s not in ONE_SHOT_SERVICES]
 LOOPBACK = "127.0.0.1"
 COMPOSE_TIMEOUT_S = 60
+#: The one way the file may name the control key: a mandatory reference (compose fails without it).
+CONTROL_KEY_REF = re.compile(r"\$\{SEQCLS_TRITON_CONTROL_KEY:\?[^}]+\}")
+TEST_KEY = "compose-test-key-" + "0123456789abcdef" * 2
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -145,13 +152,18 @@ def _host_port(endpoint: str) -> tuple[str, int]:
     return host, int(port)
 
 
-def _docker_compose(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
+def _docker_compose(*args: str, cwd: Path = ROOT, key: str | None = TEST_KEY) -> subprocess.CompletedProcess[str]:
+    """``docker-compose`` with ``SEQCLS_TRITON_CONTROL_KEY=key`` in its environment (None: unset)."""
     binary = shutil.which("docker-compose")
     if binary is None:
         pytest.skip("docker-compose binary not installed (Debian: apt-get install -y docker-compose)")
+    env = {k: v for k, v in os.environ.items() if k != settings.ENV_TRITON_CONTROL_KEY}
+    if key is not None:
+        env[settings.ENV_TRITON_CONTROL_KEY] = key
     return subprocess.run(
         [binary, *args],
         cwd=cwd,
+        env=env,
         capture_output=True,
         text=True,
         timeout=COMPOSE_TIMEOUT_S,
@@ -227,6 +239,41 @@ def test_triton_explicit_model_control(services: dict) -> None:
     assert options.get("--metrics-port", "8002") == "8002"
     # a restarted container comes back serving the recorded state (seqcls_sync converges the rest)
     assert "--load-model=*" in services["triton"]["command"]
+
+
+def test_triton_model_control_requires_the_key(services: dict) -> None:
+    """Both protocols restrict the APIs seqcls's local Triton restricts, to the header it sends."""
+    options = _options(_command(services["triton"]))
+    prefix = f"{','.join(keys.RESTRICTED_APIS)}:{settings.CONTROL_HEADER}="
+    for flag in keys.RESTRICTED_FLAGS:
+        value = options.get(flag, "")
+        assert value.startswith(prefix), f"triton {flag}={value!r} does not restrict {prefix!r}"
+        assert CONTROL_KEY_REF.fullmatch(value[len(prefix) :]), (
+            f"{flag}: the key must be ${{SEQCLS_TRITON_CONTROL_KEY:?...}}"
+        )
+    assert "model-repository" in keys.RESTRICTED_APIS
+    assert not {"health", "metadata", "inference"} & set(keys.RESTRICTED_APIS), "clients must stay unauthenticated"
+    # the health check still works without the key
+    assert "/v2/health/live" in " ".join(services["triton"]["healthcheck"]["test"])
+
+
+@pytest.mark.parametrize("name", AIRFLOW_SERVICES)
+def test_airflow_gets_the_key_as_the_connection_password_and_the_setting(services: dict, name: str) -> None:
+    env = _env(services[name])
+    password = json.loads(env["AIRFLOW_CONN_TRITON_DEFAULT"]).get("password", "")
+    assert CONTROL_KEY_REF.fullmatch(password), f"{name}: the Triton Connection's password must be the key reference"
+    assert env.get(settings.ENV_TRITON_CONTROL_KEY) == password, f"{name}: CLI and DAG must use the same key"
+
+
+def test_no_literal_key_and_no_default_in_the_file() -> None:
+    """The key comes from the environment / .env only: no value, no ``:-default`` a deployment would run with."""
+    text = COMPOSE_FILE.read_text(encoding="utf-8")
+    references = re.findall(r"\$\{SEQCLS_TRITON_CONTROL_KEY[^}]*\}", text)
+    assert len(references) == 4, references  # 2 flags, the Connection's password, the setting
+    assert all(CONTROL_KEY_REF.fullmatch(r) for r in references), references
+    flags = re.findall(r"triton-control-key=(\$\{[^}]*\}|[^\s\"']+)", text)
+    for value in flags + re.findall(r'"password": "([^"]*)"', text):
+        assert CONTROL_KEY_REF.fullmatch(value), f"literal control key in the compose file: {value[:4]}…"
 
 
 @pytest.mark.parametrize("name", AIRFLOW_SERVICES)
@@ -463,6 +510,24 @@ def test_docker_compose_config_accepts_the_file() -> None:
     resolved = yaml.safe_load(result.stdout)
     assert set(resolved["services"]) >= EXPECTED_SERVICES
     assert resolved["services"]["triton"]["deploy"]["resources"]["reservations"]["devices"]
+    # one key, interpolated into Triton's flags, the Connection's password and the setting
+    options = _options(_command(resolved["services"]["triton"]))
+    for flag in keys.RESTRICTED_FLAGS:
+        assert options[flag].endswith(f":{settings.CONTROL_HEADER}={TEST_KEY}")
+    for name in AIRFLOW_SERVICES:
+        env = _env(resolved["services"][name])
+        assert json.loads(env["AIRFLOW_CONN_TRITON_DEFAULT"])["password"] == TEST_KEY
+        assert env[settings.ENV_TRITON_CONTROL_KEY] == TEST_KEY
+
+
+def test_docker_compose_refuses_the_file_without_the_key(tmp_path: Path) -> None:
+    """Default-deny: no SEQCLS_TRITON_CONTROL_KEY (environment or .env) → nothing starts, and the error says why."""
+    empty = tmp_path / "empty.env"
+    empty.write_text("", encoding="utf-8")
+    result = _docker_compose("-f", COMPOSE_FILE.name, "--env-file", str(empty), "config", "--quiet", key=None)
+    assert result.returncode != 0, "docker-compose accepted the file without SEQCLS_TRITON_CONTROL_KEY"
+    assert "set SEQCLS_TRITON_CONTROL_KEY in .env" in result.stderr, result.stderr[-2000:]
+    assert _docker_compose("-f", COMPOSE_FILE.name, "--env-file", str(empty), "config", "--quiet").returncode == 0
 
 
 def test_docker_compose_config_rejects_a_broken_file(tmp_path: Path) -> None:
