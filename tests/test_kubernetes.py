@@ -7,7 +7,8 @@ relies on: the headless Service selects the Triton pods, so its name resolves to
 one ReadWriteMany claim is what Triton (read-only) and the Airflow task pods (read-write) mount at
 ``SEQCLS_TRITON_REPOSITORY``; the Triton command is docker-compose's; airflow-values.yaml uses only
 chart keys (``schema/airflow-values.schema.json``), real ``SEQCLS_*`` names and the ``dns:///``
-endpoints of that Service.
+endpoints of that Service; Triton's model control needs the key of one Secret (not in the repository)
+that the Triton pods and every Airflow container read.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import yaml
 from referencing import Registry, Resource
 
 from seqcls import settings
+from seqcls.localtriton import keys
 
 ROOT = Path(__file__).resolve().parents[1]
 DEPLOY = ROOT / "deploy" / "kubernetes"
@@ -48,6 +50,10 @@ MODEL_REPOSITORY_CLAIM = "seqcls-model-repository"
 TRITON_BASE_IMAGE = "nvcr.io/nvidia/tritonserver:24.10-py3"
 CLUSTER_DOMAIN = "svc.cluster.local"
 NOT_NAMESPACED = {"Namespace"}
+CONTROL_KEY_SECRET = "seqcls-triton-control-key"  # created with kubectl, never in the repository
+#: How compose (interpolation, mandatory) and Kubernetes (the kubelet's $(VAR) expansion) write the key.
+COMPOSE_KEY_REF = re.compile(r"\$\{SEQCLS_TRITON_CONTROL_KEY:\?[^}]*\}")
+K8S_KEY_REF = f"$({settings.ENV_TRITON_CONTROL_KEY})"
 
 
 # ----------------------------------------------------------------------------- loading
@@ -134,6 +140,11 @@ def _selects(selector: dict[str, str], labels: dict[str, str]) -> bool:
     return bool(selector) and all(labels.get(k) == v for k, v in selector.items())
 
 
+def _same_key(argv: list[str]) -> list[str]:
+    """``argv`` with either file's reference to the control key as one placeholder (for comparing them)."""
+    return [COMPOSE_KEY_REF.sub("<control key>", a).replace(K8S_KEY_REF, "<control key>") for a in argv]
+
+
 def _iter_deployments(objects: dict[tuple[str, str], dict[str, Any]]) -> Iterator[dict[str, Any]]:
     return (doc for (kind, _), doc in objects.items() if kind == "Deployment")
 
@@ -191,8 +202,8 @@ def test_triton_deployment_serves_the_shared_repository_in_explicit_mode(
     pod = spec["template"]["spec"]
     triton = _container(deployment, "tritonserver")
     argv = [*triton["command"], *triton.get("args", [])]
-    # The same server as docker-compose's triton service, flag for flag.
-    assert argv == [str(a) for a in compose_triton["command"]]
+    # The same server as docker-compose's triton service, flag for flag (each file names the key its way).
+    assert _same_key(argv) == _same_key([str(a) for a in compose_triton["command"]])
     assert "--model-control-mode=explicit" in argv
     assert "--load-model=*" in argv
     repository = next(a.split("=", 1)[1] for a in argv if a.startswith("--model-repository="))
@@ -213,6 +224,29 @@ def test_triton_deployment_serves_the_shared_repository_in_explicit_mode(
     for kind in ("requests", "limits"):
         assert {"cpu", "memory"} <= set(triton["resources"][kind]), f"Triton resources.{kind} incomplete"
     assert triton["resources"]["limits"].get("nvidia.com/gpu"), "the NGC image's onnxruntime backend runs on a GPU"
+
+
+def test_triton_model_control_needs_the_key_of_a_secret_airflow_reads_too(
+    objects: dict[tuple[str, str], dict[str, Any]], values: dict[str, Any]
+) -> None:
+    triton = _container(objects[("Deployment", TRITON)], "tritonserver")
+    prefix = f"{','.join(keys.RESTRICTED_APIS)}:{settings.CONTROL_HEADER}="
+    args = {a.split("=", 1)[0]: a.split("=", 1)[1] for a in triton["args"] if "=" in a}
+    for flag in keys.RESTRICTED_FLAGS:
+        assert args.get(flag) == prefix + K8S_KEY_REF, f"{flag} does not restrict model control to the key"
+    env = {e["name"]: e for e in triton["env"]}
+    ref = env[settings.ENV_TRITON_CONTROL_KEY]["valueFrom"]["secretKeyRef"]
+    assert "value" not in env[settings.ENV_TRITON_CONTROL_KEY], "a literal key in the manifest"
+    assert ref["name"] == CONTROL_KEY_SECRET and not ref.get("optional"), "without the Secret Triton must not start"
+    # the probes stay unauthenticated: health is not restricted
+    assert not {"health", "metadata", "inference"} & set(keys.RESTRICTED_APIS)
+    # every Airflow container (task pods included) gets the same Secret key as the setting seqcls reads
+    shared = [s for s in values.get("secret", []) if s["envName"] == settings.ENV_TRITON_CONTROL_KEY]
+    assert shared == [{"envName": settings.ENV_TRITON_CONTROL_KEY, "secretName": ref["name"], "secretKey": ref["key"]}]
+    assert settings.ENV_TRITON_CONTROL_KEY not in {e["name"] for e in values["env"]}, "a literal key in the values"
+    # the Secret itself is not in the repository: kubectl creates it (README)
+    assert not [name for (kind, name) in objects if kind == "Secret"], "no Secret objects (no literal keys) here"
+    assert f"create secret generic {CONTROL_KEY_SECRET} --from-literal=key=" in (DEPLOY / "README.md").read_text()
 
 
 def test_triton_image_is_the_compose_image_built_on_ngc_24_10(
@@ -314,6 +348,9 @@ def test_airflow_values_schema_rejects_what_the_chart_would_not_take(values: dic
     assert not validator.is_valid(typo)
     unknown_top = {**values, "executer": "KubernetesExecutor"}
     assert not validator.is_valid(unknown_top)
+    secret_typo = copy.deepcopy(values)
+    secret_typo["secret"][0]["secretname"] = secret_typo["secret"][0].pop("secretName")
+    assert not validator.is_valid(secret_typo)
     bad_volume = copy.deepcopy(values)
     bad_volume["workers"]["extraVolumes"][0]["persistentVolumeClaim"]["claimname"] = MODEL_REPOSITORY_CLAIM
     assert not validator.is_valid(bad_volume)
@@ -329,9 +366,10 @@ def test_airflow_env_addresses_every_triton_replica_through_the_headless_service
     assert values_env[settings.ENV_TRITON_HTTP] == f"dns:///{host}:{ports['http']}"
 
 
-def test_airflow_env_names_are_the_ones_seqcls_reads(values_env: dict[str, str]) -> None:
+def test_airflow_env_names_are_the_ones_seqcls_reads(values: dict[str, Any], values_env: dict[str, str]) -> None:
     known = {v for k, v in vars(settings).items() if k.startswith("ENV_") and isinstance(v, str)}
     seqcls_names = {name for name in values_env if name.startswith("SEQCLS_")}
+    seqcls_names |= {s["envName"] for s in values.get("secret", []) if s["envName"].startswith("SEQCLS_")}
     assert seqcls_names <= known, f"not read by seqcls.settings: {sorted(seqcls_names - known)}"
     assert values_env[settings.ENV_RUNTIME] in settings.RUNTIMES
     assert values_env[settings.ENV_DEVICE] in settings.DEVICES
