@@ -1,27 +1,55 @@
 # seqcls — the two commands a newcomer needs are `make demo` and `make test` (see README.md).
-# Both create the virtualenv on first use (pinned requirements.txt, ~1.5-3 min) and reuse it after.
+# Both create the virtualenv on first use from the lock files and reuse it after.
+#
+# requirements.txt      the human-edited top-level pins (edit this one, then `make lock`)
+# requirements.lock     every package of the environment, exact versions + sha256 hashes (generated)
+# requirements-build.lock  pip + the build backend (setuptools, wheel), also hashed (generated)
+# `make setup` installs only from the two locks: nothing is resolved, every file is hash-checked,
+# no build dependency is fetched unhashed (--no-build-isolation uses the locked setuptools).
 
 SHELL := /bin/bash
 VENV ?= .venv
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 PY := $(VENV)/bin/python
-STAMP := $(VENV)/.seqcls-installed-$(shell cat requirements.txt pyproject.toml | sha256sum | cut -c1-12)
+LOCK := requirements.lock
+BUILD_LOCK := requirements-build.lock
+STAMP := $(VENV)/.seqcls-installed-$(shell cat $(BUILD_LOCK) $(LOCK) pyproject.toml 2>/dev/null | sha256sum | cut -c1-12)
 PYTEST_ARGS ?=
 
-.PHONY: setup system-deps demo test lint clean-demo airflow-ui bench
+.PHONY: setup system-deps lock demo test lint clean-demo airflow-ui bench
 
 setup: $(STAMP)
 
-$(STAMP): requirements.txt pyproject.toml
+$(STAMP): $(BUILD_LOCK) $(LOCK) pyproject.toml
 	@bash scripts/system-deps.sh
 	@$(PYTHON) -c 'import sys; assert sys.version_info[:2] == (3, 11), f"seqcls needs Python 3.11, found {sys.version.split()[0]} ($(PYTHON)); set PYTHON=/path/to/python3.11"'
+	@$(PYTHON) -c 'import os, platform; libc = os.confstr("CS_GNU_LIBC_VERSION") or "no glibc"; ok = platform.machine() == "x86_64" and libc.startswith("glibc ") and tuple(map(int, libc.split()[1].split(".")[:2])) >= (2, 35); assert ok, f"$(LOCK) is for Linux x86_64 with glibc >= 2.35 (nvidia-pytriton wheels), found {platform.machine()} {libc}"'
 	$(PYTHON) -m venv $(VENV)
-	$(VENV)/bin/pip install --quiet --upgrade pip
-	$(VENV)/bin/pip install --quiet -r requirements.txt
-	$(VENV)/bin/pip install --quiet --no-deps -e .
+	$(VENV)/bin/pip install --quiet --require-hashes --no-deps -r $(BUILD_LOCK)
+	$(VENV)/bin/pip install --quiet --require-hashes --no-deps --no-build-isolation -r $(LOCK)
+	$(VENV)/bin/pip install --quiet --no-deps --no-build-isolation -e .
 	$(VENV)/bin/pip check
 	@rm -f $(VENV)/.seqcls-installed-*
 	@touch $@
+
+# Regenerate both locks from requirements.txt and pyproject's [build-system] with uv (installed on
+# first use into build/lock-tools, pinned; UV=/path/to/uv to use another). Versions already in a
+# lock are kept unless requirements.txt forces a change; UPGRADE=1 re-resolves every transitive
+# package to the newest allowed, UPGRADE_PACKAGE="a b" only those. The target is this project's
+# only platform: CPython 3.11 on Linux x86_64 with glibc >= 2.35 (nvidia-pytriton's wheels need
+# manylinux_2_35). Hashes are PyPI's (uv ignores pip.conf; set UV_DEFAULT_INDEX for a mirror).
+UV_VERSION := 0.13.9
+LOCK_TOOLS := build/lock-tools
+UV ?= $(LOCK_TOOLS)/bin/uv
+UV_COMPILE = $(UV) pip compile --quiet --generate-hashes --python-version 3.11 \
+	--python-platform x86_64-manylinux_2_35 --custom-compile-command 'make lock' \
+	$(if $(UPGRADE),--upgrade) $(foreach p,$(UPGRADE_PACKAGE),--upgrade-package $(p))
+
+lock:
+	@command -v $(UV) >/dev/null || { $(PYTHON) -m venv $(LOCK_TOOLS) && $(LOCK_TOOLS)/bin/pip install --quiet uv==$(UV_VERSION); }
+	$(UV_COMPILE) requirements.txt -o $(LOCK)
+	$(PYTHON) -c 'import tomllib; print("pip", *tomllib.load(open("pyproject.toml", "rb"))["build-system"]["requires"], sep="\n")' \
+	  | $(UV_COMPILE) - -o $(BUILD_LOCK)
 
 system-deps:
 	@bash scripts/system-deps.sh
