@@ -3,9 +3,9 @@
 #
 # requirements.txt      the human-edited top-level pins (edit this one, then `make lock`)
 # requirements.lock     every package of the environment, exact versions + sha256 hashes (generated)
-# requirements-build.lock  pip + the build backend (setuptools, wheel), also hashed (generated)
+# requirements-build.lock  pip + what builds the package and the lock's sdists, hashed (generated)
 # `make setup` installs only from the two locks: nothing is resolved, every file is hash-checked,
-# no build dependency is fetched unhashed (--no-build-isolation uses the locked setuptools).
+# no build dependency is fetched unhashed (--no-build-isolation builds with the locked setuptools).
 
 SHELL := /bin/bash
 VENV ?= .venv
@@ -32,7 +32,7 @@ $(STAMP): $(BUILD_LOCK) $(LOCK) pyproject.toml
 	@rm -f $(VENV)/.seqcls-installed-*
 	@touch $@
 
-# Regenerate both locks from requirements.txt and pyproject's [build-system] with uv (installed on
+# Regenerate both locks from requirements.txt and pyproject's [build-system] (+ SDIST_BUILD_REQUIRES) with uv (installed on
 # first use into build/lock-tools, pinned; UV=/path/to/uv to use another). Versions already in a
 # lock are kept unless requirements.txt forces a change; UPGRADE=1 re-resolves every transitive
 # package to the newest allowed, UPGRADE_PACKAGE="a b" only those. The target is this project's
@@ -41,6 +41,10 @@ $(STAMP): $(BUILD_LOCK) $(LOCK) pyproject.toml
 UV_VERSION := 0.13.9
 LOCK_TOOLS := build/lock-tools
 UV ?= $(LOCK_TOOLS)/bin/uv
+# What the lock's source-only packages need to build without isolation, besides setuptools+wheel:
+# seqeval's sdist takes its version from setuptools-scm (without it: "metadata has 0.0.0"); jieba
+# needs nothing else. A new sdist-only package with other build requirements goes here.
+SDIST_BUILD_REQUIRES := setuptools-scm
 UV_COMPILE = $(UV) pip compile --quiet --generate-hashes --python-version 3.11 \
 	--python-platform x86_64-manylinux_2_35 --custom-compile-command 'make lock' \
 	$(if $(UPGRADE),--upgrade) $(foreach p,$(UPGRADE_PACKAGE),--upgrade-package $(p))
@@ -48,8 +52,8 @@ UV_COMPILE = $(UV) pip compile --quiet --generate-hashes --python-version 3.11 \
 lock:
 	@command -v $(UV) >/dev/null || { $(PYTHON) -m venv $(LOCK_TOOLS) && $(LOCK_TOOLS)/bin/pip install --quiet uv==$(UV_VERSION); }
 	$(UV_COMPILE) requirements.txt -o $(LOCK)
-	$(PYTHON) -c 'import tomllib; print("pip", *tomllib.load(open("pyproject.toml", "rb"))["build-system"]["requires"], sep="\n")' \
-	  | $(UV_COMPILE) - -o $(BUILD_LOCK)
+	$(PYTHON) -c 'import sys, tomllib; print("pip", *tomllib.load(open("pyproject.toml", "rb"))["build-system"]["requires"], *sys.argv[1:], sep="\n")' \
+	  $(SDIST_BUILD_REQUIRES) | $(UV_COMPILE) - -o $(BUILD_LOCK)
 
 system-deps:
 	@bash scripts/system-deps.sh
