@@ -22,13 +22,13 @@ import pytest
 from seqcls import registry
 from seqcls.config import FIELDS, ReleaseConfig
 from seqcls.errors import GateError, RegistryError, StepOrderError
-from seqcls.records import Registered
+from seqcls.records import Expected, Registered
 from seqcls.registry import CHAMPION
 from seqcls.settings import Settings
 from seqcls.steps import run_release
 from seqcls.steps.promote import promote
 from seqcls.steps.register import register
-from seqcls.workspace import Release, open_release
+from seqcls.workspace import Release, Workspace, open_release
 
 pytestmark = pytest.mark.slow
 
@@ -58,8 +58,7 @@ def _aliases(c, name: str) -> dict[str, int]:
 
 
 def test_register_idempotent_with_lineage_and_loadable(tiny_checkpoint: Path, tiny_checkpoint_b: Path) -> None:
-    import mlflow.onnx
-    import onnxruntime as ort
+    import mlflow.pyfunc
 
     release = _validated(tiny_checkpoint)
     first = register(release)
@@ -92,14 +91,12 @@ def test_register_idempotent_with_lineage_and_loadable(tiny_checkpoint: Path, ti
     artifacts = {a.path for a in c.list_artifacts(mv.run_id)}
     assert {"paddle_static", "parity", "tokenizer", "checkpoint"} <= artifacts
 
-    # models:/seqcls@candidate is the ONNX flavor: same logits as the workspace's ONNX file
-    model = mlflow.onnx.load_model("models:/seqcls@candidate")
-    ids = np.array([[1, 40, 41, 42, 2]], dtype=np.int64)
-    feeds = {"input_ids": ids, "token_type_ids": np.zeros_like(ids)}
-    served = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
-    ws_onnx = Path(second.workspace) / "onnx" / "model.onnx"
-    local = ort.InferenceSession(str(ws_onnx), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
-    np.testing.assert_allclose(served, local, atol=1e-6)
+    # models:/seqcls@candidate is the pyfunc: texts in, the second release's validated decisions out
+    expected = Expected.load(Workspace(Path(second.workspace)))
+    out = mlflow.pyfunc.load_model("models:/seqcls@candidate").predict([item.text for item in expected.items[:4]])
+    assert out["labels"].tolist() == [item.labels for item in expected.items[:4]]
+    got, want = np.array(out["probabilities"].tolist()), np.array([item.probabilities for item in expected.items[:4]])
+    np.testing.assert_allclose(got, want, atol=expected.prob_atol)
 
 
 def test_promote_and_undo(tiny_checkpoint: Path, tiny_checkpoint_b: Path) -> None:
@@ -205,7 +202,7 @@ def mlflow_server(tmp_path: Path) -> Iterator[str]:
 
 @pytest.mark.integration
 def test_against_real_mlflow_server(mlflow_server: str, tiny_checkpoint: Path, home: Path) -> None:
-    import mlflow.onnx
+    import mlflow.pyfunc
 
     settings = Settings(home=home, mlflow_tracking_uri=mlflow_server)
     release = _validated(tiny_checkpoint, settings)
@@ -221,7 +218,9 @@ def test_against_real_mlflow_server(mlflow_server: str, tiny_checkpoint: Path, h
     assert promoted.summary["url"] == f"{mlflow_server}/#/models/seqcls/versions/1"
     assert registry.champion_fingerprint(settings, "seqcls") == release.checkpoint.fingerprint
     mlflow.set_tracking_uri(mlflow_server)
-    assert mlflow.onnx.load_model("models:/seqcls@champion").graph.output[0].name == "logits"
+    expected = Expected.load(release.workspace)  # the pyfunc's artifacts come back through the server
+    answer = mlflow.pyfunc.load_model("models:/seqcls@champion").predict([expected.items[0].text])
+    assert answer["labels"].tolist() == [expected.items[0].labels]
     assert not list((home / "mlflow").glob("*.db"))  # nothing fell back to the local store
 
 

@@ -1,8 +1,11 @@
 """Step 4 — register: the validated release as an MLflow model version with lineage, alias ``candidate``.
 
-One run per release attempt in experiment ``seqcls-<model>`` (params, every parity figure as a
-metric, artifacts: the ONNX model through MLflow's ONNX flavor, the static Paddle model,
-tokenizer and label files, parity report + plot), then a model version tagged with lineage and
+One run per release attempt in experiment ``seqcls-<model>`` — the run validate opened with the
+parity evidence (:mod:`seqcls.runs`), else a new one — with params, every parity figure as a
+metric and artifacts: the **pyfunc model** (:mod:`seqcls.pyfunc`: texts → label names and
+probabilities, what Triton answers, with the served ONNX graph, ``vocab.txt``, the version's
+``release.json`` and Triton's own tokenizer/decision files as code), the static Paddle model,
+tokenizer and label files, parity report + plot; then a model version tagged with lineage and
 alias ``candidate``. One version per (fingerprint, serving configuration): the version is tagged
 with :func:`seqcls.registry.release_key` and a readable ``serving_config`` JSON, and Airflow
 retries and re-runs with the same key return it; the same checkpoint with another threshold,
@@ -15,10 +18,12 @@ from __future__ import annotations
 
 import json
 import logging
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
+from seqcls import runs
 from seqcls.errors import StepOrderError
 from seqcls.records import OUT_DIRS, Expected, ParityReport, Registered, fp32_onnx, served_onnx, static_dir
 from seqcls.registry import (
@@ -26,7 +31,6 @@ from seqcls.registry import (
     RELEASE_KEY_TAG,
     SERVING_CONFIG_TAG,
     _alias,
-    _experiment,
     _failed,
     _not_found,
     client,
@@ -43,27 +47,10 @@ log = logging.getLogger(__name__)
 STEP = "register"
 OUT_DIR = OUT_DIRS[STEP]
 TOKENIZER_FILES = ("vocab.txt", "tokenizer_config.json", "special_tokens_map.json")
-
-
-def run_params(release: Release, report: ParityReport) -> dict[str, Any]:
-    """What the MLflow run records as params: the release's inputs, one value each."""
-    cfg, ckpt = release.config, release.checkpoint
-    return {
-        "checkpoint": str(ckpt.path),
-        "fingerprint": ckpt.fingerprint,
-        "opset": cfg.opset,
-        "max_length": cfg.max_length,
-        "threshold": cfg.threshold,
-        "thresholds": json.dumps(cfg.thresholds, ensure_ascii=False),
-        "hierarchy": cfg.hierarchy,
-        "atol": cfg.atol,
-        "rtol": cfg.rtol,
-        "prob_atol": cfg.prob_atol,
-        "profile": cfg.profile,
-        "runtime": release.settings.runtime,
-        "provider": report.provider,
-        "num_labels": ckpt.num_labels,
-    }
+#: The MLflow model's code (logged as code: MLflow stores this file in the model).
+PYFUNC_CODE = Path(__file__).resolve().parents[1] / "pyfunc.py"
+#: What that code imports, pinned to this environment's versions (mlflow pins itself).
+PYFUNC_PACKAGES = ("onnxruntime", "numpy", "pandas", "tokenizers")
 
 
 def lineage_tags(
@@ -87,45 +74,76 @@ def lineage_tags(
     return tags
 
 
-def log_run(c, release: Release, report: ParityReport, versions: dict[str, str | None], key: str):
-    """Create the run, log params/metrics/artifacts and the served ONNX model; returns (run_id, info)."""
+def log_run(c, release: Release, validate_record: dict[str, Any], key: str):
+    """Adopt validate's run (or open one), log the pyfunc model and the release's files; returns (run_id, info)."""
     import mlflow
-    import onnx
 
-    ws, cfg, ckpt = release.workspace, release.config, release.checkpoint
-    run = c.create_run(
-        _experiment(c, release.settings, cfg.model_name),
-        run_name=f"{cfg.model_name}-{ckpt.short_fingerprint}-{key[:8]}",
-        tags={
-            "fingerprint": ckpt.fingerprint,
-            RELEASE_KEY_TAG: key,
-            "seqcls.workspace": str(ws.root),
-            "seqcls.outcome": "registered",
-        },
-    )
-    run_id = run.info.run_id
-    for name, value in {**run_params(release, report), RELEASE_KEY_TAG: key}.items():
-        c.log_param(run_id, name, str(value)[:6000])
-    for name, value in report.metrics().items():
-        c.log_metric(run_id, name, value)
-    served = served_onnx(ws)
+    ws, ckpt = release.workspace, release.checkpoint
+    run_id = runs.adopt_run(c, validate_record, key)
+    if run_id is None:
+        run_id = runs.open_run(c, release, ParityReport.load(ws), key, parity="passed", outcome=runs.REGISTERED)
+        c.log_artifacts(run_id, str(ws.path(OUT_DIRS["validate"])), "parity")
+    c.set_tag(run_id, runs.OUTCOME_TAG, runs.REGISTERED)
     with mlflow.start_run(run_id=run_id):
-        info = mlflow.onnx.log_model(
-            onnx.load(str(served)),
-            name="onnx",
-            pip_requirements=[f"onnx=={versions['onnx']}", f"onnxruntime=={versions['onnxruntime']}"],
-        )
+        info = log_pyfunc(release)
     c.log_artifacts(run_id, str(static_dir(ws)), "paddle_static")
-    c.log_artifacts(run_id, str(ws.path(OUT_DIRS["validate"])), "parity")
     for name in TOKENIZER_FILES:
         if (ckpt.path / name).is_file():
             c.log_artifact(run_id, str(ckpt.path / name), "tokenizer")
     for path in (ckpt.path / "config.json", ckpt.label_file):
         c.log_artifact(run_id, str(path), "checkpoint")
-    if fp32_onnx(ws) != served:
+    if fp32_onnx(ws) != served_onnx(ws):
         c.log_artifact(run_id, str(fp32_onnx(ws)), "onnx_fp32")
     c.set_terminated(run_id)
     return run_id, info
+
+
+def pyfunc_signature():
+    """Texts in (one string column, ``text`` in a DataFrame); per text: labels, their confidences, every probability."""
+    from mlflow.models import ModelSignature
+    from mlflow.types import ColSpec, DataType, Schema
+    from mlflow.types.schema import Array
+
+    return ModelSignature(
+        inputs=Schema([ColSpec(DataType.string)]),
+        outputs=Schema(
+            [
+                ColSpec(Array(DataType.string), "labels"),
+                ColSpec(Array(DataType.double), "confidences"),
+                ColSpec(Array(DataType.double), "probabilities"),
+            ]
+        ),
+    )
+
+
+def log_pyfunc(release: Release):
+    """Log :mod:`seqcls.pyfunc` as code with this release's artifacts (in the active run); the ModelInfo."""
+    import mlflow
+    import pandas as pd
+
+    from seqcls.serving import shipped
+    from seqcls.steps.publish import _release_values  # what every Triton version's release.json holds
+
+    values = _release_values(release)
+    items = Expected.load(release.workspace).items
+    common = shipped.common_dir(release.settings)
+    with tempfile.TemporaryDirectory(prefix="seqcls-pyfunc-") as tmp:
+        release_file = Path(tmp) / shipped.contract(release.settings).RELEASE_FILE
+        release_file.write_text(json.dumps(values, indent=1, ensure_ascii=False), encoding="utf-8")
+        return mlflow.pyfunc.log_model(
+            name="model",
+            python_model=str(PYFUNC_CODE),
+            artifacts={
+                "release": str(release_file),
+                "vocab": str(release.checkpoint.vocab_file),
+                "onnx": str(served_onnx(release.workspace)),
+            },
+            code_paths=[str(common / f"{name}.py") for name in shipped.MODULES],
+            signature=pyfunc_signature(),
+            input_example=pd.DataFrame({"text": [item.text for item in items[:2]]}),
+            pip_requirements=[f"{name}=={version}" for name, version in package_versions(PYFUNC_PACKAGES).items()],
+            metadata={k: values[k] for k in ("labels", "fingerprint", "release_key", "profile", "model_name")},
+        )
 
 
 def ensure_registered_model(c, name: str) -> bool:
@@ -144,7 +162,7 @@ def ensure_registered_model(c, name: str) -> bool:
         return True
 
 
-def register_new(release: Release, config: dict[str, Any]) -> Registered:
+def register_new(release: Release, config: dict[str, Any], validate_record: dict[str, Any]) -> Registered:
     """Log the run, create the model version with lineage and serving configuration, point ``candidate`` at it."""
     cfg, ckpt = release.config, release.checkpoint
     c = client(release.settings)
@@ -152,7 +170,7 @@ def register_new(release: Release, config: dict[str, Any]) -> Registered:
     report = ParityReport.load(release.workspace)
     versions = package_versions()
     key = key_of(config)
-    run_id, info = log_run(c, release, report, versions, key)
+    run_id, info = log_run(c, release, validate_record, key)
     created_rm = ensure_registered_model(c, cfg.model_name)
     mv = c.create_model_version(
         cfg.model_name,
@@ -227,7 +245,7 @@ def register(release: Release) -> StepResult:
                 f"serving configuration {key} — reused"
             )
         else:
-            reg = register_new(release, config)
+            reg = register_new(release, config, records["validate"])
             msg = (
                 f"registered {cfg.model_name} version {reg.version} (serving configuration {key}, run "
                 f"{str(reg.run_id)[:8]}, alias {CANDIDATE}) in {reg.seconds:.1f}s"

@@ -1,0 +1,159 @@
+"""The release's MLflow run: opened by validate with the parity evidence, adopted by register.
+
+Every gate that ran leaves a run in experiment ``seqcls-<model>`` — passed or failed — holding
+the gate's report and plot (``parity/report.json``, ``parity/plot.png``; ``expected.json`` when it
+passed), its figures as metrics, the release parameters as params and the tags
+``seqcls.parity=passed|failed``, ``fingerprint``, ``release_key`` and ``seqcls.workspace``; the run
+id is recorded in the manifest's ``validate`` record (``mlflow_run_id``), so the evidence is one
+click from the task. A failed gate's run is ``FAILED`` with ``seqcls.outcome=gate_failed`` and
+the gate's message in ``seqcls.gate_error``; a passed gate's run waits with
+``seqcls.outcome=validated`` until ``register`` adopts it (:func:`adopt_run`): the model, lineage
+and the version then hang off the same run. When validate logged nothing (skipped, or MLflow
+unavailable where it ran), register opens its own run with the same contents (:func:`open_run`).
+
+:func:`log_parity_evidence` never raises: the gate's outcome is the step's outcome, and a failed
+gate's :class:`~seqcls.errors.GateError` must not be replaced by an MLflow error.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import fields
+from pathlib import Path
+from typing import Any
+
+from seqcls.records import OUT_DIRS, PARITY_REPORT, ParityReport
+from seqcls.workspace import Release
+
+log = logging.getLogger(__name__)
+
+VALIDATE_STEP = "validate"
+PARITY_TAG = "seqcls.parity"
+OUTCOME_TAG = "seqcls.outcome"
+GATE_ERROR_TAG = "seqcls.gate_error"
+RUN_ID_KEY = "mlflow_run_id"  # in the manifest's validate record
+VALIDATED, GATE_FAILED, REGISTERED = "validated", "gate_failed", "registered"
+OUTCOMES = ("passed", "failed")
+
+
+def run_params(release: Release, report: ParityReport) -> dict[str, Any]:
+    """What the MLflow run records as params: the release's inputs, one value each."""
+    cfg, ckpt = release.config, release.checkpoint
+    return {
+        "checkpoint": str(ckpt.path),
+        "fingerprint": ckpt.fingerprint,
+        "opset": cfg.opset,
+        "max_length": cfg.max_length,
+        "threshold": cfg.threshold,
+        "thresholds": json.dumps(cfg.thresholds, ensure_ascii=False),
+        "hierarchy": cfg.hierarchy,
+        "atol": cfg.atol,
+        "rtol": cfg.rtol,
+        "prob_atol": cfg.prob_atol,
+        "profile": cfg.profile,
+        "runtime": release.settings.runtime,
+        "provider": report.provider,
+        "num_labels": ckpt.num_labels,
+    }
+
+
+def open_run(c, release: Release, report: ParityReport | None, key: str, *, parity: str, outcome: str, **tags) -> str:
+    """A new run of this release (tags, params, the report's metrics); returns its id."""
+    from mlflow.entities import Metric, Param
+
+    from seqcls.registry import RELEASE_KEY_TAG, _experiment
+
+    ws, cfg, ckpt = release.workspace, release.config, release.checkpoint
+    run = c.create_run(
+        _experiment(c, release.settings, cfg.model_name),
+        run_name=f"{cfg.model_name}-{ckpt.short_fingerprint}-{key[:8]}",
+        tags={
+            "fingerprint": ckpt.fingerprint,
+            RELEASE_KEY_TAG: key,
+            "seqcls.workspace": str(ws.root),
+            PARITY_TAG: parity,
+            OUTCOME_TAG: outcome,
+            **tags,
+        },
+    )
+    run_id = run.info.run_id
+    params = {**(run_params(release, report) if report else {}), RELEASE_KEY_TAG: key}
+    metrics = report.metrics() if report else {}
+    c.log_batch(
+        run_id,
+        metrics=[Metric(name, value, 0, 0) for name, value in metrics.items()],
+        params=[Param(name, str(value)[:6000]) for name, value in params.items()],
+    )
+    return run_id
+
+
+def _report(directory: Path) -> ParityReport | None:
+    path = directory / Path(PARITY_REPORT).name
+    if not path.is_file():  # the gate failed before it wrote one (e.g. require_gpu without a GPU)
+        return None
+    data = json.loads(path.read_text(encoding="utf-8"))
+    return ParityReport(**{f.name: data[f.name] for f in fields(ParityReport) if f.name in data})
+
+
+def _log_evidence(release: Release, outcome: str) -> str:
+    from seqcls.registry import client, release_key
+
+    ws = release.workspace
+    passed = outcome == "passed"
+    directory = ws.path(OUT_DIRS[VALIDATE_STEP]) if passed else ws.failed_dir(VALIDATE_STEP)
+    error = (ws.step(VALIDATE_STEP) or {}).get("error", "") if not passed else ""
+    c = client(release.settings)
+    run_id = open_run(
+        c,
+        release,
+        _report(directory),
+        release_key(release),
+        parity=outcome,
+        outcome=VALIDATED if passed else GATE_FAILED,
+        **({GATE_ERROR_TAG: error[:5000]} if error else {}),
+    )
+    if directory.is_dir() and any(directory.iterdir()):
+        c.log_artifacts(run_id, str(directory), "parity")
+    c.set_terminated(run_id, "FINISHED" if passed else "FAILED")
+    return run_id
+
+
+def log_parity_evidence(release: Release, outcome: str) -> str | None:
+    """Log the gate's report and plot to a new MLflow run tagged ``seqcls.parity=<outcome>``.
+
+    Call it after validate's ``run_step`` returned a fresh result (``outcome="passed"``: files in
+    ``parity/``) or raised :class:`~seqcls.errors.GateError` (``"failed"``: files in
+    ``failed/validate/``, the error in the step record). Records the run id in the validate
+    record and returns it; None (with a warning) when MLflow could not take it.
+    """
+    if outcome not in OUTCOMES:
+        raise ValueError(f"outcome {outcome!r}; expected one of {OUTCOMES}")
+    try:
+        run_id = _log_evidence(release, outcome)
+    except Exception as exc:  # no mlflow in this interpreter, MLflow down, a bad release key...
+        log.warning("validate: parity evidence not logged to MLflow (%s: %s)", type(exc).__name__, exc)
+        return None
+    release.workspace.mark(VALIDATE_STEP, **{RUN_ID_KEY: run_id})
+    log.info("validate: parity evidence (%s) logged to MLflow run %s", outcome, run_id)
+    return run_id
+
+
+def adopt_run(c, validate_record: dict[str, Any], key: str) -> str | None:
+    """The run validate opened for this gate, if no registration took it yet and it is for ``key``."""
+    from mlflow.exceptions import MlflowException
+
+    from seqcls.registry import RELEASE_KEY_TAG
+
+    run_id = validate_record.get(RUN_ID_KEY)
+    if not run_id:
+        return None
+    try:
+        run = c.get_run(run_id)
+    except MlflowException as exc:  # deleted, or another tracking server: register opens its own
+        log.info("register: validate's run %s is not available (%s); opening a new one", run_id, exc)
+        return None
+    tags = run.data.tags
+    if run.info.lifecycle_stage != "active" or tags.get(OUTCOME_TAG) != VALIDATED or tags.get(RELEASE_KEY_TAG) != key:
+        return None
+    return run_id
