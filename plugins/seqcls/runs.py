@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from dataclasses import fields
 from pathlib import Path
 from typing import Any
@@ -79,10 +80,10 @@ def open_run(c, release: Release, report: ParityReport | None, key: str, *, pari
     )
     run_id = run.info.run_id
     params = {**(run_params(release, report) if report else {}), RELEASE_KEY_TAG: key}
-    metrics = report.metrics() if report else {}
+    metrics, now = (report.metrics() if report else {}), int(time.time() * 1000)
     c.log_batch(
         run_id,
-        metrics=[Metric(name, value, 0, 0) for name, value in metrics.items()],
+        metrics=[Metric(name, value, now, 0) for name, value in metrics.items()],
         params=[Param(name, str(value)[:6000]) for name, value in params.items()],
     )
     return run_id
