@@ -29,6 +29,7 @@ def _isolated_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
         "SEQCLS_TRITON_REPOSITORY",
         "SEQCLS_TRITON_GRPC",
         "SEQCLS_TRITON_HTTP",
+        "SEQCLS_TRITON_CONTROL_KEY",
     ):
         monkeypatch.delenv(var, raising=False)
     return home

@@ -109,7 +109,7 @@ def _ready(server) -> dict[str, list[str]]:
 
     client = grpcclient.InferenceServerClient(url=server.config.grpc_url)
     out: dict[str, list[str]] = {}
-    for m in client.get_model_repository_index().models:
+    for m in client.get_model_repository_index(headers=server.control_headers()).models:
         if m.state == "READY":
             out.setdefault(m.name, []).append(m.version)
     return out
@@ -165,9 +165,50 @@ def test_params_map_to_release_config_and_name_the_bad_one(tmp_path: Path) -> No
         with pytest.raises(InputError, match=name):
             config_from_params(bad)
     settings = settings_from_params({}, checkpoints_root=tmp_path)
-    assert locate_checkpoint("run-7", settings) == tmp_path / "run-7"
-    with pytest.raises(InputError, match=r"'\.\.' is not allowed"):
+    assert locate_checkpoint("run-7", settings) == tmp_path.resolve() / "run-7"
+    with pytest.raises(InputError, match=r"checkpoint '\.\./outside' resolves to .*, which is outside"):
         locate_checkpoint("../outside", settings)
+
+
+def test_a_checkpoint_must_resolve_under_the_model_root(tmp_path: Path) -> None:
+    """Issue 13: whoever triggers a run picks a checkpoint *under* the deployment's root, never any path."""
+    from seqcls.airflow import LATEST, config_from_params, locate_checkpoint, settings_from_params
+    from seqcls.completion import mark_complete
+    from seqcls.errors import InputError
+    from tests.test_completion import _checkpoint
+
+    root = (tmp_path / "root").resolve()
+    inside = _checkpoint(root / "run-1")
+    outside = _checkpoint(tmp_path / "elsewhere")
+    settings = settings_from_params({}, checkpoints_root=root)
+    # inside: relative, absolute, a '..' that stays inside, a symlink within the root → the real directory
+    (root / "alias").symlink_to(inside, target_is_directory=True)
+    for given in ("run-1", str(inside), "run-1/../run-1", "alias"):
+        assert locate_checkpoint(given, settings) == inside, given
+    # outside: an absolute path, a '..' escape, a symlink under the root pointing out
+    (root / "link").symlink_to(outside, target_is_directory=True)
+    for given in (str(outside), "../elsewhere", f"{root}/../elsewhere", "link"):
+        with pytest.raises(InputError) as info:
+            locate_checkpoint(given, settings)
+        message = str(info.value)
+        assert message.startswith(f"checkpoint {given!r} resolves to {outside}, which is outside"), message
+        assert f"checkpoints root {root}" in message and "copy the checkpoint under that root" in message
+        assert "ask an operator to set this model's checkpoints_root" in message
+    # 'latest' whose newest completed candidate is a symlink leaving the root: refused, not followed
+    mark_complete(inside)
+    assert locate_checkpoint(LATEST, settings) == inside
+    (root / "alias").unlink()
+    mark_complete(outside)  # newer than run-1
+    with pytest.raises(
+        InputError,
+        match=r"checkpoint 'latest' resolves to .*elsewhere, which is outside .* "
+        r"\('latest' under .* is .*/link: a symlink leaving the root\)",
+    ):
+        locate_checkpoint(LATEST, settings)
+    # the run conf cannot choose (or widen) the root
+    for call in (config_from_params, settings_from_params):
+        with pytest.raises(InputError, match=r"checkpoints_root '/' is not a run param: .* set by the deployment"):
+            call({"checkpoint": "run-1", "checkpoints_root": "/"})
 
 
 def test_hooks_read_connections_and_fall_back_to_settings(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -202,6 +243,64 @@ def test_hooks_read_connections_and_fall_back_to_settings(monkeypatch: pytest.Mo
     settings = task_settings({"runtime": "onnxruntime"})
     assert settings.triton_grpc == ("a:1", "b:2") and settings.mlflow_tracking_uri == "http://ml:5000"
     assert settings.runtime == "onnxruntime"
+
+
+def test_mlflow_credentials_come_from_connection_fields_masked_and_scoped(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 13: login/password/token → MLflow's own variables for the block only, masked; never in the URI."""
+    from airflow.sdk._shared.secrets_masker import redact  # what airflow.sdk.log.mask_secret feeds
+
+    from seqcls.airflow import connected
+    from seqcls.airflow.hooks import MlflowHook, TritonHook
+    from seqcls.errors import InputError
+    from seqcls.registry import tracking_uri
+    from seqcls.settings import MLFLOW_CREDENTIAL_VARS, Settings
+
+    conns = {
+        "MLFLOW_BASIC": {
+            "conn_type": "generic",
+            "host": "ml",
+            "port": 5000,
+            "login": "rel",
+            "password": "pw-basic-123",
+        },
+        "MLFLOW_TOKEN": {"conn_type": "generic", "host": "ml", "extra": {"token": "tok-extra-456"}},
+        "MLFLOW_BEARER": {"conn_type": "generic", "host": "ml", "password": "tok-password-789"},
+        "MLFLOW_URI_CREDS": {"conn_type": "generic", "extra": {"tracking_uri": "https://rel:pw-in-uri@ml.example/"}},
+        "MLFLOW_HOST_CREDS": {"conn_type": "generic", "host": "rel:pw-in-host@ml", "port": 5000},
+        "TRITON_KEYED": {"conn_type": "generic", "host": "t", "port": 9001, "password": "triton-key-0123456789"},
+    }
+    for name, conn in conns.items():
+        monkeypatch.setenv(f"AIRFLOW_CONN_{name}", json.dumps(conn))
+    username, password, token = MLFLOW_CREDENTIAL_VARS
+    monkeypatch.setenv(token, "the-worker-s-own-token")  # the environment's own, kept when a Connection has none
+    hook = MlflowHook("mlflow_basic")
+    assert hook.tracking_uri == "http://ml:5000"
+    assert hook.credentials_env() == {username: "rel", password: "pw-basic-123", token: None}
+    assert MlflowHook("mlflow_token").credentials_env() == {username: None, password: None, token: "tok-extra-456"}
+    assert MlflowHook("mlflow_bearer").credentials_env() == {username: None, password: None, token: "tok-password-789"}
+    assert MlflowHook("nope").credentials_env() == {}
+    # every secret the hooks read is masked in logs (the Triton password is the model-control key)
+    TritonHook("triton_keyed").connection  # noqa: B018 — reading it registers the mask
+    for secret in ("pw-basic-123", "tok-extra-456", "tok-password-789", "triton-key-0123456789"):
+        assert redact(f"x {secret} y") == "x *** y", secret
+    # in the environment only while the block runs, then the worker's own again
+    with connected({"mlflow_conn_id": "mlflow_basic", "triton_conn_id": "nope"}) as settings:
+        assert settings.mlflow_tracking_uri == "http://ml:5000"
+        assert (os.environ[username], os.environ[password], os.environ.get(token)) == ("rel", "pw-basic-123", None)
+    assert username not in os.environ and password not in os.environ
+    assert os.environ[token] == "the-worker-s-own-token"
+    # credentials in a URI are refused, saying where they go, without echoing them
+    for conn_id in ("mlflow_uri_creds", "mlflow_host_creds"):
+        with pytest.raises(
+            InputError, match=rf"embeds credentials .*connection '{conn_id}''s login and password"
+        ) as info:
+            MlflowHook(conn_id).tracking_uri  # noqa: B018
+        assert "pw-in" not in str(info.value) and "***@ml" in str(info.value)
+    with pytest.raises(
+        InputError, match=r"embeds credentials .*set MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD"
+    ):
+        tracking_uri(Settings(mlflow_tracking_uri="http://rel:pw-env@ml:5000"))
+    assert tracking_uri(Settings(mlflow_tracking_uri="sqlite:////tmp/a@b/mlflow.db")).endswith("a@b/mlflow.db")
 
 
 # ----------------------------------------------------------------------------- parse + plugin
@@ -343,6 +442,7 @@ def test_release_skip_then_smoke_failure_rolls_back(
     for run_type in ("scheduled", "asset_triggered"):
         with pytest.raises(AirflowSkipException, match="already the MLflow champion"):
             resolve(
+                checkpoints_root=dag.get_task("resolve_checkpoint").op_kwargs["checkpoints_root"],
                 params={**dag.params.dump(), "checkpoint": "/nowhere", "skip_if_champion": False},
                 dag_run=SimpleNamespace(run_type=run_type),
                 ti=None,
@@ -357,7 +457,8 @@ def test_release_skip_then_smoke_failure_rolls_back(
     shutil.copytree(PROJECT_ROOT / "model_repository", broken)
     negate(broken)
     monkeypatch.setenv("SEQCLS_MODEL_REPOSITORY_SOURCE", str(broken))
-    dr, states = _run(dag, {"checkpoint": str(tiny_checkpoint_b)})
+    shutil.copytree(tiny_checkpoint_b, root / "run-b")  # only now: it must not be `latest` in step 2
+    dr, states = _run(dag, {"checkpoint": "run-b"})
     assert dr.state == "failed", states
     assert states == {
         **{t: "success" for t in TASKS[:7]},
@@ -394,6 +495,7 @@ def test_parity_failure_in_external_python_registers_and_publishes_nothing(
     airflow_db: Path, tiny_checkpoint: Path, home: Path, monkeypatch: pytest.MonkeyPatch, capfd
 ) -> None:
     # Heavy steps in another interpreter (here: this venv's, where seqcls is installed).
+    monkeypatch.setenv("SEQCLS_CHECKPOINTS_ROOT", str(tiny_checkpoint.parent))
     dag = _parse(monkeypatch, SEQCLS_PADDLE_PYTHON=sys.executable)
     # An editor padded a vocab line: PaddleNLP keeps "公 ", the serving tokenizer trims it.
     vocab = (tiny_checkpoint / "vocab.txt").read_text(encoding="utf-8").splitlines()
@@ -441,6 +543,23 @@ def test_bad_params_fail_before_any_work(
         "rollback": "skipped",
     }
     assert "bad release input: model name 'x..y' is not allowed" in "".join(capfd.readouterr())
+    # a checkpoint outside the model's root (here: $SEQCLS_HOME/checkpoints), and a conf choosing the root
+    dag = _parse(monkeypatch, SEQCLS_PADDLE_PYTHON=None)  # in one process, dag.test() leaves conf values in dag.params
+    root = (home / "checkpoints").resolve()
+    for conf, expected in (
+        (
+            {"checkpoint": str(tiny_checkpoint)},
+            f"bad release input: checkpoint {str(tiny_checkpoint)!r} resolves to {tiny_checkpoint.resolve()}, "
+            f"which is outside this model's checkpoints root {root}",
+        ),
+        (
+            {"checkpoint": "latest", "checkpoints_root": str(tiny_checkpoint.parent)},
+            f"bad release input: checkpoints_root {str(tiny_checkpoint.parent)!r} is not a run param",
+        ),
+    ):
+        dr, states = _run(dag, conf)
+        assert dr.state == "failed" and states["resolve_checkpoint"] == "failed", states
+        assert expected in "".join(capfd.readouterr()), expected
     assert not (home / "releases").exists()
 
 
@@ -462,7 +581,8 @@ def test_tasks_test_script_runs_every_task(airflow_db: Path, triton, tiny_checkp
         "300",
     ]
     t0 = time.perf_counter()
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=560, env=os.environ.copy())
+    env = {**os.environ, "SEQCLS_CHECKPOINTS_ROOT": str(tiny_checkpoint.parent)}
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=560, env=env)
     print(f"\n{out.stdout}{out.stderr[-3000:]}\ntasks-test script: {time.perf_counter() - t0:.0f}s")
     assert out.returncode == 0
     for task_id in TASKS:
@@ -481,9 +601,8 @@ def test_tasks_test_script_stops_at_the_first_failure(airflow_db: Path, tiny_che
     config["num_hidden_layers"] += 1  # the weights lack a layer: cheap checks pass, export refuses
     (tiny_checkpoint / "config.json").write_text(json.dumps(config))
     cmd = [sys.executable, str(ROOT / "scripts" / "airflow-tasks-test.py"), "--checkpoint", str(tiny_checkpoint)]
-    out = subprocess.run(
-        [*cmd, "--logs", str(tmp_path / "logs")], capture_output=True, text=True, timeout=280, env=os.environ.copy()
-    )
+    env = {**os.environ, "SEQCLS_CHECKPOINTS_ROOT": str(tiny_checkpoint.parent)}
+    out = subprocess.run([*cmd, "--logs", str(tmp_path / "logs")], capture_output=True, text=True, timeout=280, env=env)
     assert out.returncode == 1, out.stdout + out.stderr[-2000:]
     assert "✓ resolve_checkpoint success" in out.stdout and "convert_onnx" not in out.stdout + out.stderr
     assert "✗ export_static" in out.stderr and "manifest: export failed — CheckpointError" in out.stderr

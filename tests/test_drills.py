@@ -32,6 +32,7 @@ from seqcls.errors import SeqclsError, ServingError
 from seqcls.localtriton import LocalTriton, TritonServerConfig, free_ports
 from seqcls.serving.names import ENSEMBLE
 from seqcls.serving.state import current_state
+from seqcls.settings import CONTROL_KEY_FILE as KEY_FILE
 from seqcls.settings import PROJECT_ROOT, Settings
 from seqcls.status import status
 from seqcls.steps import run_release
@@ -92,16 +93,17 @@ def _reset(server: LocalTriton) -> None:
     import tritonclient.grpc as grpcclient
 
     client = grpcclient.InferenceServerClient(url=server.config.grpc_url)
-    for m in client.get_model_repository_index().models:
+    headers = server.control_headers()
+    for m in client.get_model_repository_index(headers=headers).models:
         if m.state == "READY":
-            client.unload_model(m.name)
+            client.unload_model(m.name, headers=headers)
     deadline = time.monotonic() + 30
-    while any(m.state == "READY" for m in client.get_model_repository_index().models):
+    while any(m.state == "READY" for m in client.get_model_repository_index(headers=headers).models):
         assert time.monotonic() < deadline, "models still loaded 30 s after unload"
         time.sleep(0.2)
-    repo = server.config.repository
-    shutil.rmtree(repo, ignore_errors=True)
-    repo.mkdir(parents=True)
+    for p in server.config.repository.iterdir():  # everything but the server's control key file
+        if p.name != KEY_FILE:
+            shutil.rmtree(p) if p.is_dir() else p.unlink()
 
 
 @dataclass

@@ -82,7 +82,8 @@ def _ready(triton: LocalTriton) -> dict[str, list[int]]:
     import tritonclient.grpc as grpcclient
 
     out: dict[str, list[int]] = {}
-    for m in grpcclient.InferenceServerClient(url=triton.config.grpc_url).get_model_repository_index().models:
+    client = grpcclient.InferenceServerClient(url=triton.config.grpc_url)
+    for m in client.get_model_repository_index(headers=triton.control_headers()).models:
         if m.state == "READY":
             out.setdefault(m.name, []).append(int(m.version))
     return {k: sorted(v) for k, v in sorted(out.items())}

@@ -32,7 +32,7 @@ def _client(server: LocalTriton):
 
 def _ready(server: LocalTriton) -> dict[str, list[str]]:
     out: dict[str, list[str]] = {}
-    for m in _client(server).get_model_repository_index().models:
+    for m in _client(server).get_model_repository_index(headers=server.control_headers()).models:
         if m.state == "READY":
             out.setdefault(m.name, []).append(m.version)
     return out
@@ -213,8 +213,10 @@ def test_hostile_requests(server: LocalTriton, tiny_checkpoint: Path, home: Path
 
     run_release(open_release(tiny_checkpoint, settings=settings_for(server, home)), until="expose")
     client = _client(server)
-    preds, probs = infer(client, ["", "x" * 1_000_000, "正常文本"])
+    preds, probs = infer(client, ["", "x" * 60_000, "正常文本"])  # under max_text_bytes: answered
     assert len(preds) == 3 and probs.shape == (3, 7)
+    with pytest.raises(ServingError, match=r"over the limit of 65536 bytes \(max_text_bytes\)"):
+        infer(client, ["x" * 1_000_000])  # refused, never truncated silently
 
     def raw(data: np.ndarray, dtype: str = "BYTES"):
         inp = grpcclient.InferInput("TEXT", list(data.shape), dtype)
