@@ -221,6 +221,9 @@ def test_the_readme_curl_call_answers_what_grpc_answers(
     """The default model beside the others, called as its users call it: KServe-v2 HTTP/JSON."""
     settings = Settings.from_env()
     run_release(open_release(tiny_checkpoint_src, settings=settings))
+    from seqcls.serving.repository import Repository
+
+    assert Repository.from_settings(settings, "seqcls").release_info(1)["max_text_bytes"] == 65536  # served limit
     command = _readme_curl().replace("127.0.0.1:8000", triton.config.http_url)
     out = subprocess.run(["bash", "-c", command], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr

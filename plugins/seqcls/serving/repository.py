@@ -41,6 +41,7 @@ BATCHINGS: tuple[str, ...] = _contract.BATCHINGS
 GRAPH_LEVELS: dict[str, int] = _contract.GRAPH_LEVELS
 DEFAULT_BUCKETS: tuple[int, ...] = _contract.DEFAULT_BUCKETS
 RELEASE_FILE: str = _contract.RELEASE_FILE
+MAX_TEXT_BYTES: int = _contract.MAX_TEXT_BYTES
 ACCELERATORS = ("none", "tensorrt", "tensorrt-fp16")
 TOKENIZER_IMPLS = ("hf", "paddlenlp")
 
@@ -71,6 +72,7 @@ class ServingOptions:
     gpu_accelerator: str = "none"
     keep_previous_loaded: bool = True
     tokenizer_impl: str = "hf"  # "hf": seqcls_text (fast); "paddlenlp": the classic per-request tokenizer
+    max_text_bytes: int = MAX_TEXT_BYTES  # a longer text is refused (INVALID_ARGUMENT), never truncated
 
     def __post_init__(self) -> None:
         checks = {
@@ -87,7 +89,7 @@ class ServingOptions:
                 raise InputError(f"serving option {name}={value!r}; expected one of {', '.join(allowed)}")
         if self.device == "gpu" and self.runtime != "onnxruntime":
             raise InputError("serving on a GPU needs runtime 'onnxruntime' (Triton's native backend)")
-        for name in ("max_batch_size", "tokenizer_instances", "model_instances"):
+        for name in ("max_batch_size", "tokenizer_instances", "model_instances", "max_text_bytes"):
             if int(getattr(self, name)) < 1:
                 raise InputError(f"serving option {name} must be >= 1")
 

@@ -192,7 +192,7 @@ def publish(release: Release, options: ServingOptions | None = None, *, retain: 
     validate_rec = require(release, STEP)["validate"]
     options = options or ServingOptions.from_settings(release.settings)
     repo = Repository.from_settings(release.settings, release.config.model_name)
-    values = _release_values(release)
+    values = {**_release_values(release), shipped.contract().MAX_TEXT_BYTES_KEY: int(options.max_text_bytes)}
     sources = {m: _files_for(release, m, options, repo.names) for m in repo.names.models}
     for model, files in sources.items():
         for name, path in files.items():
