@@ -226,6 +226,14 @@ def test_parity_evidence_for_a_passed_gate_is_on_the_registered_run(tiny_checkpo
     assert register(release).summary["version"] == reg["version"]  # still idempotent
     assert len(c.search_runs([run.info.experiment_id])) == 1
 
+    stricter = open_release(tiny_checkpoint, ReleaseConfig(atol=5e-5))  # gate-only: the same serving configuration
+    assert _validate_with_evidence(stricter).status == "ok"  # the gate ran again: a second evidence run
+    again = register(stricter).summary
+    assert again["version"] == reg["version"] and not again["created"]
+    second = c.get_run(stricter.workspace.step("validate")["mlflow_run_id"])
+    assert second.info.run_id != run_id and second.data.tags["seqcls.outcome"] == "reused"
+    assert second.data.tags["seqcls.registered_version"] == str(reg["version"])
+
 
 def test_parity_evidence_for_a_failed_gate(tiny_checkpoint: Path) -> None:
     vocab = (tiny_checkpoint / "vocab.txt").read_text(encoding="utf-8").splitlines()

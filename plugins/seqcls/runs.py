@@ -8,7 +8,8 @@ id is recorded in the manifest's ``validate`` record (``mlflow_run_id``), so the
 click from the task. A failed gate's run is ``FAILED`` with ``seqcls.outcome=gate_failed`` and
 the gate's message in ``seqcls.gate_error``; a passed gate's run waits with
 ``seqcls.outcome=validated`` until ``register`` adopts it (:func:`adopt_run`): the model, lineage
-and the version then hang off the same run. When validate logged nothing (skipped, or MLflow
+and the version then hang off the same run (``seqcls.outcome=reused`` and the version number when
+that configuration was registered before: :func:`mark_reused`). When validate logged nothing (skipped, or MLflow
 unavailable where it ran), register opens its own run with the same contents (:func:`open_run`).
 
 :func:`log_parity_evidence` never raises: the gate's outcome is the step's outcome, and a failed
@@ -34,7 +35,7 @@ PARITY_TAG = "seqcls.parity"
 OUTCOME_TAG = "seqcls.outcome"
 GATE_ERROR_TAG = "seqcls.gate_error"
 RUN_ID_KEY = "mlflow_run_id"  # in the manifest's validate record
-VALIDATED, GATE_FAILED, REGISTERED = "validated", "gate_failed", "registered"
+VALIDATED, GATE_FAILED, REGISTERED, REUSED = "validated", "gate_failed", "registered", "reused"
 OUTCOMES = ("passed", "failed")
 
 
@@ -158,3 +159,11 @@ def adopt_run(c, validate_record: dict[str, Any], key: str) -> str | None:
     if run.info.lifecycle_stage != "active" or tags.get(OUTCOME_TAG) != VALIDATED or tags.get(RELEASE_KEY_TAG) != key:
         return None
     return run_id
+
+
+def mark_reused(c, validate_record: dict[str, Any], key: str, version: int) -> None:
+    """A gate whose serving configuration was registered already: its run names the version that stands for it."""
+    run_id = adopt_run(c, validate_record, key)
+    if run_id:
+        c.set_tag(run_id, OUTCOME_TAG, REUSED)
+        c.set_tag(run_id, "seqcls.registered_version", str(version))

@@ -240,6 +240,7 @@ def register(release: Release) -> StepResult:
         existing = find_version(client(release.settings), cfg.model_name, ckpt.fingerprint, release_key=key)
         if existing is not None and existing.tags.get(RELEASE_KEY_TAG) == key:  # not a legacy (untagged) one
             reg = Registered(cfg.model_name, int(existing.version), existing.run_id, release_key=key)
+            runs.mark_reused(client(release.settings), records["validate"], key, reg.version)
             msg = (
                 f"{cfg.model_name} version {reg.version} already holds fingerprint {ckpt.short_fingerprint} with "
                 f"serving configuration {key} — reused"
