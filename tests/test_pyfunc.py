@@ -99,6 +99,7 @@ def test_registered_model_predicts_the_validated_decisions(tiny_checkpoint: Path
     shipped_release = json.loads((local / "artifacts" / "release.json").read_text(encoding="utf-8"))
     assert shipped_release["labels"] == expected.labels and shipped_release["thresholds"] == expected.thresholds
     assert shipped_release["release_key"] == reg.release_key and shipped_release["max_length"] == 128
+    assert shipped_release["max_text_bytes"] == 64 * 1024  # the limit Triton's tokenizer enforces
     requirements = (local / "requirements.txt").read_text().split()
     import onnxruntime
     import tokenizers

@@ -122,13 +122,16 @@ def log_pyfunc(release: Release):
     import pandas as pd
 
     from seqcls.serving import shipped
+    from seqcls.serving.repository import ServingOptions
     from seqcls.steps.publish import _release_values  # what every Triton version's release.json holds
 
-    values = _release_values(release)
+    contract = shipped.contract(release.settings)
+    limit = ServingOptions.from_settings(release.settings).max_text_bytes  # as publish writes it
+    values = {**_release_values(release), contract.MAX_TEXT_BYTES_KEY: int(limit)}
     items = Expected.load(release.workspace).items
     common = shipped.common_dir(release.settings)
     with tempfile.TemporaryDirectory(prefix="seqcls-pyfunc-") as tmp:
-        release_file = Path(tmp) / shipped.contract(release.settings).RELEASE_FILE
+        release_file = Path(tmp) / contract.RELEASE_FILE
         release_file.write_text(json.dumps(values, indent=1, ensure_ascii=False), encoding="utf-8")
         return mlflow.pyfunc.log_model(
             name="model",
