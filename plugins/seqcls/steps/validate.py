@@ -30,6 +30,7 @@ from seqcls.errors import GateError, InputError
 from seqcls.golden import DEFAULT_GOLDEN_TEXTS
 from seqcls.parity import Tolerance
 from seqcls.records import OUT_DIRS, Expected, ExpectedItem, ParityReport, served_onnx, static_dir
+from seqcls.runs import log_parity_evidence
 from seqcls.serving import shipped
 from seqcls.steps import require
 from seqcls.workspace import Release, StepResult
@@ -281,4 +282,13 @@ def validate(release: Release) -> StepResult:
     records = require(release, STEP)
     texts, source = golden_texts(release)
     inputs = gate_inputs(release, texts, records)
-    return release.workspace.run_step(STEP, inputs, lambda out: run_gate(release, texts, source, out), out_dir=OUT_DIR)
+    try:
+        result = release.workspace.run_step(
+            STEP, inputs, lambda out: run_gate(release, texts, source, out), out_dir=OUT_DIR
+        )
+    except GateError:
+        log_parity_evidence(release, "failed")  # the MLflow run holds the failed gate's report + plot
+        raise
+    if result.status == "ok":  # ran now (a skipped step's evidence was logged when it ran)
+        log_parity_evidence(release, "passed")
+    return result
