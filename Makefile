@@ -1,5 +1,5 @@
 # seqcls — the two commands a newcomer needs are `make demo` and `make test` (see README.md).
-# Both create the virtualenv on first use from the lock files and reuse it after.
+# Both create the virtualenv on first use from the lock files (~1.5 min, 2.7 GB) and reuse it after.
 #
 # requirements.txt      the human-edited top-level pins (edit this one, then `make lock`)
 # requirements.lock     every package of the environment, exact versions + sha256 hashes (generated)
