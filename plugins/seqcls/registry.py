@@ -28,7 +28,7 @@ from typing import Any
 
 from seqcls.errors import InputError, RegistryError
 from seqcls.records import Registered
-from seqcls.settings import Settings
+from seqcls.settings import MLFLOW_CREDENTIAL_VARS, Settings, check_tracking_uri
 from seqcls.workspace import Release
 
 log = logging.getLogger(__name__)
@@ -60,7 +60,8 @@ GATE_ONLY_PARAMS = (
 
 
 def tracking_uri(settings: Settings) -> str:
-    uri = str(settings.mlflow_tracking_uri)
+    """The settings' URI, checked: never a file store, never with credentials (they go in MLflow's variables)."""
+    uri = check_tracking_uri(str(settings.mlflow_tracking_uri), f"set {' / '.join(MLFLOW_CREDENTIAL_VARS)} instead")
     if uri.startswith("sqlite:///"):
         Path(uri[len("sqlite:///") :]).parent.mkdir(parents=True, exist_ok=True)
     if uri.startswith("file:") or (uri.startswith("/") and not uri.startswith("sqlite")):

@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -86,15 +86,56 @@ def scoped_env(name: str, value: str) -> Iterator[None]:
     only around the call, so a release never changes the interpreter and the caller's environment
     is left as it was (unset stays unset).
     """
-    old = os.environ.get(name)
-    os.environ[name] = value
+    with scoped_environ({name: value}):
+        yield
+
+
+@contextlib.contextmanager
+def scoped_environ(values: Mapping[str, str | None]) -> Iterator[None]:
+    """Set (a string) or unset (None) each variable of ``values`` for the ``with`` block, then restore each.
+
+    Also why credentials reach MLflow this way (:func:`mlflow_credentials`): MLflow reads its own
+    variables on every request, and one process may talk to several servers in turn (``seqcls_sync``,
+    ``dag.test()``), so a Connection's credentials hold only while its work runs.
+    """
+    old = {name: os.environ.get(name) for name in values}
     try:
+        _put_environ(values)
         yield
     finally:
-        if old is None:
+        _put_environ(old)
+
+
+def _put_environ(values: Mapping[str, str | None]) -> None:
+    for name, value in values.items():
+        if value is None:
             os.environ.pop(name, None)
         else:
-            os.environ[name] = old
+            os.environ[name] = value
+
+
+#: MLflow's own credential variables (basic auth, or a bearer token), set only by :func:`scoped_environ`.
+MLFLOW_CREDENTIAL_VARS = ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD", "MLFLOW_TRACKING_TOKEN")
+
+
+def mlflow_credentials(username: str | None, password: str | None, token: str | None) -> dict[str, str | None]:
+    """:data:`MLFLOW_CREDENTIAL_VARS` for :func:`scoped_environ`: all three together (a worker's own token
+    never mixes with a Connection's login); ``{}`` without a password or token (the environment's own hold)."""
+    if not (password or token):
+        return {}
+    return dict(zip(MLFLOW_CREDENTIAL_VARS, (username if password else None, password, token), strict=True))
+
+
+def check_tracking_uri(uri: str, fix: str) -> str:
+    """``uri`` unless it embeds credentials (``user:password@host``): it is logged and recorded (release
+    manifest, extra links), so those are refused, saying ``fix`` — without echoing them."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(uri)
+    if "@" in parts.netloc:
+        shown = f"{parts.scheme}://***@{parts.netloc.rpartition('@')[2]}{parts.path}"
+        raise InputError(f"MLflow tracking URI {shown} embeds credentials (user:password@): {fix}")
+    return uri
 
 
 def fault_plan() -> str:
