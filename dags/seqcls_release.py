@@ -33,12 +33,17 @@ step; every step is idempotent, so re-running a run or a task redoes only what i
   `seqcls_sync` finishes the switch. A failed `promote` (MLflow unreachable) is not rolled back:
   the smoke-tested version keeps serving, and a re-run (or `seqcls_sync`) moves the alias.
 
-**Params** (trigger form): `checkpoint` is a directory (absolute, or relative to
-`SEQCLS_CHECKPOINTS_ROOT`) or `latest`; the rest are release parameters validated by
-`seqcls.config.ReleaseConfig` (a bad value fails `resolve_checkpoint`, naming the param) plus the
-Connections to use: `triton_conn_id` (extras `grpc_endpoints`, `http_endpoints`, `repository`)
-and `mlflow_conn_id` (extra `tracking_uri`). A missing Connection falls back to the `SEQCLS_*`
-environment / the local embedded setup.
+**Params** (trigger form): `checkpoint` is a directory under the model's checkpoints root (absolute,
+or relative to it) or `latest`; it must resolve (symlinks followed) inside that root, else
+`resolve_checkpoint` fails naming the param. The root is the deployment's — the model's
+`checkpoints_root` in the models file, under `SEQCLS_CHECKPOINTS_ROOT` — handed to every task when
+this file is parsed (task argument `checkpoints_root`), never a run param. The rest are release
+parameters validated by `seqcls.config.ReleaseConfig` (a bad value fails `resolve_checkpoint`,
+naming the param) plus the Connections to use: `triton_conn_id` (extras `grpc_endpoints`,
+`http_endpoints`, `repository`; password = the model-control key) and `mlflow_conn_id` (extra
+`tracking_uri`, or schema/host/port; login/password or a token — never in the URI). Their
+passwords and tokens are masked in task logs and never written to XCom, the release workspace or
+MLflow. A missing Connection falls back to the `SEQCLS_*` environment / the local embedded setup.
 
 **Schedule** — the model's `schedule` in the models file (else `SEQCLS_SCHEDULE`), at parse
 time: unset/`manual` = manual only (releases are deliberate); a cron expression or preset
@@ -103,31 +108,34 @@ def heavy_task(fn):
     return task(execution_timeout=HEAVY_TIMEOUT)(fn)
 
 
-def export_static(checkpoint: str, fingerprint: str, params_json: str) -> dict:
+def export_static(checkpoint: str, fingerprint: str, params_json: str, checkpoints_root: str) -> dict:
     """Checkpoint → Paddle static graph (paddle.jit.to_static + jit.save)."""
     from seqcls.airflow import configure_logging, open_for_task, report
     from seqcls.steps.export import export
 
     configure_logging()
-    return report(export(open_for_task(checkpoint, params_json, fingerprint=fingerprint)))
+    release = open_for_task(checkpoint, params_json, fingerprint=fingerprint, checkpoints_root=checkpoints_root)
+    return report(export(release))
 
 
-def convert_onnx(checkpoint: str, fingerprint: str, params_json: str) -> dict:
+def convert_onnx(checkpoint: str, fingerprint: str, params_json: str, checkpoints_root: str) -> dict:
     """Static graph → ONNX (paddle2onnx, checker on), output renamed `logits`."""
     from seqcls.airflow import configure_logging, open_for_task, report
     from seqcls.steps.convert import convert
 
     configure_logging()
-    return report(convert(open_for_task(checkpoint, params_json, fingerprint=fingerprint)))
+    release = open_for_task(checkpoint, params_json, fingerprint=fingerprint, checkpoints_root=checkpoints_root)
+    return report(convert(release))
 
 
-def validate_parity(checkpoint: str, fingerprint: str, params_json: str) -> dict:
+def validate_parity(checkpoint: str, fingerprint: str, params_json: str, checkpoints_root: str) -> dict:
     """The parity gate: Paddle vs ONNX Runtime on the golden texts; the report names the diffs."""
     from seqcls.airflow import configure_logging, open_for_task, report
     from seqcls.steps.validate import validate
 
     configure_logging()
-    return report(validate(open_for_task(checkpoint, params_json, fingerprint=fingerprint)))
+    release = open_for_task(checkpoint, params_json, fingerprint=fingerprint, checkpoints_root=checkpoints_root)
+    return report(validate(release))
 
 
 def release_dag(spec: ModelSpec) -> DAG:
@@ -140,11 +148,11 @@ def release_dag(spec: ModelSpec) -> DAG:
         catchup=False,
         max_active_runs=1,
         doc_md=_doc(spec),
-        params=dag_params(spec.name, {**spec.params, "checkpoints_root": spec.checkpoints_root}),
+        params=dag_params(spec.name, spec.params, root=spec.checkpoints_root),
         default_args={"retries": 0, "execution_timeout": SERVING_TIMEOUT},
         tags=["seqcls", "release", "triton", "mlflow", f"model:{spec.name}"],
     ) as release:
-        release_tasks(spec.name)
+        release_tasks(spec.name, spec.checkpoints_root)
     try:
         release.timetable.validate()
     except AirflowTimetableInvalid as exc:  # name the file and the model, not only Airflow's words
@@ -165,17 +173,21 @@ def _doc(spec: ModelSpec) -> str:
     return f"{title}\n\n{head}\n{rest}"
 
 
-def release_tasks(model_name: str) -> None:
-    """The release checklist's tasks for ``model_name``, in the DAG being defined (promote emits its champion)."""
+def release_tasks(model_name: str, checkpoints_root: str = "") -> None:
+    """The release checklist's tasks for ``model_name``, in the DAG being defined (promote emits its champion).
+
+    ``checkpoints_root`` (the models file's, as written there) reaches every task as an argument fixed
+    at parse time — the only root a run's checkpoint may come from (``seqcls.airflow.roots``).
+    """
 
     @task(execution_timeout=timedelta(minutes=10))
-    def resolve_checkpoint(params=None, dag_run=None, ti=None) -> dict:
+    def resolve_checkpoint(checkpoints_root: str, params=None, dag_run=None, ti=None) -> dict:
         """Validate params + checkpoint before any heavy work; skip when it already is champion."""
         import logging
 
         from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
-        from seqcls.airflow import LATEST, champion_skip_reason, config_from_params, locate_checkpoint, task_settings
+        from seqcls.airflow import LATEST, champion_skip_reason, config_from_params, connected, locate_checkpoint
         from seqcls.airflow.models import dag_id_for
         from seqcls.errors import InputError
         from seqcls.workspace import open_release
@@ -183,20 +195,21 @@ def release_tasks(model_name: str) -> None:
         log = logging.getLogger("seqcls.airflow")
         run_type = getattr(dag_run.run_type, "value", dag_run.run_type)
         automatic = run_type != "manual"  # scheduled, asset-triggered, backfill: release `latest`
-        try:
-            settings = task_settings(params)
-            config = config_from_params(params)
-            if config.model_name != model_name:  # the lease, max_active_runs and the champion Asset are per model
-                raise InputError(
-                    f"this DAG releases {model_name!r}, not model_name {config.model_name!r}: "
-                    f"trigger that model's own DAG ({dag_id_for(config.model_name)!r} when the models file lists it)"
-                )
-            path = locate_checkpoint(LATEST if automatic else params.get("checkpoint"), settings)
-            release = open_release(path, config, settings)
-        except InputError as exc:  # the user's input: no retry can fix it
+        try:  # an InputError is the user's input (params, checkpoint, Connection): no retry can fix it
+            with connected(params, checkpoints_root=checkpoints_root) as settings:
+                config = config_from_params(params)
+                if config.model_name != model_name:  # the lease, max_active_runs and the champion Asset are per model
+                    raise InputError(
+                        f"this DAG releases {model_name!r}, not model_name {config.model_name!r}: trigger that "
+                        f"model's own DAG ({dag_id_for(config.model_name)!r} when the models file lists it)"
+                    )
+                path = locate_checkpoint(LATEST if automatic else params.get("checkpoint"), settings)
+                release = open_release(path, config, settings)
+                skip = automatic or params.get("skip_if_champion", True)
+                reason = champion_skip_reason(release, model_name=config.model_name) if skip else None
+        except InputError as exc:
             raise AirflowFailException(f"bad release input: {exc}") from exc
-        skip = automatic or params.get("skip_if_champion", True)
-        if skip and (reason := champion_skip_reason(release, model_name=config.model_name)):
+        if reason:
             raise AirflowSkipException(reason)
         ckpt = release.checkpoint
         log.info(
@@ -221,53 +234,55 @@ def release_tasks(model_name: str) -> None:
         }
 
     @task
-    def register_model(checkpoint: str, fingerprint: str, params=None, ti=None) -> dict:
+    def register_model(checkpoint: str, fingerprint: str, checkpoints_root: str, params=None, ti=None) -> dict:
         """MLflow model version for this fingerprint (idempotent) + alias `candidate`."""
         from seqcls.airflow import run_task_step
 
-        return run_task_step("register", checkpoint, fingerprint, params, ti)
+        return run_task_step("register", checkpoint, fingerprint, params, ti, checkpoints_root=checkpoints_root)
 
     @task
-    def publish_repository(checkpoint: str, fingerprint: str, params=None, ti=None) -> dict:
+    def publish_repository(checkpoint: str, fingerprint: str, checkpoints_root: str, params=None, ti=None) -> dict:
         """Write Triton version N of tokenizer, seqcls_model, seqcls_postprocess and the ensemble."""
         from seqcls.airflow import run_task_step
 
-        return run_task_step("publish", checkpoint, fingerprint, params, ti)
+        return run_task_step("publish", checkpoint, fingerprint, params, ti, checkpoints_root=checkpoints_root)
 
     @task
-    def reload_triton(checkpoint: str, fingerprint: str, params=None, ti=None) -> dict:
+    def reload_triton(checkpoint: str, fingerprint: str, checkpoints_root: str, params=None, ti=None) -> dict:
         """Load N beside the served version as the candidate on every endpoint; nothing public changes."""
         from seqcls.airflow import run_task_step
 
-        return run_task_step("reload", checkpoint, fingerprint, params, ti)
+        return run_task_step("reload", checkpoint, fingerprint, params, ti, checkpoints_root=checkpoints_root)
 
     @task
-    def smoke_test(checkpoint: str, fingerprint: str, params=None, ti=None) -> dict:
+    def smoke_test(checkpoint: str, fingerprint: str, checkpoints_root: str, params=None, ti=None) -> dict:
         """Golden texts through the candidate route (gRPC) must answer what the gate validated."""
         from seqcls.airflow import run_task_step
 
-        return run_task_step("smoke", checkpoint, fingerprint, params, ti)
+        return run_task_step("smoke", checkpoint, fingerprint, params, ti, checkpoints_root=checkpoints_root)
 
     @task
-    def expose_version(checkpoint: str, fingerprint: str, params=None, ti=None) -> dict:
+    def expose_version(checkpoint: str, fingerprint: str, checkpoints_root: str, params=None, ti=None) -> dict:
         """The public ensemble serves N on every endpoint (recorded state first, then reconciled)."""
         from seqcls.airflow import run_task_step
 
-        return run_task_step("expose", checkpoint, fingerprint, params, ti)
+        return run_task_step("expose", checkpoint, fingerprint, params, ti, checkpoints_root=checkpoints_root)
 
     @task(outlets=[champion_asset(model_name)])
-    def promote(checkpoint: str, fingerprint: str, params=None, ti=None, outlet_events=None) -> dict:
+    def promote(
+        checkpoint: str, fingerprint: str, checkpoints_root: str, params=None, ti=None, outlet_events=None
+    ) -> dict:
         """Alias `champion` → this version (it is served now); the one it replaces becomes `previous-champion`.
         Emits the champion Asset with {version, triton_version, fingerprint} (only when this task succeeds)."""
         from seqcls.airflow import run_task_step
         from seqcls.airflow.assets import record_champion
 
-        summary = run_task_step("promote", checkpoint, fingerprint, params, ti)
+        summary = run_task_step("promote", checkpoint, fingerprint, params, ti, checkpoints_root=checkpoints_root)
         record_champion(outlet_events, model_name, summary)
         return summary
 
     @task(trigger_rule=TriggerRule.ONE_FAILED)
-    def rollback(checkpoint: str, fingerprint: str, params=None, ti=None) -> dict:
+    def rollback(checkpoint: str, fingerprint: str, checkpoints_root: str, params=None, ti=None) -> dict:
         """After a serving step FAILED (not merely upstream-failed): withdraw this attempt's candidate."""
         from airflow.sdk.exceptions import AirflowSkipException
 
@@ -279,10 +294,19 @@ def release_tasks(model_name: str) -> None:
         if not failed:  # an earlier step failed: nothing reached the registry or Triton
             raise AirflowSkipException(f"no serving step failed in this run ({states}); nothing to roll back")
         reason = f"{', '.join(failed)} failed in run {ti.run_id}"
-        return run_task_step("rollback", checkpoint, fingerprint, params, ti, reason=reason, mode="attempt")
+        return run_task_step(
+            "rollback",
+            checkpoint,
+            fingerprint,
+            params,
+            ti,
+            checkpoints_root=checkpoints_root,
+            reason=reason,
+            mode="attempt",
+        )
 
-    step = {"checkpoint": CHECKPOINT, "fingerprint": FINGERPRINT}
-    resolved = resolve_checkpoint()
+    step = {"checkpoint": CHECKPOINT, "fingerprint": FINGERPRINT, "checkpoints_root": checkpoints_root}
+    resolved = resolve_checkpoint(checkpoints_root=checkpoints_root)
     exported = heavy_task(export_static)(params_json=PARAMS_JSON, **step)
     converted = heavy_task(convert_onnx)(params_json=PARAMS_JSON, **step)
     validated = heavy_task(validate_parity)(params_json=PARAMS_JSON, **step)

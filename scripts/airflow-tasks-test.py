@@ -3,6 +3,9 @@
 
     scripts/airflow-tasks-test.py --checkpoint DIR [--params '{"opset": 14}'] [--migrate]
 
+DIR must be under the DAG's checkpoints root, as for any run (SEQCLS_CHECKPOINTS_ROOT, or the
+default model's ``checkpoints_root`` in the models file).
+
 Every task runs in order in its own ``airflow tasks test`` call (wrapped in a timeout), with the
 params given as ``-t``. Two traps make a plain loop lie: ``tasks test`` passes no XCom between
 calls (the DAG's tasks fall back to the ``checkpoint`` param, so they work alone), and it exits
@@ -86,11 +89,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def open_workspace(args: argparse.Namespace, params: dict):
-    """The release the tasks will use, found the same way the tasks find it (bad input fails here)."""
+    """The release the tasks will use, found the same way the tasks find it (bad input fails here): under
+    the DAG's checkpoints root (its model's in the models file, else SEQCLS_CHECKPOINTS_ROOT)."""
     from seqcls.airflow import config_from_params, locate_checkpoint, settings_from_params
+    from seqcls.airflow.models import release_models
     from seqcls.workspace import open_release
 
-    settings = settings_from_params(params)
+    spec = next((s for s in release_models(ROOT / "dags") if s.dag_id == DAG_ID), None)
+    settings = settings_from_params(params, checkpoints_root=spec.checkpoints_root if spec else "")
     checkpoint = locate_checkpoint(args.checkpoint, settings)
     return checkpoint, open_release(checkpoint, config_from_params(params), settings)
 

@@ -13,6 +13,7 @@ import contextlib
 import json
 import os
 import secrets
+import shutil
 import signal
 import subprocess
 import sys
@@ -162,8 +163,10 @@ def triton(server, monkeypatch: pytest.MonkeyPatch):
 
 
 @pytest.mark.timeout(600)
-def test_trigger_over_rest_api_runs_a_release(triton, tiny_checkpoint: Path, tmp_path: Path) -> None:
+def test_trigger_over_rest_api_runs_a_release(triton, tiny_checkpoint: Path, home: Path, tmp_path: Path) -> None:
     _migrated()
+    checkpoint = home / "checkpoints" / "run-1"  # under the checkpoints root ($SEQCLS_HOME/checkpoints here)
+    shutil.copytree(tiny_checkpoint, checkpoint)
     t_start = time.perf_counter()
     env = {k: v for k, v in os.environ.items() if k not in ("SEQCLS_PADDLE_PYTHON", "SEQCLS_SCHEDULE")}
     af = Airflow(tmp_path, env)  # manual-only schedule, heavy steps in the worker
@@ -182,7 +185,7 @@ def test_trigger_over_rest_api_runs_a_release(triton, tiny_checkpoint: Path, tmp
         assert resp.ok and resp.json()["is_paused"] is False, resp.text
 
         runs = f"/api/v2/dags/{DAG_ID}/dagRuns"
-        conf = {"checkpoint": str(tiny_checkpoint)}
+        conf = {"checkpoint": str(checkpoint)}
         bad = af.request("POST", runs, {"logical_date": None, "conf": {**conf, "opset": 99}})
         assert bad.status_code == 400 and "opset" in bad.text, bad.text  # the trigger form's schema
         resp = af.request("POST", runs, {"logical_date": None, "conf": conf})

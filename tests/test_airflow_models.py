@@ -180,18 +180,24 @@ def test_models_file_location(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
         models_file(tmp_path)
 
 
-def test_checkpoints_root_param_picks_where_latest_looks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_model_root_picks_where_checkpoints_come_from(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The models file's checkpoints_root (as the DAG file passes it to the tasks), never a run param."""
     from seqcls.airflow import locate_checkpoint, settings_from_params
     from seqcls.errors import InputError
 
     monkeypatch.setenv("SEQCLS_CHECKPOINTS_ROOT", str(tmp_path / "root"))
     assert settings_from_params({}).checkpoints_root == tmp_path / "root"
-    alpha = settings_from_params({"checkpoints_root": "alpha"})
+    assert settings_from_params({}, checkpoints_root="").checkpoints_root == tmp_path / "root"
+    alpha = settings_from_params({}, checkpoints_root="alpha")
     assert alpha.checkpoints_root == tmp_path / "root" / "alpha"
     assert locate_checkpoint("run-1", alpha) == tmp_path / "root" / "alpha" / "run-1"
-    assert settings_from_params({"checkpoints_root": str(tmp_path / "b")}).checkpoints_root == tmp_path / "b"
+    with pytest.raises(InputError, match=r"checkpoint '\.\./beta/run-1' resolves to .*/root/beta/run-1, which is out"):
+        locate_checkpoint("../beta/run-1", alpha)  # a sibling model's root is outside too
+    assert settings_from_params({}, checkpoints_root=str(tmp_path / "b")).checkpoints_root == tmp_path / "b"
     with pytest.raises(InputError, match=r"checkpoints_root '\.\./x': '\.\.' is not allowed"):
-        settings_from_params({"checkpoints_root": "../x"})
+        settings_from_params({}, checkpoints_root="../x")
+    with pytest.raises(InputError, match=r"checkpoints_root 'alpha' is not a run param"):
+        settings_from_params({"checkpoints_root": "alpha"})
 
 
 def test_champion_extra_comes_from_the_promote_summary() -> None:
@@ -237,7 +243,11 @@ def test_a_dag_per_model_from_the_file(tmp_path: Path, monkeypatch: pytest.Monke
         {"体育##夺冠": 0.7},
         "fp32-fused",
     )
-    assert (alpha.params["checkpoints_root"], beta.params["checkpoints_root"]) == ("alpha", "/data/checkpoints/beta")
+    # the checkpoints root: every task's parse-time argument, not a param of the trigger form
+    for dag, root, shown in ((alpha, "alpha", "SEQCLS_CHECKPOINTS_ROOT/alpha"), (beta, "/data/checkpoints/beta", None)):
+        assert "checkpoints_root" not in dag.params
+        assert {t.task_id: t.op_kwargs["checkpoints_root"] for t in dag.tasks} == {t: root for t in TASK_ORDER}
+        assert f"under this model's checkpoints root {shown or root}," in dag.params.get_param("checkpoint").description
     assert beta.params["mlflow_conn_id"] == "mlflow_beta" and default.params["threshold"] == 0.5
     # the default location: seqcls-models.yaml beside the DAG file
     folder = tmp_path / "dags"
@@ -292,10 +302,41 @@ def test_a_dag_releases_only_its_own_model(monkeypatch: pytest.MonkeyPatch) -> N
     from airflow.sdk.exceptions import AirflowFailException
 
     dag = _bag(monkeypatch, EXAMPLE).dags["seqcls_release__alpha"]
-    resolve = dag.get_task("resolve_checkpoint").python_callable
+    resolve = dag.get_task("resolve_checkpoint")
     params = {**dag.params.dump(), "checkpoint": "/nowhere", "model_name": "beta"}  # refused before any look
     with pytest.raises(AirflowFailException, match=r"this DAG releases 'alpha', not model_name 'beta'.*__beta"):
-        resolve(params=params, dag_run=SimpleNamespace(run_type="manual"), ti=None)
+        resolve.python_callable(**resolve.op_kwargs, params=params, dag_run=SimpleNamespace(run_type="manual"), ti=None)
+
+
+def test_a_dag_takes_checkpoints_only_from_its_models_root(
+    tiny_checkpoint: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """beta's DAG (root /…/beta-checkpoints) refuses alpha's checkpoint and a conf naming another root."""
+    from types import SimpleNamespace
+
+    from airflow.sdk.exceptions import AirflowFailException
+
+    roots = {"alpha": tmp_path / "checkpoints" / "alpha", "beta": tmp_path / "beta-checkpoints"}
+    shutil.copytree(tiny_checkpoint, roots["alpha"] / "run-1")
+    shutil.copytree(tiny_checkpoint, roots["beta"] / "run-1")
+    models = _write(
+        tmp_path / "models.yaml", f"models: [{{name: alpha}}, {{name: beta, checkpoints_root: {roots['beta']}}}]\n"
+    )
+    dag = _bag(monkeypatch, models, SEQCLS_CHECKPOINTS_ROOT=str(tmp_path / "checkpoints")).dags["seqcls_release__beta"]
+    resolve = dag.get_task("resolve_checkpoint")
+
+    def run(**conf):
+        params = {**dag.params.dump(), "skip_if_champion": False, **conf}
+        manual, ti = SimpleNamespace(run_type="manual"), SimpleNamespace(xcom_push=lambda **_: None)
+        return resolve.python_callable(**resolve.op_kwargs, params=params, dag_run=manual, ti=ti)
+
+    assert run(checkpoint="run-1")["checkpoint"] == str((roots["beta"] / "run-1").resolve())
+
+    alpha_run = roots["alpha"] / "run-1"
+    with pytest.raises(AirflowFailException, match=rf"checkpoint '{alpha_run}' resolves to {alpha_run}, which is out"):
+        run(checkpoint=str(alpha_run))
+    with pytest.raises(AirflowFailException, match=r"checkpoints_root '.*checkpoints/alpha' is not a run param"):
+        run(checkpoint="run-1", checkpoints_root=str(roots["alpha"]))
 
 
 # ----------------------------------------------------------------------------- the champion Asset triggers consumers

@@ -50,6 +50,8 @@ def test_trigger_release_from_the_ui(server, tiny_checkpoint: Path, home: Path, 
     from playwright.sync_api import sync_playwright
 
     settings = settings_for(server, home)
+    checkpoint = settings.checkpoints_root / "run-1"  # under the checkpoints root, as every run's must be
+    shutil.copytree(tiny_checkpoint, checkpoint)
     port, worker_log, trigger_log = free_ports(3)
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     with AirflowStack(tmp_path / "demo", settings, port=port, log_ports=(worker_log, trigger_log)) as stack:
@@ -76,8 +78,8 @@ def test_trigger_release_from_the_ui(server, tiny_checkpoint: Path, home: Path, 
             page.goto(f"{stack.url}/dags/seqcls_release")
             page.get_by_role("button", name="Trigger").first.click()
             form = page.get_by_role("dialog")
-            checkpoint = form.locator("#element_checkpoint")
-            checkpoint.fill(str(tiny_checkpoint))
+            field = form.locator("#element_checkpoint")
+            field.fill(str(checkpoint))
             page.screenshot(path=str(ARTIFACTS / "airflow-ui-trigger-form.png"))
             form.get_by_role("button", name="Trigger").last.click()
 
@@ -97,7 +99,7 @@ def test_trigger_release_from_the_ui(server, tiny_checkpoint: Path, home: Path, 
         ]
         states = {t["task_id"]: t["state"] for t in tasks}
         assert run["state"] == "success", states
-        assert run["conf"]["checkpoint"] == str(tiny_checkpoint)  # the form's value reached the run
+        assert run["conf"]["checkpoint"] == str(checkpoint)  # the form's value reached the run
         assert states["promote"] == "success" and states["rollback"] == "skipped"
     assert Repository.from_settings(settings, "seqcls").serving_version() == 1
     assert (ARTIFACTS / "airflow-ui-run.png").read_bytes()[:4] == b"\x89PNG"

@@ -13,16 +13,18 @@ links live in :mod:`seqcls.airflow.plugin`.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any
 
+from seqcls.airflow.roots import LATEST, locate_checkpoint, model_root, refuse_root_param
 from seqcls.config import ReleaseConfig
 from seqcls.errors import CheckpointError, InputError
-from seqcls.settings import DEFAULT_MODEL_NAME, Settings
+from seqcls.settings import DEFAULT_MODEL_NAME, Settings, scoped_environ
 from seqcls.steps import BY_NAME, STEPS
 
 log = logging.getLogger("seqcls.airflow")
@@ -36,11 +38,9 @@ TASK_ORDER: tuple[str, ...] = (RESOLVE_TASK, *TASK_STEPS, ROLLBACK_TASK)
 #: Tasks whose failure leaves something to undo on the servers or in the registry.
 ROLLBACK_ON: tuple[str, ...] = tuple(s.task_id for s in STEPS if s.undo_on_failure)
 
-LATEST = "latest"
 #: DAG params that are not release parameters (they pick a checkpoint, a runtime, connections...).
-NON_RELEASE_PARAMS = frozenset(
-    {"checkpoint", "checkpoints_root", "runtime", "triton_conn_id", "mlflow_conn_id", "skip_if_champion"}
-)
+#: Not among them: the checkpoints root, which the deployment sets (``seqcls.airflow.roots``).
+NON_RELEASE_PARAMS = frozenset({"checkpoint", "runtime", "triton_conn_id", "mlflow_conn_id", "skip_if_champion"})
 RELEASE_PARAMS = frozenset(f.name for f in fields(ReleaseConfig))
 
 #: XCom keys holding URLs the UI shows as task extra links (see ``seqcls.airflow.plugin``).
@@ -65,6 +65,7 @@ def as_params(params: Mapping[str, Any] | str | None) -> dict[str, Any]:
 def config_from_params(params: Mapping[str, Any] | str | None) -> ReleaseConfig:
     """The validated release config; a bad value raises InputError naming the param."""
     values = as_params(params)
+    refuse_root_param(values)
     unknown = sorted(set(values) - RELEASE_PARAMS - NON_RELEASE_PARAMS)
     if unknown:
         raise InputError(f"unknown DAG param(s): {', '.join(unknown)}")
@@ -79,51 +80,41 @@ def config_from_params(params: Mapping[str, Any] | str | None) -> ReleaseConfig:
     return ReleaseConfig.from_dict({k: v for k, v in values.items() if k in RELEASE_PARAMS})
 
 
-def locate_checkpoint(value: str | None, settings: Settings) -> Path:
-    """The ``checkpoint`` param as a directory: absolute, relative to the checkpoints root, or
-    ``latest`` (the checkpoint under the root its training job marked complete last, see ``seqcls.completion``)."""
-    text = (value or "").strip()
-    if not text:
-        raise InputError("checkpoint is empty: give a checkpoint directory or 'latest'")
-    if text == LATEST:
-        from seqcls.completion import find_latest
+def settings_from_params(
+    params: Mapping[str, Any] | str | None, *, checkpoints_root: str | Path | None = None, **overrides: Any
+) -> Settings:
+    """Settings from the environment + the ``runtime`` param (no Airflow Connections).
 
-        path = find_latest(settings.checkpoints_root)
-        log.info("checkpoint 'latest' under %s → %s", settings.checkpoints_root, path)
-        return path
-    return _under_root(text, settings, "checkpoint")
-
-
-def _under_root(text: str, settings: Settings, what: str) -> Path:
-    """``text`` as a path: absolute, or relative to the checkpoints root without climbing out of it."""
-    path = Path(text).expanduser()
-    if not path.is_absolute():
-        if ".." in path.parts:
-            raise InputError(f"{what} {text!r}: '..' is not allowed in a path relative to the checkpoints root")
-        path = Path(settings.checkpoints_root or ".") / path
-    return path
-
-
-def settings_from_params(params: Mapping[str, Any] | str | None, **overrides: Any) -> Settings:
-    """Settings from the environment + the ``runtime`` and ``checkpoints_root`` params (no Airflow Connections).
-
-    ``checkpoints_root`` (the models file's per-model root): absolute, or relative to
-    ``SEQCLS_CHECKPOINTS_ROOT``; empty = that root itself.
+    ``checkpoints_root``: the model's root as the DAG file got it from the models file (absolute, or
+    relative to ``SEQCLS_CHECKPOINTS_ROOT``; empty = that root itself) — never from a param.
     """
     values = as_params(params)
+    refuse_root_param(values)
     settings = Settings.from_env(runtime=values.get("runtime") or None, **overrides)
-    root = str(values.get("checkpoints_root") or "").strip()
-    return replace(settings, checkpoints_root=_under_root(root, settings, "checkpoints_root")) if root else settings
+    if checkpoints_root is None:
+        return settings
+    return replace(settings, checkpoints_root=model_root(checkpoints_root, Path(str(settings.checkpoints_root))))
 
 
-def task_settings(params: Mapping[str, Any] | str | None) -> Settings:
-    """Settings for a task that talks to Triton or MLflow: the param-named Connections win."""
+@contextlib.contextmanager
+def connected(params: Mapping[str, Any] | str | None, *, checkpoints_root: str | None = None) -> Iterator[Settings]:
+    """Settings for a task that talks to Triton or MLflow — the param-named Connections win — with the
+    MLflow Connection's credentials in MLflow's own variables for the block (``scoped_environ``)."""
     from seqcls.airflow.hooks import MlflowHook, TritonHook
 
     values = as_params(params)
     triton = TritonHook(values.get("triton_conn_id") or TritonHook.default_conn_name)
     mlflow = MlflowHook(values.get("mlflow_conn_id") or MlflowHook.default_conn_name)
-    return settings_from_params(values, **triton.settings_overrides(), mlflow_tracking_uri=mlflow.tracking_uri)
+    overrides = {**triton.settings_overrides(), "mlflow_tracking_uri": mlflow.tracking_uri}
+    settings = settings_from_params(values, checkpoints_root=checkpoints_root, **overrides)
+    with scoped_environ(mlflow.credentials_env()):
+        yield settings
+
+
+def task_settings(params: Mapping[str, Any] | str | None, *, checkpoints_root: str | None = None) -> Settings:
+    """:func:`connected`'s settings alone (no credentials in the environment)."""
+    with connected(params, checkpoints_root=checkpoints_root) as settings:
+        return settings
 
 
 def open_for_task(
@@ -132,17 +123,19 @@ def open_for_task(
     settings: Settings | None = None,
     *,
     fingerprint: str | None = None,
+    checkpoints_root: str | None = None,
 ):
     """Re-open the release a run works on: from resolve_checkpoint's XCom, else from params.
 
     ``checkpoint``/``fingerprint`` are what ``resolve_checkpoint`` resolved (empty under
-    ``airflow tasks test``, where the ``checkpoint`` param is used instead). A fingerprint that
-    no longer matches means the checkpoint directory changed during the run.
+    ``airflow tasks test``, where the ``checkpoint`` param is used instead); either must be under the
+    model's checkpoints root (``settings``', else ``checkpoints_root``). A fingerprint that no longer
+    matches means the checkpoint directory changed during the run.
     """
     from seqcls.workspace import open_release
 
     values = as_params(params)
-    settings = settings or settings_from_params(values)
+    settings = settings or settings_from_params(values, checkpoints_root=checkpoints_root)
     config = config_from_params(values)
     path = locate_checkpoint(checkpoint or values.get("checkpoint"), settings)
     release = open_release(path, config, settings)
@@ -154,7 +147,9 @@ def open_for_task(
     return release
 
 
-def run_task_step(name: str, checkpoint: str, fingerprint: str, params, ti, **kwargs: Any) -> dict:
+def run_task_step(
+    name: str, checkpoint: str, fingerprint: str, params, ti, *, checkpoints_root: str, **kwargs: Any
+) -> dict:
     """One DAG task = one library step: settings from Connections, the run's release, the step, its story.
 
     Serving steps take the model's release lease as this DAG run (kind ``run``), so the run's
@@ -163,11 +158,11 @@ def run_task_step(name: str, checkpoint: str, fingerprint: str, params, ti, **kw
     from seqcls.serving.control import LeaseContext, lease_context
     from seqcls.steps import step
 
-    settings = task_settings(params)
-    release = open_for_task(checkpoint, params, settings, fingerprint=fingerprint)
     run = f"{getattr(ti, 'dag_id', 'dag')}/{getattr(ti, 'run_id', 'run')}"
-    with lease_context(LeaseContext(kind="run", run=run)):
-        result = step(name)(release, **kwargs)
+    with connected(params, checkpoints_root=checkpoints_root) as settings:
+        release = open_for_task(checkpoint, params, settings, fingerprint=fingerprint)
+        with lease_context(LeaseContext(kind="run", run=run)):
+            result = step(name)(release, **kwargs)
     summary = report(result, ti=ti, settings=settings, model_name=release.config.model_name)
     return {**summary, "model_name": release.config.model_name, "fingerprint": release.checkpoint.fingerprint}
 
@@ -184,7 +179,8 @@ def sync_task(params, groups: list[dict[str, Any]] | None = None) -> list[dict]:
     results = []
     for group in groups or [{}]:
         conns = {k: group[k] for k in ("triton_conn_id", "mlflow_conn_id") if group.get(k)}
-        results += sync(task_settings({**as_params(params), **conns}), group.get("models"))
+        with connected({**as_params(params), **conns}) as settings:
+            results += sync(settings, group.get("models"))
     for r in results:
         log.info(
             "sync %s: serving %s, actions %s, registry %s", r.model_name, r.serving, r.actions or "none", r.registry
@@ -326,6 +322,7 @@ __all__ = [
     "champion_skip_reason",
     "config_from_params",
     "configure_logging",
+    "connected",
     "locate_checkpoint",
     "mlflow_version_url",
     "open_for_task",

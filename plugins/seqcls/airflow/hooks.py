@@ -10,7 +10,17 @@ Connection formats (the same ones ``docker-compose.airflow.yml`` defines)::
                     grpc_endpoints  "triton-a:8001,triton-b:8001"   one per replica
                     http_endpoints  "triton-a:8000,triton-b:8000"   same order (optional)
                     repository      "/models"  the live model repository as the workers see it
-    mlflow_default  conn_type generic; extra tracking_uri, else schema://host:port (schema http)
+    mlflow_default  conn_type generic; extra tracking_uri, else schema://host:port (schema http);
+                    credentials: login + password (basic auth), or a token (extra ``token``, or a
+                    password without login) — never in the URI (refused: it is logged and recorded)
+
+Credentials stay out of everything seqcls writes: every password and sensitive extra a hook reads
+(``token``, ``password``, ... — Airflow's sensitive names) is registered with Airflow's secrets
+masker (:func:`airflow.sdk.log.mask_secret`) the moment the Connection is read, so task logs show
+``***``; MLflow gets them through its own variables (``MLFLOW_TRACKING_USERNAME`` / ``_PASSWORD`` /
+``_TOKEN``) only while a task's MLflow work runs (``seqcls.airflow.connected``), never through the
+tracking URI (which the release manifest, links and logs carry). The Triton Connection's password
+is the model-control key (``seqcls.settings.ENV_TRITON_CONTROL_KEY``), masked the same way.
 
 Resolution order: constructor arguments > Connection > ``SEQCLS_*`` environment > embedded
 defaults. A Connection that does not exist is not an error: the hook logs that it falls back to
@@ -25,10 +35,11 @@ from typing import Any
 
 from airflow.sdk import BaseHook
 from airflow.sdk.exceptions import AirflowNotFoundException
+from airflow.sdk.log import mask_secret
 
 from seqcls.errors import InputError
 from seqcls.serving.client import Endpoint
-from seqcls.settings import Settings
+from seqcls.settings import Settings, check_tracking_uri, mlflow_credentials
 
 
 def _split(value: Any) -> list[str]:
@@ -54,16 +65,28 @@ class _SeqclsHook(BaseHook):
 
     @cached_property
     def connection(self):
+        """The Connection (None when not defined), its secrets registered with the masker first."""
         try:
-            return self.get_connection(self.conn_id)
+            conn = self.get_connection(self.conn_id)
         except AirflowNotFoundException:
             self.log.info("Airflow connection %r is not defined; using %s", self.conn_id, self.fallback)
             return None
+        mask_connection(conn)
+        return conn
 
     @property
     def extra(self) -> dict[str, Any]:
         conn = self.connection
         return dict(conn.extra_dejson) if conn is not None else {}
+
+
+def mask_connection(conn) -> None:
+    """Register ``conn``'s password and the values of its sensitive extras (Airflow's list of names:
+    token, password, secret, ...) with the secrets masker of this process and the task supervisor."""
+    if conn.password:
+        mask_secret(conn.password)
+    if conn.extra_dejson:
+        mask_secret(dict(conn.extra_dejson))  # a mapping: each value masked when its key is a sensitive name
 
 
 class TritonHook(_SeqclsHook):
@@ -144,24 +167,40 @@ class MlflowHook(_SeqclsHook):
 
     @cached_property
     def tracking_uri(self) -> str | None:
-        """URI from arguments / the Connection; None → the settings' default."""
+        """URI from arguments / the Connection (never with credentials); None → the settings' default."""
         uri = self._tracking_uri or self.extra.get("tracking_uri")
         conn = self.connection
         if not uri and conn is not None and conn.host:
             scheme = conn.schema or "http"
             uri = f"{scheme}://{conn.host}" + (f":{conn.port}" if conn.port else "")
         if uri:
+            fix = f"put them in connection {self.conn_id!r}'s login and password (or a token) instead"
+            check_tracking_uri(str(uri), fix)
             self.log.info("MLflow from connection %r: %s", self.conn_id, uri)
         return uri or None
+
+    def credentials_env(self) -> dict[str, str | None]:
+        """MLflow's credential variables from the Connection (for ``scoped_environ``; masked): login +
+        password, or a token (extra ``token``, or a password without login); ``{}`` without any."""
+        conn = self.connection
+        if conn is None:
+            return {}
+        token = self.extra.get("token") or (conn.password if not conn.login else None)
+        password = conn.password if conn.login else None
+        for secret in (password, token):
+            if secret:
+                mask_secret(secret)
+        return mlflow_credentials(conn.login, password, str(token) if token else None)
 
     def get_conn(self):
         return self.client
 
     @cached_property
     def client(self):
+        """An ``MlflowClient``; use it inside ``scoped_environ(hook.credentials_env())`` when MLflow needs them."""
         from seqcls.registry import client
 
         return client(Settings.from_env(mlflow_tracking_uri=self.tracking_uri))
 
 
-__all__ = ["MlflowHook", "TritonHook"]
+__all__ = ["MlflowHook", "TritonHook", "mask_connection"]

@@ -12,7 +12,8 @@ no file (or ``SEQCLS_MODELS_FILE=none``) → the single DAG ``seqcls_release`` f
     models:
       - name: alpha                  # MLflow model + Triton names (seqcls.serving.names)
         schedule: asset              # manual (default) | a cron expression / preset | asset
-        checkpoints_root: /data/alpha  # where `latest` looks; default <SEQCLS_CHECKPOINTS_ROOT>/<name>
+        checkpoints_root: /data/alpha  # the only place its runs take checkpoints (and `latest`) from;
+                                       # default <SEQCLS_CHECKPOINTS_ROOT>/<name>; not a run param
         params: {threshold: 0.6, thresholds: {"体育##夺冠": 0.7}}
       - name: beta
         mlflow_conn_id: mlflow_beta
