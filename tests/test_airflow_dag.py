@@ -237,7 +237,18 @@ def test_hooks_read_connections_and_fall_back_to_settings(monkeypatch: pytest.Mo
         "triton_grpc": None,
         "triton_http": None,
         "triton_repository": None,
+        "triton_control_key": None,
     }
+    # the password is Triton's model-control key; a dns:/// endpoint is one Endpoint per replica
+    key = "k" * 32
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_TRITON_KEYED",
+        json.dumps({"conn_type": "generic", "password": key, "extra": {"grpc_endpoints": "dns:///pods:8001"}}),
+    )
+    monkeypatch.setenv("SEQCLS_TRITON_RESOLVE", "pods=10.0.0.1,10.0.0.2")
+    keyed = TritonHook("triton_keyed").get_conn()
+    assert [e.grpc for e in keyed] == ["10.0.0.1:8001", "10.0.0.2:8001"]
+    assert all(e.control_key == key for e in keyed) and key not in repr(keyed)
     settings = task_settings({"triton_conn_id": "nope", "mlflow_conn_id": "nope"})
     assert settings.triton_grpc == ("127.0.0.1:8001",) and str(settings.mlflow_tracking_uri).startswith("sqlite:///")
     settings = task_settings({"runtime": "onnxruntime"})

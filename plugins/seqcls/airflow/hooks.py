@@ -135,6 +135,13 @@ class TritonHook(_SeqclsHook):
         value = self._repository or self.extra.get("repository")
         return Path(value) if value else None
 
+    @cached_property
+    def control_key(self) -> str | None:
+        """The Connection's password: Triton's model-control key (None → SEQCLS_TRITON_CONTROL_KEY / the
+        local server's key file)."""
+        conn = self.connection
+        return (conn.password if conn is not None else None) or None
+
     def settings_overrides(self) -> dict[str, Any]:
         """Keyword overrides for :meth:`Settings.from_env` (None = keep the settings' value)."""
         eps = self.endpoints
@@ -142,15 +149,15 @@ class TritonHook(_SeqclsHook):
             "triton_grpc": tuple(e.grpc for e in eps) or None,
             "triton_http": tuple(e.http for e in eps if e.http) or None,
             "triton_repository": self.repository,
+            "triton_control_key": self.control_key,
         }
 
     def get_conn(self) -> list[Endpoint]:
-        """The endpoints every serving step should talk to (settings defaults when unset)."""
-        if self.endpoints:
-            return self.endpoints
+        """One endpoint per Triton replica (``dns:///`` names resolved), with the control key; the
+        settings' defaults when the Connection names none."""
         from seqcls.serving.client import endpoints_from_settings
 
-        return endpoints_from_settings(Settings.from_env())
+        return endpoints_from_settings(Settings.from_env(**self.settings_overrides()))
 
 
 class MlflowHook(_SeqclsHook):
