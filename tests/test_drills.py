@@ -275,12 +275,13 @@ def test_two_releases_racing_are_serialised_by_the_lease(
 
 
 def test_a_second_release_waiting_too_long_names_the_holder(drill: Drill, tiny_checkpoint_src, tiny_checkpoint_b_src):
-    from seqcls.serving.control import LeaseContext, lease_context, release_owner
+    from seqcls.serving.control import LeaseContext, lease_context
     from seqcls.serving.lease import ReleaseLease
 
     drill.release(tiny_checkpoint_src)
     holder = ReleaseLease(drill.repo, "seqcls")
-    holder.acquire(release_owner("seqcls", "f" * 64), kind="run", run="dag/run-42", step="smoke", timeout=1)
+    owner = f"release:seqcls:{'f' * 16}:{'0' * 8}"  # another release of the model, held by an Airflow run
+    holder.acquire(owner, kind="run", run="dag/run-42", step="smoke", timeout=1)
     try:
         with lease_context(LeaseContext(timeout=1.0)), pytest.raises(SeqclsError, match=r"run-42.*smoke|smoke.*run-42"):
             drill.release(tiny_checkpoint_b_src)

@@ -54,6 +54,7 @@ def env(triton: LocalTriton, root: Path, monkeypatch: pytest.MonkeyPatch) -> dic
         "SEQCLS_TRITON_REPOSITORY": str(triton.config.repository),
         "SEQCLS_TRITON_GRPC": triton.config.grpc_url,
         "SEQCLS_TRITON_HTTP": triton.config.http_url,
+        "SEQCLS_TRITON_METRICS": triton.config.metrics_url,
         "SEQCLS_MLFLOW_TRACKING_URI": f"sqlite:///{root / 'mlflow.db'}",
     }
     for key, value in values.items():
@@ -220,8 +221,17 @@ def test_the_readme_curl_call_answers_what_grpc_answers(
 ) -> None:
     """The default model beside the others, called as its users call it: KServe-v2 HTTP/JSON."""
     settings = Settings.from_env()
-    run_release(open_release(tiny_checkpoint_src, settings=settings))
+    results = {r.step: r for r in run_release(open_release(tiny_checkpoint_src, settings=settings))}
     from seqcls.serving.repository import Repository
+
+    # Triton's own metrics count exactly the smoke test's requests on the candidate route
+    counted = results["smoke"].summary["triton_metrics"][triton.config.grpc_url]
+    sent = 65 + -(-65 // 8)  # the golden texts one by one, then in batches of 8
+    assert counted == {
+        "nv_inference_request_success": sent,
+        "nv_inference_request_failure": 0,
+        "nv_inference_count": 2 * 65,
+    }, counted
 
     assert Repository.from_settings(settings, "seqcls").release_info(1)["max_text_bytes"] == 65536  # served limit
     command = _readme_curl().replace("127.0.0.1:8000", triton.config.http_url)

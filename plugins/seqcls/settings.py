@@ -23,6 +23,7 @@ ENV_HOME = "SEQCLS_HOME"
 ENV_TRITON_REPOSITORY = "SEQCLS_TRITON_REPOSITORY"
 ENV_TRITON_GRPC = "SEQCLS_TRITON_GRPC"  # comma-separated host:port, one per replica
 ENV_TRITON_HTTP = "SEQCLS_TRITON_HTTP"  # comma-separated host:port, same order as gRPC
+ENV_TRITON_METRICS = "SEQCLS_TRITON_METRICS"  # comma-separated host:port of the metrics port, same order
 # name=addr,addr;name2=addr: static answers for dns:/// endpoints (like curl --resolve)
 ENV_TRITON_RESOLVE = "SEQCLS_TRITON_RESOLVE"
 # the key Triton's model control (load/unload/repository index) requires; unset = a local Triton's key file
@@ -43,6 +44,7 @@ ENV_POLYGRAPHY_AUTOINSTALL = "POLYGRAPHY_AUTOINSTALL_DEPS"
 DEFAULT_MODEL_NAME = "seqcls"
 DEFAULT_GRPC = "127.0.0.1:8001"
 DEFAULT_HTTP = "127.0.0.1:8000"
+DEFAULT_METRICS = "127.0.0.1:8002"
 #: The request header Triton checks on restricted APIs (HTTP); gRPC metadata is ``triton-grpc-protocol-<it>``.
 CONTROL_HEADER = "triton-control-key"
 #: Where a local Triton keeps the control key it generated: its model repository's root, mode 0600.
@@ -180,6 +182,7 @@ class Settings:
     triton_repository: Path | None = None
     triton_grpc: tuple[str, ...] = ()
     triton_http: tuple[str, ...] = ()
+    triton_metrics: tuple[str, ...] = ()
     mlflow_tracking_uri: str | None = None
     runtime: str = "python-onnxruntime"
     device: str = "cpu"
@@ -199,6 +202,8 @@ class Settings:
             object.__setattr__(self, "triton_repository", self.home / "triton" / "model_repository")
         if not self.triton_grpc:
             object.__setattr__(self, "triton_grpc", (DEFAULT_GRPC,))
+            if not self.triton_metrics:  # the local default server: its metrics port too
+                object.__setattr__(self, "triton_metrics", (DEFAULT_METRICS,))
         if not self.triton_http:
             object.__setattr__(self, "triton_http", (DEFAULT_HTTP,))
         if self.mlflow_tracking_uri is None:
@@ -222,6 +227,7 @@ class Settings:
             "triton_repository": Path(env[ENV_TRITON_REPOSITORY]) if env.get(ENV_TRITON_REPOSITORY) else None,
             "triton_grpc": _split_endpoints(env.get(ENV_TRITON_GRPC, "")),
             "triton_http": _split_endpoints(env.get(ENV_TRITON_HTTP, "")),
+            "triton_metrics": _split_endpoints(env.get(ENV_TRITON_METRICS, "")),
             "mlflow_tracking_uri": env.get(ENV_MLFLOW_URI) or env.get("MLFLOW_TRACKING_URI") or None,
             "runtime": default_runtime(),
             "device": env.get(ENV_DEVICE) or "cpu",
@@ -239,8 +245,9 @@ class Settings:
                 values[key] = value
         if isinstance(values["triton_grpc"], str):
             values["triton_grpc"] = _split_endpoints(values["triton_grpc"])  # type: ignore[arg-type]
-        if isinstance(values["triton_http"], str):
-            values["triton_http"] = _split_endpoints(values["triton_http"])  # type: ignore[arg-type]
+        for key in ("triton_http", "triton_metrics"):
+            if isinstance(values[key], str):
+                values[key] = _split_endpoints(values[key])  # type: ignore[arg-type]
         return cls(**values)  # type: ignore[arg-type]
 
     @property

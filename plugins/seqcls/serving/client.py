@@ -45,6 +45,7 @@ class Endpoint:
 
     grpc: str
     http: str | None = None
+    metrics: str | None = None  # host:port of Triton's Prometheus metrics (None: not configured)
     control_key: str | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -94,6 +95,13 @@ def _expand(target: str) -> list[tuple[str, str | None]]:
     return [(_join(addr, port), name) for addr in resolve_replicas(name)]
 
 
+def _same_host(host: str, target: str | None) -> str | None:
+    """A replica's HTTP or metrics address: the resolved ``host`` at the port ``target`` names."""
+    if target is None:
+        return None
+    return f"{host}:{_split(target[len(DNS_PREFIX) :] if target.startswith(DNS_PREFIX) else target)[1]}"
+
+
 def endpoints_from_settings(settings: Settings, grpc: Sequence[str] | None = None) -> list[Endpoint]:
     """One :class:`Endpoint` per Triton replica.
 
@@ -104,17 +112,18 @@ def endpoints_from_settings(settings: Settings, grpc: Sequence[str] | None = Non
     """
     grpcs = list(grpc) if grpc else list(settings.triton_grpc)
     https = list(settings.triton_http) if not grpc else []
+    metrics = list(settings.triton_metrics) if not grpc else []
     key = settings.control_key()
     out: list[Endpoint] = []
     for i, target in enumerate(grpcs):
         http = https[i] if i < len(https) else None
+        metric = metrics[i] if i < len(metrics) else None
         for address, name in _expand(target):
-            if name is None or http is None:
-                out.append(Endpoint(address, http if name is None else None, control_key=key))
+            if name is None:
+                out.append(Endpoint(address, http, metric, control_key=key))
                 continue
             host = address.rpartition(":")[0]
-            http_port = _split(http[len(DNS_PREFIX) :] if http.startswith(DNS_PREFIX) else http)[1]
-            out.append(Endpoint(address, f"{host}:{http_port}", control_key=key))
+            out.append(Endpoint(address, _same_host(host, http), _same_host(host, metric), control_key=key))
     if not out:
         raise ServingError(f"no Triton endpoint: {grpcs} resolved to no address")
     return out

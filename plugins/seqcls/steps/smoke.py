@@ -23,7 +23,7 @@ import numpy as np
 
 from seqcls.errors import SmokeError, StepOrderError
 from seqcls.records import OUT_DIRS, Expected, ExpectedItem, published_version
-from seqcls.serving import shipped
+from seqcls.serving import metrics, shipped
 from seqcls.serving.client import Endpoint, TritonOps, endpoints_from_settings
 from seqcls.serving.names import ENSEMBLE, names_for
 from seqcls.serving.state import current_state
@@ -82,8 +82,20 @@ def compare(
     return diffs
 
 
+def _triton_counts(endpoint: Endpoint, route: str, version: int) -> dict[str, float] | None:
+    """The route version's request counters from the endpoint's metrics port (None: not configured/down)."""
+    if not endpoint.metrics:
+        return None
+    try:
+        return metrics.counts(metrics.scrape(endpoint.metrics), route, version)
+    except Exception as exc:  # evidence only: a metrics port that is down never fails a smoke test
+        log.warning("smoke: no metrics from %s (%s)", endpoint.metrics, exc)
+        return None
+
+
 def smoke_endpoint(endpoint: Endpoint, version: int, expected: Expected, route: str) -> dict[str, Any]:
     client = TritonOps(endpoint)
+    counted = _triton_counts(endpoint, route, version)
     items = expected.items
     texts = [it.text for it in items]
     tol = float(expected.prob_atol)
@@ -104,6 +116,8 @@ def smoke_endpoint(endpoint: Endpoint, version: int, expected: Expected, route: 
         batch_probs.append(pr)
     diffs += compare(items, batch_preds, np.concatenate(batch_probs), tol, f"batch of {BATCH}")
     lat = np.asarray(latencies)
+    after = _triton_counts(endpoint, route, version) if counted is not None else None
+    sent = len(texts) + -(-len(texts) // BATCH)
     agreement = None
     if expected.gate == "agreement":
         # A quantised profile was gated on decision agreement, not exactness: same rule here.
@@ -122,6 +136,9 @@ def smoke_endpoint(endpoint: Endpoint, version: int, expected: Expected, route: 
         "p95_ms": round(float(np.percentile(lat, 95)), 2),
         "agreement": agreement,
         "passed": passed,
+        "requests_sent": sent,
+        # Triton's own count of this route version's requests during the smoke test (metrics port)
+        "triton_metrics": metrics.delta(counted, after) if counted is not None and after is not None else None,
     }
 
 
@@ -198,6 +215,7 @@ def smoke(release: Release, endpoints: Sequence[Endpoint] | None = None) -> Step
             "p50_ms": max(r["p50_ms"] for r in reports),
             "p95_ms": max(r["p95_ms"] for r in reports),
             "route": route,
+            "triton_metrics": {r["endpoint"]: r.get("triton_metrics") for r in reports},
         }
         return summary, (
             f"{summary['texts']} golden texts answered as validated on {len(reports)} endpoint(s), "
