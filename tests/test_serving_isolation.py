@@ -134,7 +134,7 @@ def load(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     """``load(role, source, **release)`` → an initialized TritonPythonModel from a fresh version dir."""
     monkeypatch.setitem(sys.modules, "triton_python_backend_utils", _fake_pb_utils())
     monkeypatch.setattr(sys, "path", list(sys.path))
-    for name in ("seqcls_text", "seqcls_decide"):  # the plain names model.py imports: the copies beside it
+    for name in ("seqcls_text", "seqcls_decide", "seqcls_backend"):  # the copies beside model.py
         monkeypatch.delitem(sys.modules, name, raising=False)
     _Logger.errors = []
 
@@ -142,7 +142,7 @@ def load(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
         version = tmp_path / role / "1"
         version.mkdir(parents=True)
         shutil.copy(SOURCE / role / source, version / "model.py")
-        for common in ("seqcls_contract", "seqcls_text", "seqcls_decide"):
+        for common in ("seqcls_contract", "seqcls_text", "seqcls_decide", "seqcls_backend"):
             shutil.copy(SOURCE / "common" / f"{common}.py", version / f"{common}.py")
         (version / "vocab.txt").write_text("\n".join(VOCAB) + "\n", encoding="utf-8")
         info = {"labels": LABELS, "thresholds": [0.5] * len(LABELS), "max_length": 8, "pad_id": 0, **release}
@@ -160,7 +160,7 @@ def load(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
         return model
 
     yield _load
-    for name in ("seqcls_text", "seqcls_decide"):
+    for name in ("seqcls_text", "seqcls_decide", "seqcls_backend"):
         sys.modules.pop(name, None)
 
 

@@ -20,13 +20,13 @@ request of ``[0, L]`` gets ``[0, num_labels]`` logits.
 import json
 import os
 import sys
-import traceback
 
 import numpy as np
 import onnxruntime as ort
 import triton_python_backend_utils as pb_utils
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import seqcls_backend as backend
 import seqcls_contract as contract
 
 _LEVELS = {
@@ -38,24 +38,6 @@ _LEVELS = {
 STRATEGIES = contract.BATCHINGS
 assert set(_LEVELS) == set(contract.GRAPH_LEVELS), "graph level names drifted from seqcls_contract"
 _EMBED_LAYER_NORM = ("EmbedLayerNormalization", "QEmbedLayerNormalization")  # ORT's BERT fusion (+ int8)
-
-
-def _param(config, key, default):
-    value = config.get("parameters", {}).get(key, {}).get("string_value")
-    return default if value in (None, "") else value
-
-
-def _invalid(message):
-    """An error response for one request: ``INVALID_ARG`` where the python backend has codes."""
-    code = getattr(pb_utils.TritonError, "INVALID_ARG", None)
-    error = pb_utils.TritonError(message) if code is None else pb_utils.TritonError(message, code)
-    return pb_utils.InferenceResponse(output_tensors=[], error=error)
-
-
-def _log_unexpected(what):
-    logger = getattr(pb_utils, "Logger", None)
-    if logger is not None:
-        logger.log_error(f"{what}: {traceback.format_exc()}")
 
 
 def embedding_limits(model_file):
@@ -92,17 +74,17 @@ class TritonPythonModel:
         config = json.loads(args["model_config"])
         version_dir = os.path.join(args["model_repository"], args["model_version"])
         opts = ort.SessionOptions()
-        opts.intra_op_num_threads = int(_param(config, "intra_op_threads", "0"))
-        opts.inter_op_num_threads = int(_param(config, "inter_op_threads", "1"))
-        level = _param(config, "graph_optimization_level", "all")
+        opts.intra_op_num_threads = int(backend.param(config, "intra_op_threads", "0"))
+        opts.inter_op_num_threads = int(backend.param(config, "inter_op_threads", "1"))
+        level = backend.param(config, "graph_optimization_level", "all")
         if level not in _LEVELS:
             raise pb_utils.TritonModelException(f"graph_optimization_level={level!r}; expected {sorted(_LEVELS)}")
         opts.graph_optimization_level = _LEVELS[level]
-        self.batching = _param(config, "batching", "per-request")
+        self.batching = backend.param(config, "batching", "per-request")
         if self.batching not in STRATEGIES:
             raise pb_utils.TritonModelException(f"batching={self.batching!r}; expected one of {STRATEGIES}")
-        self.pad_id = int(_param(config, "pad_id", "0"))
-        model_file = os.path.join(version_dir, _param(config, "model_file", "model.onnx"))
+        self.pad_id = int(backend.param(config, "pad_id", "0"))
+        model_file = os.path.join(version_dir, backend.param(config, "model_file", "model.onnx"))
         self.session = ort.InferenceSession(model_file, sess_options=opts, providers=["CPUExecutionProvider"])
         self.output = self.session.get_outputs()[0].name
         self._limits(model_file, os.path.join(version_dir, contract.RELEASE_FILE))
@@ -116,7 +98,7 @@ class TritonPythonModel:
         try:
             graph = embedding_limits(model_file)
         except Exception:  # no onnx module, an unusual graph: release.json's figures, ORT errors caught anyway
-            _log_unexpected("seqcls_model: reading the embedding tables")
+            backend.log_unexpected("seqcls_model: reading the embedding tables")
             graph = {}
         self.vocab_size = graph.get(contract.MODEL_INPUTS[0], release.get("vocab_size"))
         self.type_vocab_size = graph.get(contract.MODEL_INPUTS[1], release.get("type_vocab_size"))
@@ -161,7 +143,7 @@ class TritonPythonModel:
                 return problem
             return ids.astype(np.int64, copy=False), types.astype(np.int64, copy=False)
         except Exception as exc:
-            _log_unexpected("seqcls_model: reading a request")
+            backend.log_unexpected("seqcls_model: reading a request")
             return f"seqcls_model: could not read the request ({type(exc).__name__}: {exc})"
 
     def _run(self, input_ids, type_ids):
@@ -184,7 +166,7 @@ class TritonPythonModel:
         try:
             return self._run(*feed)
         except Exception as exc:
-            _log_unexpected("seqcls_model: ONNX Runtime failed on one request")
+            backend.log_unexpected("seqcls_model: ONNX Runtime failed on one request")
             return f"seqcls_model: ONNX Runtime failed on this request ({type(exc).__name__}: {exc})"
 
     def _run_group(self, feeds, group, results):
@@ -197,7 +179,7 @@ class TritonPythonModel:
             types = np.concatenate([_pad(feeds[i][1], longest, 0) for i in group])
             logits = self._run(ids, types)
         except Exception:  # one request broke the shared run: run each alone, the culprit alone fails
-            _log_unexpected("seqcls_model: a shared run failed; retrying request by request")
+            backend.log_unexpected("seqcls_model: a shared run failed; retrying request by request")
             for i in group:
                 results[i] = self._run_one(feeds[i])
             return
@@ -216,13 +198,13 @@ class TritonPythonModel:
 
     def _response(self, result):
         if isinstance(result, str):
-            return _invalid(result)
+            return backend.invalid(result)
         try:
             logits = np.asarray(result, dtype=np.float32)
             return pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor(contract.LOGITS_OUTPUT, logits)])
         except Exception as exc:
-            _log_unexpected("seqcls_model: building a response")
-            return _invalid(f"seqcls_model: could not build the response ({type(exc).__name__}: {exc})")
+            backend.log_unexpected("seqcls_model: building a response")
+            return backend.invalid(f"seqcls_model: could not build the response ({type(exc).__name__}: {exc})")
 
 
 def _pad(x, length, value):

@@ -14,27 +14,14 @@ logits give empty outputs.
 import json
 import os
 import sys
-import traceback
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import seqcls_backend as backend
 import seqcls_contract as contract
 import seqcls_decide
-
-
-def _invalid(message):
-    """An error response for one request: ``INVALID_ARG`` where the python backend has codes."""
-    code = getattr(pb_utils.TritonError, "INVALID_ARG", None)
-    error = pb_utils.TritonError(message) if code is None else pb_utils.TritonError(message, code)
-    return pb_utils.InferenceResponse(output_tensors=[], error=error)
-
-
-def _log_unexpected(what):
-    logger = getattr(pb_utils, "Logger", None)
-    if logger is not None:
-        logger.log_error(f"{what}: {traceback.format_exc()}")
 
 
 class TritonPythonModel:
@@ -51,10 +38,12 @@ class TritonPythonModel:
     def _answer(self, request):
         tensor = pb_utils.get_input_tensor_by_name(request, contract.LOGITS_OUTPUT)
         if tensor is None:
-            return _invalid(f"seqcls_postprocess: the request has no {contract.LOGITS_OUTPUT} input")
+            return backend.invalid(f"seqcls_postprocess: the request has no {contract.LOGITS_OUTPUT} input")
         logits = tensor.as_numpy()
         if logits.ndim != 2 or logits.shape[1] != len(self.labels):
-            return _invalid(f"seqcls_postprocess: logits shape {list(logits.shape)}, expected [N, {len(self.labels)}]")
+            return backend.invalid(
+                f"seqcls_postprocess: logits shape {list(logits.shape)}, expected [N, {len(self.labels)}]"
+            )
         probs = seqcls_decide.sigmoid(logits)
         rows = seqcls_decide.decide(probs, self.thresholds, self.labels, hierarchy=self.hierarchy)
         payload = np.empty((len(rows), 1), dtype=object)
@@ -75,6 +64,6 @@ class TritonPythonModel:
             try:
                 responses.append(self._answer(request))
             except Exception as exc:
-                _log_unexpected("seqcls_postprocess: one request")
-                responses.append(_invalid(f"seqcls_postprocess: {type(exc).__name__}: {exc}"))
+                backend.log_unexpected("seqcls_postprocess: one request")
+                responses.append(backend.invalid(f"seqcls_postprocess: {type(exc).__name__}: {exc}"))
         return responses

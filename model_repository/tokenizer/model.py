@@ -17,32 +17,14 @@ ids as PaddleNLP); a request with no texts gets empty ``[0, 2]`` tensors.
 import json
 import os
 import sys
-import traceback
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import seqcls_backend as backend
 import seqcls_contract as contract
 import seqcls_text
-
-
-def _param(config, key, default):
-    value = config.get("parameters", {}).get(key, {}).get("string_value")
-    return default if value in (None, "") else value
-
-
-def _invalid(message):
-    """An error response for one request: ``INVALID_ARG`` where the python backend has codes."""
-    code = getattr(pb_utils.TritonError, "INVALID_ARG", None)
-    error = pb_utils.TritonError(message) if code is None else pb_utils.TritonError(message, code)
-    return pb_utils.InferenceResponse(output_tensors=[], error=error)
-
-
-def _log_unexpected(what):
-    logger = getattr(pb_utils, "Logger", None)
-    if logger is not None:
-        logger.log_error(f"{what}: {traceback.format_exc()}")
 
 
 class TritonPythonModel:
@@ -53,13 +35,13 @@ class TritonPythonModel:
             release = json.load(fh)
         self.max_length = int(release["max_length"])
         self.max_text_bytes = int(release.get(contract.MAX_TEXT_BYTES_KEY) or contract.MAX_TEXT_BYTES)
-        self.padding = _param(config, "padding", "longest")
+        self.padding = backend.param(config, "padding", "longest")
         if self.padding not in contract.PADDINGS:
             raise pb_utils.TritonModelException(
                 f"parameter padding={self.padding!r}; expected one of {contract.PADDINGS}"
             )
         self.buckets = [
-            int(b) for b in _param(config, "buckets", ",".join(map(str, contract.DEFAULT_BUCKETS))).split(",")
+            int(b) for b in backend.param(config, "buckets", ",".join(map(str, contract.DEFAULT_BUCKETS))).split(",")
         ]
         self.pad_id = int(release.get("pad_id", 0))
         self.tokenizer = seqcls_text.build_tokenizer(
@@ -84,7 +66,7 @@ class TritonPythonModel:
                 return "tokenizer: " + "; ".join(bad[:3]) + more
             return texts
         except Exception as exc:
-            _log_unexpected("tokenizer: reading a request")
+            backend.log_unexpected("tokenizer: reading a request")
             return f"tokenizer: could not read the request ({type(exc).__name__}: {exc})"
 
     def _encode(self, parsed):
@@ -102,7 +84,7 @@ class TritonPythonModel:
                     out.append(p)
             return out
         except Exception:
-            _log_unexpected("tokenizer: encode_batch failed; retrying request by request")
+            backend.log_unexpected("tokenizer: encode_batch failed; retrying request by request")
         out = []
         for p in parsed:
             try:
@@ -113,7 +95,7 @@ class TritonPythonModel:
 
     def _response(self, ids):
         if isinstance(ids, str):
-            return _invalid(ids)
+            return backend.invalid(ids)
         try:
             input_ids, type_ids = seqcls_text.pad(
                 ids, strategy=self.padding, max_length=self.max_length, pad_id=self.pad_id, buckets=self.buckets
@@ -125,8 +107,8 @@ class TritonPythonModel:
                 ]
             )
         except Exception as exc:
-            _log_unexpected("tokenizer: building a response")
-            return _invalid(f"tokenizer: could not build the response ({type(exc).__name__}: {exc})")
+            backend.log_unexpected("tokenizer: building a response")
+            return backend.invalid(f"tokenizer: could not build the response ({type(exc).__name__}: {exc})")
 
     def execute(self, requests):
         return [self._response(ids) for ids in self._encode([self._texts(r) for r in requests])]

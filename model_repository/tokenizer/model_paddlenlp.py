@@ -15,20 +15,13 @@ is tokenized), as in the fast ``model.py``. Outputs are the same: ``input_ids`` 
 import json
 import os
 import sys
-import traceback
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import seqcls_backend as backend
 import seqcls_contract as contract
-
-
-def _invalid(message):
-    """An error response for one request: ``INVALID_ARG`` where the python backend has codes."""
-    code = getattr(pb_utils.TritonError, "INVALID_ARG", None)
-    error = pb_utils.TritonError(message) if code is None else pb_utils.TritonError(message, code)
-    return pb_utils.InferenceResponse(output_tensors=[], error=error)
 
 
 def _texts(raw, max_bytes):
@@ -87,10 +80,10 @@ class TritonPythonModel:
     def _answer(self, request):
         tensor = pb_utils.get_input_tensor_by_name(request, contract.TEXT_INPUT)
         if tensor is None:
-            return _invalid(f"tokenizer: the request has no {contract.TEXT_INPUT} input")
+            return backend.invalid(f"tokenizer: the request has no {contract.TEXT_INPUT} input")
         texts = _texts(tensor.as_numpy(), self.max_text_bytes)
         if isinstance(texts, str):
-            return _invalid(texts)
+            return backend.invalid(texts)
         input_ids, type_ids = self._encode(texts)
         return pb_utils.InferenceResponse(
             output_tensors=[
@@ -105,8 +98,6 @@ class TritonPythonModel:
             try:
                 responses.append(self._answer(request))
             except Exception as exc:
-                logger = getattr(pb_utils, "Logger", None)
-                if logger is not None:
-                    logger.log_error(f"tokenizer: one request: {traceback.format_exc()}")
-                responses.append(_invalid(f"tokenizer: {type(exc).__name__}: {exc}"))
+                backend.log_unexpected("tokenizer: one request")
+                responses.append(backend.invalid(f"tokenizer: {type(exc).__name__}: {exc}"))
         return responses

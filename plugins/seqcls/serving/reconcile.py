@@ -37,6 +37,7 @@ from seqcls.serving.state import ServingState
 
 log = logging.getLogger(__name__)
 
+
 def desired_versions(state: ServingState, *, keep_previous: bool = True) -> dict[str, list[int]]:
     """Triton model → the versions that must be READY (empty = not loaded at all)."""
     names = names_for(state.model_name)

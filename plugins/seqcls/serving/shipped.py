@@ -22,9 +22,16 @@ from seqcls.settings import Settings
 
 COMMON_DIR = "common"
 CONTRACT = "seqcls_contract"
+#: The serving logic, importable outside Triton too (the library, the MLflow pyfunc).
 MODULES = (CONTRACT, "seqcls_text", "seqcls_decide")
+#: Triton python-backend glue (per-request errors, logging): imports triton_python_backend_utils.
+BACKEND = "seqcls_backend"
 #: Which shipped modules each python model version carries (besides its model.py).
-SHIPPED_WITH = {TOKENIZER: (CONTRACT, "seqcls_text"), MODEL: (CONTRACT,), POSTPROCESS: (CONTRACT, "seqcls_decide")}
+SHIPPED_WITH = {
+    TOKENIZER: (CONTRACT, BACKEND, "seqcls_text"),
+    MODEL: (CONTRACT, BACKEND),
+    POSTPROCESS: (CONTRACT, BACKEND, "seqcls_decide"),
+}
 
 
 def common_dir(settings: Settings | None = None) -> Path:

@@ -51,9 +51,7 @@ def promote(release: Release) -> StepResult:
                 f"version {triton_version}; the champion follows what is served — run `seqcls expose` first."
             )
         moved = set_champion(release.settings, cfg.model_name, version, triton_version)
-        control.give_lease(
-            repository, cfg.model_name, control.release_owner(release)
-        )
+        control.give_lease(repository, cfg.model_name, control.release_owner(release))
         summary = {
             "model_name": cfg.model_name,
             "version": version,
