@@ -92,6 +92,24 @@ def server(tmp_path: Path) -> Iterator[LocalTriton]:
     assert not srv.status().running
 
 
+def start_triton(root: Path, name: str = "triton", *, repository: Path | None = None, **config) -> LocalTriton:
+    """A started real local Triton on free loopback ports: repository ``root/repo`` unless given,
+    state in ``root/<name>-state``; the caller stops it (module fixtures share one per module)."""
+    http, grpc, metrics = free_ports(3)
+    server = LocalTriton(
+        TritonServerConfig(
+            repository=repository or root / "repo",
+            http_port=http,
+            grpc_port=grpc,
+            metrics_port=metrics,
+            state_dir=root / f"{name}-state",
+            **config,
+        )
+    )
+    server.start()
+    return server
+
+
 def settings_for(server, home: Path, source: Path | None = None):
     """Settings pointing the library at ``server`` (its repository and endpoints)."""
     from seqcls.settings import Settings

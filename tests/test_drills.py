@@ -29,7 +29,7 @@ import pytest
 
 from seqcls.config import ReleaseConfig
 from seqcls.errors import SeqclsError, ServingError
-from seqcls.localtriton import LocalTriton, TritonServerConfig, free_ports
+from seqcls.localtriton import LocalTriton
 from seqcls.serving.names import ENSEMBLE
 from seqcls.serving.state import current_state
 from seqcls.settings import CONTROL_KEY_FILE as KEY_FILE
@@ -38,6 +38,7 @@ from seqcls.status import status
 from seqcls.steps import run_release
 from seqcls.sync import incomplete_versions, stale_temporaries, sync
 from seqcls.workspace import open_release
+from tests.conftest import start_triton
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.drill]
 
@@ -61,13 +62,7 @@ def _timed_sync(settings: Settings, scenario: str, outcome: str) -> list:
 
 
 def _start(root: Path, name: str, repository: Path) -> LocalTriton:
-    http, grpc, metrics = free_ports(3)
-    cfg = TritonServerConfig(
-        repository=repository, http_port=http, grpc_port=grpc, metrics_port=metrics, state_dir=root / f"{name}-state"
-    )
-    server = LocalTriton(cfg)
-    server.start()
-    return server
+    return start_triton(root, name, repository=repository)
 
 
 @pytest.fixture(scope="module")

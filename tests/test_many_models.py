@@ -18,13 +18,14 @@ import pytest
 
 from seqcls.config import ReleaseConfig
 from seqcls.errors import InputError
-from seqcls.localtriton import LocalTriton, TritonServerConfig, free_ports
+from seqcls.localtriton import LocalTriton
 from seqcls.serving.client import TritonOps, endpoints_from_settings
 from seqcls.serving.names import CLASSIC, names_for
 from seqcls.settings import PROJECT_ROOT, Settings
 from seqcls.status import status
 from seqcls.steps import run_release
 from seqcls.workspace import open_release
+from tests.conftest import start_triton
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
@@ -36,13 +37,7 @@ def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def triton(root: Path) -> Iterator[LocalTriton]:
-    http, grpc, metrics = free_ports(3)
-    server = LocalTriton(
-        TritonServerConfig(
-            repository=root / "repo", http_port=http, grpc_port=grpc, metrics_port=metrics, state_dir=root / "state"
-        )
-    )
-    server.start()
+    server = start_triton(root)
     yield server
     server.stop()
 

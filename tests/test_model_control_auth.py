@@ -27,6 +27,7 @@ from seqcls.settings import CONTROL_KEY_FILE, ENV_TRITON_CONTROL_KEY, Settings
 from seqcls.steps import run_release
 from seqcls.steps.smoke import infer
 from seqcls.workspace import open_release
+from tests.conftest import start_triton
 
 KEY = "unit-test-key-" + "0123456789abcdef" * 2
 WRONG = "wrong-key-" + "fedcba9876543210" * 2
@@ -149,13 +150,7 @@ def _op(settings: Settings) -> TritonOps:
 
 @pytest.fixture(scope="module")
 def triton(root: Path) -> Iterator[LocalTriton]:
-    http, grpc, metrics = free_ports(3)
-    server = LocalTriton(
-        TritonServerConfig(
-            repository=root / "repo", http_port=http, grpc_port=grpc, metrics_port=metrics, state_dir=root / "state"
-        )
-    )
-    server.start()
+    server = start_triton(root)
     yield server
     while OPEN:
         OPEN.pop().close()
