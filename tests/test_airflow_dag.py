@@ -226,11 +226,12 @@ def test_hooks_read_connections_and_fall_back_to_settings(monkeypatch: pytest.Mo
     )
     monkeypatch.setenv("AIRFLOW_CONN_MLFLOW_DEFAULT", json.dumps({"conn_type": "generic", "host": "ml", "port": 5000}))
     hook = TritonHook()
-    assert [(e.grpc, e.http) for e in hook.get_conn()] == [("a:1", "a:3"), ("b:2", "b:4")]
-    assert [e.grpc for e in TritonHook("triton_one").get_conn()] == ["t:9001"]
-    assert TritonHook("triton_one", grpc=["x:1"]).endpoints[0].grpc == "x:1"  # arguments beat the connection
+    assert [(e.grpc, e.http) for e in hook.endpoints()] == [("a:1", "a:3"), ("b:2", "b:4")]
+    assert [ops.endpoint for ops in hook.get_conn()] == hook.endpoints()  # the real client, one per replica
+    assert [e.grpc for e in TritonHook("triton_one").endpoints()] == ["t:9001"]
+    assert TritonHook("triton_one", grpc=["x:1"]).configured_endpoints[0].grpc == "x:1"  # arguments beat the connection
     with pytest.raises(InputError, match="one of each per Triton replica"):
-        TritonHook("triton_bad").get_conn()
+        TritonHook("triton_bad").endpoints()
     assert MlflowHook().tracking_uri == "http://ml:5000"
     # a missing connection: settings defaults (the local embedded setup)
     assert TritonHook("nope").settings_overrides() == {
@@ -246,7 +247,7 @@ def test_hooks_read_connections_and_fall_back_to_settings(monkeypatch: pytest.Mo
         json.dumps({"conn_type": "generic", "password": key, "extra": {"grpc_endpoints": "dns:///pods:8001"}}),
     )
     monkeypatch.setenv("SEQCLS_TRITON_RESOLVE", "pods=10.0.0.1,10.0.0.2")
-    keyed = TritonHook("triton_keyed").get_conn()
+    keyed = TritonHook("triton_keyed").endpoints()
     assert [e.grpc for e in keyed] == ["10.0.0.1:8001", "10.0.0.2:8001"]
     assert all(e.control_key == key for e in keyed) and key not in repr(keyed)
     settings = task_settings({"triton_conn_id": "nope", "mlflow_conn_id": "nope"})
@@ -359,16 +360,29 @@ def test_sync_dag_runs_every_few_minutes(monkeypatch: pytest.MonkeyPatch) -> Non
 
 @pytest.mark.slow
 def test_plugin_is_listed_without_import_errors() -> None:
+    """Registered once, by the installed package's ``airflow.plugins`` entry point — not by the plugins folder
+    (the tests point it at ``plugins/``, the package's source tree: its .airflowignore keeps the scan out)."""
     out = _airflow("plugins", "-o", "json", timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
-    plugins = {p["name"]: p for p in json.loads(out.stdout[out.stdout.index("[") :])}
-    assert plugins["seqcls"]["source"] == "$PLUGINS_FOLDER/seqcls_plugin.py"
+    listed = json.loads(out.stdout[out.stdout.index("[") :])
+    assert [p["name"] for p in listed].count("seqcls") == 1, listed
+    plugins = {p["name"]: p for p in listed}
+    assert plugins["seqcls"]["source"].startswith("seqcls=="), plugins["seqcls"]["source"]
+    assert "EntryPoint(name='seqcls', value='seqcls.airflow.plugin:SeqclsPlugin'" in plugins["seqcls"]["source"]
     links = " ".join(plugins["seqcls"]["global_operator_extra_links"])
     assert "MlflowModelVersionLink" in links and "TritonModelLink" in links
-    code = "import json; from airflow import plugins_manager as pm; print(json.dumps(pm._get_plugins()[1]))"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert not (PLUGINS / "seqcls_plugin.py").exists(), "the plugins-folder shim is gone"
+    code = (
+        "import json; from airflow import plugins_manager as pm, settings as s; p, e = pm._get_plugins();"
+        "print(json.dumps({'folder': s.PLUGINS_FOLDER, 'names': [x.name for x in p], 'errors': e}))"
+    )
+    # also with providers discovered eagerly: their plugins are loaded too, and must not repeat the entry point's
+    env = {**os.environ, "AIRFLOW__CORE__LAZY_DISCOVER_PROVIDERS": "False"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env, cwd="/")
     assert out.returncode == 0, out.stderr[-2000:]
-    assert json.loads(out.stdout.strip().splitlines()[-1]) == {}
+    loaded = json.loads(out.stdout.strip().splitlines()[-1])
+    assert loaded["folder"] == str(PLUGINS) and loaded["errors"] == {}, loaded
+    assert loaded["names"].count("seqcls") == 1, loaded
 
 
 # ----------------------------------------------------------------------------- runs (dag.test)

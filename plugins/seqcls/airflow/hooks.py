@@ -1,18 +1,25 @@
 """Airflow hooks for the two systems a release talks to: Triton servers and MLflow.
 
-Each hook resolves one Connection into the arguments the seqcls library takes — a list of
-:class:`~seqcls.serving.client.Endpoint` plus the live repository path, or a tracking URI — and caches
-one client. No release logic lives here; retries are the library's (``seqcls.serving.client.retrying``).
+Each hook resolves one Connection into the arguments the seqcls library takes — the Triton
+replicas (:class:`~seqcls.serving.client.Endpoint`) plus the live repository path, or a tracking
+URI — and gives the real client: ``TritonHook.get_conn()`` one :class:`~seqcls.serving.client.TritonOps`
+per replica (tritonclient's gRPC client behind seqcls's policy: the control key on model-control
+calls only, timeouts, the one retry policy), ``MlflowHook.get_conn()`` an ``MlflowClient``. No
+release logic lives here; ``test_connection()`` (the UI's *Test* button) is :mod:`seqcls.airflow.checks`.
 
-Connection formats (the same ones ``docker-compose.airflow.yml`` defines)::
+Connection types (``seqcls.airflow.provider``: the forms; ``docker-compose.airflow.yml`` defines both)::
 
-    triton_default  conn_type generic; host/port = one replica's gRPC address, or extras
+    triton_default  conn_type triton; host/port = one replica's gRPC address, or extras
                     grpc_endpoints  "triton-a:8001,triton-b:8001"   one per replica
                     http_endpoints  "triton-a:8000,triton-b:8000"   same order (optional)
                     repository      "/models"  the live model repository as the workers see it
-    mlflow_default  conn_type generic; extra tracking_uri, else schema://host:port (schema http);
+                    password        Triton's model-control key
+    mlflow_default  conn_type mlflow; extra tracking_uri, else schema://host:port (schema http);
                     credentials: login + password (basic auth), or a token (extra ``token``, or a
                     password without login) — never in the URI (refused: it is logged and recorded)
+
+The hooks read the extras and fields, not the type: Connections of ``conn_type`` ``generic`` (as
+before these types existed) work the same.
 
 Credentials stay out of everything seqcls writes: every password and sensitive extra a hook reads
 (``token``, ``password``, ... — Airflow's sensitive names) is registered with Airflow's secrets
@@ -37,8 +44,9 @@ from airflow.sdk import BaseHook
 from airflow.sdk.exceptions import AirflowNotFoundException
 from airflow.sdk.log import mask_secret
 
+from seqcls.airflow.provider import MLFLOW_CONN_TYPE, MLFLOW_NAME, TRITON_CONN_TYPE, TRITON_NAME
 from seqcls.errors import InputError
-from seqcls.serving.client import Endpoint
+from seqcls.serving.client import Endpoint, TritonOps
 from seqcls.settings import Settings, check_tracking_uri, mlflow_credentials
 
 
@@ -55,7 +63,8 @@ class _SeqclsHook(BaseHook):
 
     conn_name_attr = "conn_id"
     default_conn_name = ""
-    conn_type = "generic"
+    conn_type = ""
+    hook_name = ""
     fallback = ""
 
     def __init__(self, conn_id: str | None = None) -> None:
@@ -79,6 +88,16 @@ class _SeqclsHook(BaseHook):
         conn = self.connection
         return dict(conn.extra_dejson) if conn is not None else {}
 
+    def test_connection(self) -> tuple[bool, str]:
+        """The UI's *Test*: ``(True, what answered)`` or ``(False, what failed and what to fix)``."""
+        try:
+            return self._check()
+        except Exception as exc:  # a configuration error is an answer too: the UI shows the message
+            return False, f"{self.hook_name}: {exc}"
+
+    def _check(self) -> tuple[bool, str]:
+        raise NotImplementedError
+
 
 def mask_connection(conn) -> None:
     """Register ``conn``'s password and the values of its sensitive extras (Airflow's list of names:
@@ -94,7 +113,8 @@ class TritonHook(_SeqclsHook):
 
     conn_name_attr = "triton_conn_id"
     default_conn_name = "triton_default"
-    hook_name = "Triton Inference Server (seqcls)"
+    conn_type = TRITON_CONN_TYPE
+    hook_name = TRITON_NAME
     fallback = "SEQCLS_TRITON_GRPC / SEQCLS_TRITON_HTTP / SEQCLS_TRITON_REPOSITORY or the local defaults"
     DEFAULT_GRPC_PORT = 8001
 
@@ -110,8 +130,9 @@ class TritonHook(_SeqclsHook):
         self._grpc, self._http, self._repository = grpc, http, repository
 
     @cached_property
-    def endpoints(self) -> list[Endpoint]:
-        """Endpoints from arguments / the Connection; empty → the caller uses its settings."""
+    def configured_endpoints(self) -> list[Endpoint]:
+        """Endpoints as the arguments / the Connection name them (``dns:///`` unresolved, no key); empty →
+        the caller uses its settings."""
         grpc = _split(self._grpc) or _split(self.extra.get("grpc_endpoints"))
         if not grpc and self.connection is not None and self.connection.host:
             grpc = [f"{self.connection.host}:{self.connection.port or self.DEFAULT_GRPC_PORT}"]
@@ -144,7 +165,7 @@ class TritonHook(_SeqclsHook):
 
     def settings_overrides(self) -> dict[str, Any]:
         """Keyword overrides for :meth:`Settings.from_env` (None = keep the settings' value)."""
-        eps = self.endpoints
+        eps = self.configured_endpoints
         return {
             "triton_grpc": tuple(e.grpc for e in eps) or None,
             "triton_http": tuple(e.http for e in eps if e.http) or None,
@@ -152,12 +173,29 @@ class TritonHook(_SeqclsHook):
             "triton_control_key": self.control_key,
         }
 
-    def get_conn(self) -> list[Endpoint]:
-        """One endpoint per Triton replica (``dns:///`` names resolved), with the control key; the
+    def endpoints(self) -> list[Endpoint]:
+        """One endpoint per Triton replica (``dns:///`` names resolved now), with the control key; the
         settings' defaults when the Connection names none."""
         from seqcls.serving.client import endpoints_from_settings
 
         return endpoints_from_settings(Settings.from_env(**self.settings_overrides()))
+
+    def get_conn(self) -> list[TritonOps]:
+        """The real client: one :class:`~seqcls.serving.client.TritonOps` per replica (its ``.client`` is
+        tritonclient's gRPC ``InferenceServerClient``, sending the key on model-control calls only)."""
+        return [TritonOps(e) for e in self.endpoints()]
+
+    def _check(self) -> tuple[bool, str]:
+        from seqcls.airflow.checks import check_triton
+
+        endpoints = self.endpoints()
+        if self.control_key:
+            source = "the Connection's password"
+        elif any(e.control_key for e in endpoints):
+            source = "SEQCLS_TRITON_CONTROL_KEY / the repository's key file"
+        else:
+            source = "nowhere (none set)"
+        return check_triton(endpoints, self.repository, source)
 
 
 class MlflowHook(_SeqclsHook):
@@ -165,7 +203,8 @@ class MlflowHook(_SeqclsHook):
 
     conn_name_attr = "mlflow_conn_id"
     default_conn_name = "mlflow_default"
-    hook_name = "MLflow (seqcls)"
+    conn_type = MLFLOW_CONN_TYPE
+    hook_name = MLFLOW_NAME
     fallback = "SEQCLS_MLFLOW_TRACKING_URI / MLFLOW_TRACKING_URI or the sqlite store under SEQCLS_HOME"
 
     def __init__(self, mlflow_conn_id: str | None = None, *, tracking_uri: str | None = None) -> None:
@@ -200,7 +239,13 @@ class MlflowHook(_SeqclsHook):
         return mlflow_credentials(conn.login, password, str(token) if token else None)
 
     def get_conn(self):
+        """The real client: an ``MlflowClient`` for the Connection's tracking URI."""
         return self.client
+
+    def _check(self) -> tuple[bool, str]:
+        from seqcls.airflow.checks import check_mlflow
+
+        return check_mlflow(Settings.from_env(mlflow_tracking_uri=self.tracking_uri), self.credentials_env())
 
     @cached_property
     def client(self):

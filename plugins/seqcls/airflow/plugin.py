@@ -1,19 +1,24 @@
 """The ``seqcls`` Airflow plugin: task extra links to the MLflow model version and the Triton model.
 
+Registered through the ``airflow.plugins`` entry point of the installed ``seqcls`` distribution
+(``pyproject.toml``), not through a plugins folder: ``airflow plugins`` lists it as ``seqcls`` with
+source ``seqcls==<version>: EntryPoint(...)``. (The repository's ``plugins/`` directory is the
+package's source tree; its ``.airflowignore`` keeps a plugins-folder scan of it from executing the
+modules as top-level files.)
+
 Airflow 3 computes a *global* extra link in the API server, for every task, by calling
 ``get_link``; the seqcls tasks push the URLs themselves to XCom (keys
 :data:`seqcls.airflow.MLFLOW_URL_KEY` / :data:`seqcls.airflow.TRITON_URL_KEY`), so a link reads
-that XCom exactly as Airflow's own XCom-backed operator links do, and is empty (hidden) for tasks
-that pushed nothing. ``register_model``/``promote`` push the MLflow URL (only when MLflow is an
-http(s) server — a sqlite store has no UI), ``publish_repository``/``reload_triton``/
-``smoke_test`` push Triton's HTTP metadata URL of the served ensemble version.
-
-Loaded through ``plugins/seqcls_plugin.py``; ``airflow plugins`` lists it as ``seqcls``.
+that XCom, and is empty (hidden) for tasks that pushed nothing. ``register_model``/``promote`` push
+the MLflow URL (only when MLflow is an http(s) server — a sqlite store has no UI),
+``publish_repository``/``reload_triton``/``smoke_test``/``expose_version`` push Triton's HTTP
+metadata URL of the served ensemble version.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, ClassVar
+import json
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from airflow.plugins_manager import AirflowPlugin
 from airflow.sdk import BaseOperatorLink
@@ -23,6 +28,35 @@ from seqcls.airflow import MLFLOW_URL_KEY, TRITON_URL_KEY
 if TYPE_CHECKING:
     from airflow.sdk import BaseOperator
     from airflow.sdk.types import TaskInstanceKey
+
+
+def pushed_value(ti_key: TaskInstanceKey, key: str) -> Any:
+    """The XCom ``key`` the task instance pushed (None without one), read from the metadata database.
+
+    The one place seqcls touches Airflow internals. A global link runs in the API server, where the
+    Task SDK's ``XCom`` cannot work (it talks to a task supervisor; apache/airflow#59093), and Airflow
+    3.3 has no public server-side XCom reader yet (proposed: apache/airflow#68789). Until then this is
+    what Airflow's maintainers suggest for plugin-registered links: ``XComModel`` in a session.
+    """
+    from airflow.models.xcom import XComModel
+    from airflow.utils.session import create_session
+
+    query = XComModel.get_many(
+        key=key,
+        run_id=ti_key.run_id,
+        dag_ids=ti_key.dag_id,
+        task_ids=ti_key.task_id,
+        map_indexes=ti_key.map_index,
+        limit=1,
+    ).with_only_columns(XComModel.value)
+    with create_session() as session:
+        value = session.scalar(query)
+    if isinstance(value, str):
+        try:
+            return json.loads(value)  # stored JSON-encoded by the task's xcom_push
+        except ValueError:
+            return value
+    return value
 
 
 class _XComUrlLink(BaseOperatorLink):
@@ -35,11 +69,8 @@ class _XComUrlLink(BaseOperatorLink):
         return self.key
 
     def get_link(self, operator: BaseOperator, *, ti_key: TaskInstanceKey) -> str:
-        # Runs in the API server: read the XCom the way Airflow's own XCom-backed links do.
-        from airflow.serialization.definitions.operatorlink import XComOperatorLink
-
-        url = XComOperatorLink(name=self.name, xcom_key=self.xcom_key).get_link(operator, ti_key=ti_key)
-        return url if url.startswith(("http://", "https://")) else ""
+        url = pushed_value(ti_key, self.xcom_key)
+        return url if isinstance(url, str) and url.startswith(("http://", "https://")) else ""
 
 
 class MlflowModelVersionLink(_XComUrlLink):
@@ -59,11 +90,4 @@ class SeqclsPlugin(AirflowPlugin):
     global_operator_extra_links: ClassVar[list] = [MlflowModelVersionLink(), TritonModelLink()]
 
 
-if __name__ != "seqcls.airflow.plugin":
-    # Airflow's plugins-folder scan executes every .py file under plugins/ as a top-level module
-    # (this one as "plugin") unless plugins/.airflowignore lists seqcls/; the plugin is registered
-    # once, through plugins/seqcls_plugin.py, not a second time as a duplicate ("already registered").
-    del SeqclsPlugin
-
-
-__all__ = ["MlflowModelVersionLink", "SeqclsPlugin", "TritonModelLink"]
+__all__ = ["MlflowModelVersionLink", "SeqclsPlugin", "TritonModelLink", "pushed_value"]
