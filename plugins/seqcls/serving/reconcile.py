@@ -23,8 +23,10 @@ they are written once per phase; a dead endpoint is reported and the others stil
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,6 +38,7 @@ from seqcls.serving.repository import Repository
 from seqcls.serving.state import ServingState
 
 log = logging.getLogger(__name__)
+MAX_PARALLEL_LOADS = 8  # model loads in flight at once (3 composing models × replicas)
 
 
 def desired_versions(state: ServingState, *, keep_previous: bool = True) -> dict[str, list[int]]:
@@ -90,6 +93,7 @@ class ReconcileReport:
 class _Reconciler:
     def __init__(self, repo: Repository, ops: Sequence[TritonOps], desired: dict[str, list[int]]) -> None:
         self.repo, self.desired, self.names = repo, desired, repo.names
+        self._lock = threading.Lock()
         self.report = ReconcileReport(desired)
         self.actual: dict[str, dict[str, list[int]]] = {}
         self.ops: list[TritonOps] = []
@@ -138,9 +142,24 @@ class _Reconciler:
             elif op.ready(model):
                 op.unload(model)
             self.actual[key][model] = list(versions)
-            self.report.actions.append(f"{key}: {model} → {versions or 'unloaded'}")
+            with self._lock:
+                self.report.actions.append(f"{key}: {model} → {versions or 'unloaded'}")
         except ServingError as exc:
-            self.report.errors[key] = str(exc)
+            with self._lock:
+                self.report.errors.setdefault(key, str(exc))
+
+    def apply_all(self, todo: Sequence[TritonOps], models: Sequence[str], versions: dict[str, list[int]]) -> None:
+        """:meth:`apply` for every (endpoint, model) pair at once: models that do not pin each other
+        (the three composing models; the two routes) load in parallel, on every replica in parallel —
+        a load is mostly a python stub starting, so a reload costs one stub start, not six."""
+        pairs = [(op, m) for op in todo for m in models]
+        if len(pairs) <= 1:
+            for op, m in pairs:
+                self.apply(op, m, versions[m])
+            return
+        with ThreadPoolExecutor(max_workers=min(len(pairs), MAX_PARALLEL_LOADS)) as pool:
+            for future in [pool.submit(self.apply, op, m, versions[m]) for op, m in pairs]:
+                future.result()
 
     def run(self) -> ReconcileReport:
         todo = self.pending()
@@ -155,14 +174,12 @@ class _Reconciler:
         for phase, composing in (("widen", widened), ("narrow", self.desired[first])):
             for model in self.names.composing:
                 self.write(model, composing)
-                for op in todo:
-                    self.apply(op, model, composing)
+            self.apply_all(todo, self.names.composing, dict.fromkeys(self.names.composing, composing))
             faults.point(f"reconcile:after-{phase}")
             if phase == "widen":
                 for model in routes:
                     self.write(model, self.desired[model])
-                    for op in todo:
-                        self.apply(op, model, self.desired[model])
+                self.apply_all(todo, routes, self.desired)
                 faults.point("reconcile:after-routes")
         return self.report
 
