@@ -4,9 +4,13 @@ The YAML is read with PyYAML (anchors/merge keys resolved) and checked against t
 the project: service set, health checks, loopback-only ports, the shared Triton repository
 volume, Connections the hooks read, SEQCLS_* names that exist in ``seqcls.settings``, and Triton's
 model control restricted to the key ``SEQCLS_TRITON_CONTROL_KEY`` — the Triton Connection's password
-and the Airflow containers' setting, from the environment / ``.env`` only. Then Debian's
-``docker-compose`` (1.29, engine-less) validates the file for real, must reject a broken copy of it,
-and must refuse the file without the key (default-deny).
+and the Airflow containers' setting, from the environment / ``.env`` only. Issue 14: the Airflow
+image installs seqcls as a package (a wheel built in a first stage, ``--no-deps`` over the pinned
+requirements; the build fails unless Airflow lists the provider and the plugin), nothing is
+bind-mounted over the plugins folder, the Connections are of the provider's types, and a
+``prometheus`` service scrapes Triton's metrics port (``docker/prometheus.yml``, job ``triton``).
+Then Debian's ``docker-compose`` (1.29, engine-less) validates the file for real, must reject a
+broken copy of it, and must refuse the file without the key (default-deny).
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 COMPOSE_FILE = ROOT / "docker-compose.airflow.yml"
 REQUIREMENTS = ROOT / "requirements.txt"
 TRITON_REQUIREMENTS = ROOT / "docker" / "requirements-triton.txt"
+PROMETHEUS_CONFIG = ROOT / "docker" / "prometheus.yml"
 
 EXPECTED_SERVICES = {
     "postgres",
@@ -40,6 +45,7 @@ EXPECTED_SERVICES = {
     "airflow-triggerer",
     "mlflow",
     "triton",
+    "prometheus",
 }
 ONE_SHOT_SERVICES = {"airflow-init"}
 AIRFLOW_SERVICES = sorted(s for s in EXPECTED_SERVICES if s.startswith("airflow-"))
@@ -199,6 +205,7 @@ def test_healthchecks_probe_the_documented_endpoints(services: dict) -> None:
     assert "TriggererJob" in probe("airflow-triggerer")
     assert "/health" in probe("mlflow")
     assert "/v2/health/live" in probe("triton")
+    assert "/-/healthy" in probe("prometheus")
 
 
 def test_scheduler_health_server_enabled(services: dict) -> None:
@@ -221,6 +228,7 @@ def test_expected_ports_are_published(services: dict) -> None:
     assert {p for _, _, p in _published_ports(services["airflow-apiserver"])} == {"8080"}
     assert {p for _, _, p in _published_ports(services["mlflow"])} == {"5000"}
     assert {p for _, _, p in _published_ports(services["triton"])} == {"8000", "8001", "8002"}
+    assert {p for _, _, p in _published_ports(services["prometheus"])} == {"9090"}
     assert not _published_ports(services["postgres"]), "postgres must stay inside the network"
 
 
@@ -364,6 +372,20 @@ def test_connections_point_at_compose_services(services: dict) -> None:
         assert mlflow["extra"]["tracking_uri"] == env[settings.ENV_MLFLOW_URI]
 
 
+@pytest.mark.parametrize("name", AIRFLOW_SERVICES)
+def test_connections_are_of_the_providers_types(services: dict, name: str) -> None:
+    """The UI shows their forms (and Test); every extra is one of the form's fields."""
+    from seqcls.airflow.provider import CONNECTION_TYPES
+
+    types = {t["connection-type"]: t for t in CONNECTION_TYPES}
+    env = _env(services[name])
+    for var, conn_type in (("AIRFLOW_CONN_TRITON_DEFAULT", "triton"), ("AIRFLOW_CONN_MLFLOW_DEFAULT", "mlflow")):
+        conn = json.loads(env[var])
+        assert conn["conn_type"] == conn_type, f"{name}: {var} is {conn['conn_type']!r}, not the provider's type"
+        unknown = set(conn.get("extra") or {}) - set(types[conn_type]["conn-fields"])
+        assert not unknown, f"{name}: {var} extras {sorted(unknown)} are not fields of the {conn_type} form"
+
+
 def test_mlflow_server_serves_artifacts_inside_the_network(services: dict) -> None:
     mlflow = services["mlflow"]
     options = _options(_command(mlflow))
@@ -385,6 +407,36 @@ def test_seqcls_env_vars_are_settings_names() -> None:
     assert used, "compose file sets no SEQCLS_* variable"
     unknown = used - known
     assert not unknown, f"SEQCLS_* names not defined in seqcls.settings: {sorted(unknown)}"
+
+
+# ----------------------------------------------------------------------------- Prometheus
+
+
+def test_prometheus_scrapes_tritons_metrics_port(services: dict) -> None:
+    prometheus = services["prometheus"]
+    assert re.fullmatch(r"prom/prometheus:v\d+\.\d+\.\d+", prometheus["image"]), "pin a Prometheus release"
+    options = _options(_command(prometheus))
+    config_path = options.get("--config.file", "/etc/prometheus/prometheus.yml")
+    mounts = {entry.split(":")[1]: entry for entry in prometheus["volumes"] if isinstance(entry, str)}
+    entry = mounts.get(config_path, "")
+    assert entry.endswith(":ro"), f"prometheus: {config_path} must be mounted read-only, got {entry!r}"
+    assert (ROOT / entry.split(":")[0]).resolve() == PROMETHEUS_CONFIG.resolve()
+    data = _volume_mounts(prometheus).get(options.get("--storage.tsdb.path", "/prometheus"))
+    assert data in (yaml.safe_load(COMPOSE_FILE.read_text(encoding="utf-8")).get("volumes") or {}), data
+
+    config = yaml.safe_load(PROMETHEUS_CONFIG.read_text(encoding="utf-8"))
+    jobs = {job["job_name"]: job for job in config["scrape_configs"]}
+    triton = jobs["triton"]
+    assert triton.get("metrics_path", "/metrics") == "/metrics" and triton.get("scheme", "http") == "http"
+    targets = [t for group in triton["static_configs"] for t in group["targets"]]
+    metrics_port = int(_options(_command(services["triton"]))["--metrics-port"])
+    assert targets == [f"triton:{metrics_port}"], targets
+    for target in targets:
+        host, port = _host_port(target)
+        assert host in services and port in _container_ports(services[host]), f"{target} is not a compose service port"
+    for key in ("scrape_interval", "scrape_timeout"):
+        assert re.fullmatch(r"\d+[smh]", config["global"][key]), f"{key}: {config['global'][key]!r}"
+    assert "depends_on" not in prometheus, "a Triton that is down (no GPU) is a target down, not a blocked stack"
 
 
 # ----------------------------------------------------------------------------- dependencies
@@ -447,32 +499,69 @@ def _dockerfile(services: dict, name: str) -> tuple[Path, str]:
 
 
 def _copied_sources(text: str) -> list[str]:
+    """Build-context sources of COPY/ADD (not ``COPY --from=<stage>``: those come from another stage)."""
     sources = []
     for line in text.splitlines():
         words = line.split()
-        if words and words[0].upper() in {"COPY", "ADD"}:
+        if words and words[0].upper() in {"COPY", "ADD"} and not any(w.startswith("--from=") for w in words):
             args = [w for w in words[1:] if not w.startswith("--")]
             sources.extend(args[:-1])
     return sources
 
 
+def _stages(text: str) -> list[str]:
+    """The Dockerfile's stages, each from its FROM line (continuation lines joined)."""
+    text = text.replace("\\\n", " ")
+    return ["FROM" + part for part in re.split(r"^FROM", text, flags=re.M)[1:]]
+
+
 def test_airflow_dockerfile_installs_the_project(services: dict) -> None:
+    """A wheel built from the repository, installed --no-deps over the pins: no editable install,
+    nothing in the plugins folder, and the build fails unless Airflow sees the provider and the plugin."""
     context, text = _dockerfile(services, "airflow-scheduler")
     airflow_pin = _pins(REQUIREMENTS)["apache-airflow"]
-    assert re.search(rf"^FROM apache/airflow:{re.escape(airflow_pin)}-python3\.11\b", text, re.M), (
-        f"airflow.Dockerfile must build FROM apache/airflow:{airflow_pin}-python3.11 (requirements.txt pin)"
-    )
-    assert "requirements.txt" in _copied_sources(text)
-    assert re.search(r"pip install[^\n]*-r\s+\S*requirements", text), "requirements.txt not pip-installed"
-    assert re.search(r"pip install[^\n]*\s-e\s", text), "project not pip install -e'd (no seqcls CLI)"
+    wheel, image = _stages(text)
+    for stage in (wheel, image):
+        assert re.match(rf"FROM apache/airflow:{re.escape(airflow_pin)}-python3\.11\b", stage), (
+            f"airflow.Dockerfile must build FROM apache/airflow:{airflow_pin}-python3.11 (requirements.txt pin)"
+        )
+    stage_name = re.match(r"FROM \S+ AS (\S+)", wheel).group(1)
+    for needed in ("pyproject.toml", "README.md", "plugins/", "tools/"):
+        assert needed in _copied_sources(wheel), f"the wheel stage does not copy {needed}"
+    assert re.search(r"pip wheel[^\n]*--no-deps[^\n]*\s\.\s*$", wheel, re.M), "the wheel stage builds no wheel of ."
+
+    assert "requirements.txt" in _copied_sources(image)
+    assert re.search(r"pip install[^\n]*-r\s+\S*requirements", image), "requirements.txt not pip-installed"
+    assert re.search(rf"COPY --from={stage_name}\b", image), "the image does not take the built wheel"
+    assert re.search(r"pip install[^\n]*--no-deps[^\n]*seqcls-\*\.whl", image), "the wheel is not installed --no-deps"
+    assert not re.search(r"pip install[^\n]*\s-e\s", text), "an editable install imports from the source tree"
+    assert "plugins/" not in _copied_sources(image), "the image's plugins folder must stay empty"
+    assert re.search(r"airflow providers get seqcls", image) and re.search(r"airflow plugins[^\n]*seqcls", image)
     for source in _copied_sources(text):
         if any(ch in source for ch in "*?["):
-            continue  # optional glob (e.g. README.m[d])
+            continue
         assert (context / source).exists(), f"airflow.Dockerfile copies missing {source}"
-    for needed in ("pyproject.toml", "plugins/", "model_repository/"):
-        assert needed in _copied_sources(text), f"airflow.Dockerfile does not copy {needed}"
+    # the model repository template: where the image copies it is where the settings look
+    env = dict(re.findall(r"(SEQCLS_\w+|AIRFLOW__CORE__\w+)=(\S+)", image))
+    workdir = re.findall(r"^WORKDIR (\S+)", image.split("model_repository/")[0], re.M)[-1]
+    assert re.search(r"^COPY [^\n]*model_repository/ \./model_repository/", image, re.M)
+    assert env[settings.ENV_MODEL_REPOSITORY_SOURCE] == f"{workdir}/model_repository"
+    assert env["AIRFLOW__CORE__PLUGINS_FOLDER"] == "/opt/seqcls/plugins" and "/opt/seqcls/plugins" in image
     for name in AIRFLOW_SERVICES:
         assert services[name]["build"] == services["airflow-scheduler"]["build"], name
+
+
+@pytest.mark.parametrize("name", AIRFLOW_SERVICES)
+def test_airflow_runs_the_installed_package_not_the_source_tree(services: dict, name: str) -> None:
+    env = _env(services[name])
+    mounts = _volume_mounts(services[name])
+    plugins_folder = env["AIRFLOW__CORE__PLUGINS_FOLDER"]
+    host_sources = {target: src for target, src in mounts.items() if src.startswith((".", "/"))}
+    assert plugins_folder not in host_sources, f"{name}: {host_sources.get(plugins_folder)} over the plugins folder"
+    assert not any(Path(src).parts[-1:] == ("plugins",) for src in host_sources.values()), f"{name}: {host_sources}"
+    assert set(host_sources.values()) == {"./dags", "./model_repository"}, host_sources
+    source = env.get(settings.ENV_MODEL_REPOSITORY_SOURCE)
+    assert mounts.get(source) == "./model_repository", f"{name}: {settings.ENV_MODEL_REPOSITORY_SOURCE}={source}"
 
 
 def test_triton_dockerfile_installs_requirements_triton(services: dict) -> None:
