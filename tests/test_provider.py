@@ -69,6 +69,29 @@ def test_provider_info_validates_against_the_airflow_schemas() -> None:
     assert "plugins" not in info, "the airflow.plugins entry point registers the plugin: here it would load twice"
 
 
+def test_entry_points_are_declared_and_installed() -> None:
+    """pyproject declares both; the installed distribution carries them (read outside the source tree)."""
+    import tomllib
+
+    project = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text(encoding="utf-8"))
+    declared = project["project"]["entry-points"]
+    assert declared["apache_airflow_provider"] == {"provider_info": "seqcls.airflow.provider:get_provider_info"}
+    assert declared["airflow.plugins"] == {"seqcls": "seqcls.airflow.plugin:SeqclsPlugin"}
+    code = (
+        "import json; from importlib.metadata import distribution as d;"
+        "print(json.dumps(sorted([e.group, e.name, e.value] for e in d('seqcls').entry_points)))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=AIRFLOW_HOME)
+    assert out.returncode == 0, out.stderr[-2000:]
+    installed = {(g, n): v for g, n, v in json.loads(out.stdout)}
+    for group, points in declared.items():
+        for name, value in points.items():
+            assert installed.get((group, name)) == value, (
+                f"the installed seqcls lacks {group}:{name}; refresh its metadata: "
+                ".venv/bin/pip install --no-deps --no-build-isolation -e ."
+            )
+
+
 def test_airflow_lists_seqcls_with_both_connection_types() -> None:
     t0 = time.perf_counter()
     providers = {p["package_name"]: p for p in _airflow_json("providers", "list")}
