@@ -328,6 +328,8 @@ def test_airflow_environment(services: dict, name: str) -> None:
     assert env.get(settings.ENV_RUNTIME) in settings.RUNTIMES
     assert env.get(settings.ENV_DEVICE) == "gpu"
     assert env.get(settings.ENV_DEVICE) in settings.DEVICES
+    metrics_host, _, metrics_port = env.get(settings.ENV_TRITON_METRICS, "").rpartition(":")
+    assert metrics_host == "triton" and int(metrics_port) in _container_ports(services["triton"])
     # every component must agree on the JWT secret, or tasks cannot talk to the execution API
     assert "AIRFLOW__API_AUTH__JWT_SECRET" in env or "AIRFLOW__API_AUTH__JWT_SECRET_CMD" in env
     execution_api = urlsplit(env["AIRFLOW__CORE__EXECUTION_API_SERVER_URL"])
