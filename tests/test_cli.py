@@ -33,3 +33,15 @@ def test_lease_break_reports_json(home: Path, capsys: pytest.CaptureFixture[str]
 def test_a_bad_model_name_is_a_clear_error_with_exit_1(home: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["status", "--model-name", "alpha_model"]) == 1
     assert "collide" in capsys.readouterr().err
+
+
+def test_readme_names_every_release_flag() -> None:
+    """README's flag list cannot drift from the parser (it once lacked --prob-atol and --hierarchy)."""
+    from seqcls.cli import build_parser
+    from seqcls.settings import PROJECT_ROOT
+
+    release = build_parser()._subparsers._group_actions[0].choices["release"]  # argparse has no public API for it
+    flags = {opt for action in release._actions for opt in action.option_strings if opt.startswith("--")}
+    readme = (PROJECT_ROOT / "README.md").read_text(encoding="utf-8")
+    missing = sorted(f for f in flags - {"--help"} if f not in readme)
+    assert not missing, f"README does not mention {missing}"
