@@ -452,6 +452,13 @@ def test_release_skip_then_smoke_failure_rolls_back(
     ti = next(t for t in dr.get_task_instances() if t.task_id == "reload_triton")
     assert TritonModelLink().get_link(dag.get_task("reload_triton"), ti_key=ti.key).endswith("/versions/1")
     assert MlflowModelVersionLink().get_link(dag.get_task("reload_triton"), ti_key=ti.key) == ""
+    from urllib.parse import quote
+
+    from seqcls.airflow.plugin import ParityEvidenceLink
+
+    vti = next(t for t in dr.get_task_instances() if t.task_id == "validate_parity")
+    evidence = ParityEvidenceLink().get_link(dag.get_task("validate_parity"), ti_key=vti.key)
+    assert evidence.endswith(f"/seqcls/parity/{dag.dag_id}/{quote(vti.run_id, safe='')}"), evidence
 
     # 2. what a scheduled run does — `latest`, already champion — ends with every task skipped
     dr, states = _run(dag, {})

@@ -24,6 +24,10 @@ from airflow.plugins_manager import AirflowPlugin
 from airflow.sdk import BaseOperatorLink
 
 from seqcls.airflow import MLFLOW_URL_KEY, TRITON_URL_KEY
+from seqcls.airflow.parity_view import URL_PREFIX, create_app, evidence_path
+from seqcls.steps import BY_NAME
+
+VALIDATE_TASK = BY_NAME["validate"].task_id
 
 if TYPE_CHECKING:
     from airflow.sdk import BaseOperator
@@ -83,11 +87,31 @@ class TritonModelLink(_XComUrlLink):
     key = TRITON_URL_KEY
 
 
+class ParityEvidenceLink(BaseOperatorLink):
+    """``validate_parity``'s evidence page (:mod:`seqcls.airflow.parity_view`), passed or failed.
+
+    Computed from the ti_key alone (a failed gate pushes no XCom). The UI opens an extra link as an
+    ``<a href>``, so a path resolves against the API server the UI came from; with ``[api] base_url``
+    set (a sub-path deployment) the URL is absolute under it.
+    """
+
+    name = "Parity evidence"
+
+    def get_link(self, operator: BaseOperator, *, ti_key: TaskInstanceKey) -> str:
+        if ti_key.task_id != VALIDATE_TASK:
+            return ""
+        from airflow.configuration import conf
+
+        base = (conf.get("api", "base_url", fallback="") or "").rstrip("/")
+        return f"{base}{evidence_path(ti_key.dag_id, ti_key.run_id)}"
+
+
 class SeqclsPlugin(AirflowPlugin):
-    """Extra links for the seqcls release tasks."""
+    """Extra links for the seqcls release tasks, and the parity evidence page they point at."""
 
     name = "seqcls"
-    global_operator_extra_links: ClassVar[list] = [MlflowModelVersionLink(), TritonModelLink()]
+    global_operator_extra_links: ClassVar[list] = [MlflowModelVersionLink(), TritonModelLink(), ParityEvidenceLink()]
+    fastapi_apps: ClassVar[list] = [{"app": create_app(), "url_prefix": URL_PREFIX, "name": "seqcls"}]
 
 
-__all__ = ["MlflowModelVersionLink", "SeqclsPlugin", "TritonModelLink", "pushed_value"]
+__all__ = ["MlflowModelVersionLink", "ParityEvidenceLink", "SeqclsPlugin", "TritonModelLink", "pushed_value"]
