@@ -34,10 +34,16 @@ def bench_settings(home: Path, server=None):
 
 
 def bench_release(checkpoint: Path, profile: str, settings):
+    """The bench's release of ``profile``: every profile under the default model name, so a hot
+    reload swaps versions of the one ensemble clients call (``seqcls``); a workspace per profile
+    (its own home under the bench's), so each profile's records survive the others."""
+    from dataclasses import replace
+
     from seqcls.config import ReleaseConfig
     from seqcls.workspace import open_release
 
-    return open_release(checkpoint, ReleaseConfig(model_name=f"bench-{profile}", profile=profile), settings)
+    settings = replace(settings, home=Path(settings.home) / f"profile-{profile}")
+    return open_release(checkpoint, ReleaseConfig(profile=profile), settings)
 
 
 def run_releases(checkpoint: Path, home: Path) -> dict[str, Any]:
@@ -136,11 +142,16 @@ def serve_release(release, options: ServingOptions, results: dict | None = None)
     """
     import inspect
 
+    from seqcls.serving import control
     from seqcls.steps import step
 
     results = {} if results is None else results
-    for name in serving_steps():
-        fn = step(name).load()
-        kwargs = {"options": options} if "options" in inspect.signature(fn).parameters else {}
-        results[name] = fn(release, **kwargs)
+    try:
+        for name in serving_steps():
+            fn = step(name).load()
+            kwargs = {"options": options} if "options" in inspect.signature(fn).parameters else {}
+            results[name] = fn(release, **kwargs)
+    finally:  # serving steps alone never reach promote, which ends a release's lease: end it here
+        repository = Path(str(release.settings.triton_repository))
+        control.give_lease(repository, release.config.model_name, control.release_owner(release))
     return results
