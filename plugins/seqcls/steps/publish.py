@@ -46,7 +46,8 @@ DEFAULT_RETAIN = 3
 TMP_PUBLISH = ".tmp-publish.{model}.{pid}-{version}"
 
 
-def _release_values(release: Release) -> dict[str, Any]:
+def release_values(release: Release, options: ServingOptions) -> dict[str, Any]:
+    """What every Triton version's ``release.json`` holds besides its files (the pyfunc carries it too)."""
     expected = Expected.load(release.workspace)
     vocab = release.checkpoint.vocab_file.read_text(encoding="utf-8").splitlines()
     return {
@@ -60,6 +61,7 @@ def _release_values(release: Release) -> dict[str, Any]:
         "pad_id": vocab.index("[PAD]") if "[PAD]" in vocab else 0,
         "profile": release.config.profile,
         "release_key": release_key(release),  # the MLflow version's key: sync/status find it by this
+        shipped.contract().MAX_TEXT_BYTES_KEY: int(options.max_text_bytes),
     }
 
 
@@ -192,7 +194,7 @@ def publish(release: Release, options: ServingOptions | None = None, *, retain: 
     validate_rec = require(release, STEP)["validate"]
     options = options or ServingOptions.from_settings(release.settings)
     repo = Repository.from_settings(release.settings, release.config.model_name)
-    values = {**_release_values(release), shipped.contract().MAX_TEXT_BYTES_KEY: int(options.max_text_bytes)}
+    values = release_values(release, options)
     sources = {m: _files_for(release, m, options, repo.names) for m in repo.names.models}
     for model, files in sources.items():
         for name, path in files.items():

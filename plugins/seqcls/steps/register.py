@@ -123,11 +123,10 @@ def log_pyfunc(release: Release):
 
     from seqcls.serving import shipped
     from seqcls.serving.repository import ServingOptions
-    from seqcls.steps.publish import _release_values  # what every Triton version's release.json holds
+    from seqcls.steps.publish import release_values
 
     contract = shipped.contract(release.settings)
-    limit = ServingOptions.from_settings(release.settings).max_text_bytes  # as publish writes it
-    values = {**_release_values(release), contract.MAX_TEXT_BYTES_KEY: int(limit)}
+    values = release_values(release, ServingOptions.from_settings(release.settings))  # as publish writes it
     items = Expected.load(release.workspace).items
     common = shipped.common_dir(release.settings)
     with tempfile.TemporaryDirectory(prefix="seqcls-pyfunc-") as tmp:

@@ -16,7 +16,8 @@ from typing import Any
 
 import numpy as np
 
-ENSEMBLE = "seqcls"
+from seqcls.serving.names import ENSEMBLE
+
 ROLES = ("server", "tokenizer", "seqcls_model", "seqcls_postprocess", "other")
 
 
