@@ -10,7 +10,14 @@ TEXT_INPUT = "TEXT"
 PREDICTIONS_OUTPUT = "predictions"
 PROBABILITIES_OUTPUT = "probabilities"
 #: The ONNX graph's tensors (convert renames paddle2onnx's ``fetch_name_0`` to ``logits``).
+#: Every id tensor a served graph may take, in this order; each graph declares a subset, recorded
+#: per version in ``release.json`` under :data:`MODEL_INPUTS_KEY`: PaddleNLP's ERNIE takes
+#: ``input_ids`` + ``token_type_ids`` (it derives its mask from the pad id), HF BERT all three,
+#: HF DeBERTa-v2 ``input_ids`` + ``attention_mask`` (no token types when ``type_vocab_size`` is 0).
+MODEL_INPUT_NAMES = ("input_ids", "token_type_ids", "attention_mask")
+#: The Paddle graph's inputs: what a version whose ``release.json`` names none takes.
 MODEL_INPUTS = ("input_ids", "token_type_ids")
+MODEL_INPUTS_KEY = "model_inputs"
 LOGITS_OUTPUT = "logits"
 
 #: How the tokenizer pads the texts of one request into an ``[N, L]`` tensor.
