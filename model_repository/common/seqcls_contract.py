@@ -31,8 +31,9 @@ DEFAULT_BUCKETS = (16, 32, 64, 128, 256, 512)
 #: How ``seqcls_model`` (python-onnxruntime) runs the requests of one dynamic batch.
 #: - ``per-request``: one ORT run per request, no cross-request padding (CPU default);
 #: - ``group-by-length``: requests of the same length (e.g. ``buckets``) concatenated into one run;
-#: - ``pad-to-longest``: all padded to the batch's longest and run once (GPU style).
-BATCHINGS = ("per-request", "group-by-length", "pad-to-longest")
+#: - ``pad-to-longest``: all padded to the batch's longest and run once (GPU style);
+#: - ``per-text``: every text (row) runs unpadded at its own length, equal lengths share a run.
+BATCHINGS = ("per-request", "group-by-length", "pad-to-longest", "per-text")
 
 #: ONNX Runtime graph optimisation levels by name → Triton native backend's ``graph { level }``
 #: (the python runtime maps the same names to ``ort.GraphOptimizationLevel``).
