@@ -1,0 +1,278 @@
+"""Per-text execution vs the other ``seqcls_model`` batchings, in-process, on a real converted ERNIE.
+
+The shipped ``model_repository/seqcls_model/model.py`` is loaded from a version directory (as
+publish lays it out) with a stand-in for ``triton_python_backend_utils`` and its ``execute`` is
+called directly — no Triton, no tokenizer stub, no gRPC: only what the batching strategy changes.
+Three request shapes, texts from the bench corpus tokenized by the served tokenizer (``longest``
+padding, ``max_length`` 128):
+
+- ``1x1``: one request of one text per ``execute`` (single-text clients, no dynamic batching);
+- ``1x8``: one request of eight texts per ``execute`` (padded to that request's longest);
+- ``8x1``: eight single-text requests in one ``execute`` (what the dynamic batcher hands over).
+
+Prints sentences/s per strategy and shape, the ratio ``1x8 / 1x1`` per strategy, and max |Δ| of
+every strategy's logits vs ``per-request`` (the padded run) against the parity gate's tolerance.
+Every figure comes from this one run. ::
+
+    .venv/bin/python -m seqcls_tools.bench.per_text            # ERNIE 3.0 medium shape (builds it, ~2 min)
+    .venv/bin/python -m seqcls_tools.bench.per_text --spec tiny --texts 64 --rounds 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+
+SHAPES = ("1x1", "1x8", "8x1")
+#: the contract's strategies plus per-text strictly one ORT run per row (``group_equal_lengths`` off)
+UNGROUPED = "per-text/ungrouped"
+
+
+# --- a stand-in for triton_python_backend_utils: just what the seqcls python models call ---------
+
+
+class _Error:
+    INVALID_ARG = "INVALID_ARG"
+
+    def __init__(self, message: str, code: object = None) -> None:
+        self._message, self._code = message, code
+
+    def message(self) -> str:
+        return self._message
+
+    def code(self) -> object:
+        return self._code
+
+
+class _Tensor:
+    def __init__(self, name: str, array: np.ndarray) -> None:
+        self._name, self._array = name, array
+
+    def name(self) -> str:
+        return self._name
+
+    def as_numpy(self) -> np.ndarray:
+        return self._array
+
+
+class _Response:
+    def __init__(self, output_tensors: list[_Tensor] | None = None, error: _Error | None = None) -> None:
+        self.outputs = {t.name(): t.as_numpy() for t in output_tensors or []}
+        self.error = error
+
+
+class _Logger:
+    @staticmethod
+    def log_error(message: str) -> None:
+        print(message, file=sys.stderr)
+
+
+def fake_pb_utils() -> ModuleType:
+    mod = ModuleType("triton_python_backend_utils")
+    mod.TritonError = _Error  # type: ignore[attr-defined]
+    mod.Tensor = _Tensor  # type: ignore[attr-defined]
+    mod.InferenceResponse = _Response  # type: ignore[attr-defined]
+    mod.TritonModelException = RuntimeError  # type: ignore[attr-defined]
+    mod.Logger = _Logger  # type: ignore[attr-defined]
+    mod.get_input_tensor_by_name = lambda request, name: request.get(name)  # type: ignore[attr-defined]
+    return mod
+
+
+def request(**arrays: np.ndarray) -> dict[str, _Tensor]:
+    """A request as the fake ``get_input_tensor_by_name`` reads it."""
+    return {name: _Tensor(name, np.asarray(a)) for name, a in arrays.items()}
+
+
+def logits_of(response: Any) -> np.ndarray:
+    if response.error is not None:
+        raise RuntimeError(response.error.message())
+    return response.outputs["logits"]
+
+
+# --- the model --------------------------------------------------------------------------------------
+
+
+def to_onnx(checkpoint: Path, out: Path) -> Path:
+    """A PaddleNLP checkpoint → ``out/model.onnx`` the way export + convert do it (PIR, paddle2onnx)."""
+    import paddle
+    from paddlenlp.transformers import ErnieForSequenceClassification
+
+    from seqcls.steps.convert import INPUT_NAMES, convert_static
+    from seqcls.steps.export import static_model_files
+
+    out.mkdir(parents=True, exist_ok=True)
+    onnx_file = out / "model.onnx"
+    if onnx_file.is_file() and onnx_file.stat().st_size:
+        return onnx_file
+    paddle.set_device("cpu")
+    model = ErnieForSequenceClassification.from_pretrained(str(checkpoint))
+    model.eval()
+    spec = [paddle.static.InputSpec(shape=[None, None], dtype="int64", name=n) for n in INPUT_NAMES]
+    static_dir = out / "static"
+    paddle.jit.save(paddle.jit.to_static(model, full_graph=True, input_spec=spec), str(static_dir / "float32"))
+    model_file, params_file = static_model_files(static_dir)
+    labels = model.config.num_labels
+    convert_static(model_file, params_file, onnx_file, opset=14, num_labels=labels)
+    shutil.rmtree(static_dir, ignore_errors=True)
+    return onnx_file
+
+
+def load_model(onnx_file: Path, root: Path, *, batching: str, threads: int = 2, pad_id: int = 0, **release: Any):
+    """An initialized ``seqcls_model`` TritonPythonModel over ``onnx_file`` (linked into a fresh version dir).
+
+    Call with the fake ``triton_python_backend_utils`` already in ``sys.modules``.
+    """
+    from seqcls.settings import PROJECT_ROOT
+
+    source = PROJECT_ROOT / "model_repository"
+    version = Path(tempfile.mkdtemp(prefix=f"{batching.replace('/', '-')}-", dir=root)) / "1"
+    version.mkdir()
+    shutil.copy(source / "seqcls_model" / "model.py", version / "model.py")
+    for common in ("seqcls_contract", "seqcls_backend"):
+        shutil.copy(source / "common" / f"{common}.py", version / f"{common}.py")
+    os.symlink(Path(onnx_file).resolve(), version / "model.onnx")
+    (version / "release.json").write_text(json.dumps({"pad_id": pad_id, **release}), encoding="utf-8")
+    spec = importlib.util.spec_from_file_location(f"_seqcls_model_{version.parent.name}", version / "model.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    model = module.TritonPythonModel()
+    params = {"batching": batching, "intra_op_threads": str(threads), "pad_id": str(pad_id)}
+    config = json.dumps({"parameters": {k: {"string_value": v} for k, v in params.items()}})
+    model.initialize({"model_config": config, "model_repository": str(version.parent), "model_version": "1"})
+    return model
+
+
+# --- the measurement --------------------------------------------------------------------------------
+
+
+def _batches(ids: list[list[int]], shape: str, text_mod: ModuleType) -> list[list[dict[str, _Tensor]]]:
+    """The ``execute`` calls of one shape: each a list of requests, each request padded to its longest."""
+
+    def req(rows: list[list[int]]) -> dict[str, _Tensor]:
+        a, t = text_mod.pad(rows, strategy="longest")
+        return request(input_ids=a, token_type_ids=t)
+
+    if shape == "1x1":
+        return [[req([x])] for x in ids]
+    if shape == "1x8":
+        return [[req(ids[i : i + 8])] for i in range(0, len(ids), 8)]
+    return [[req([x]) for x in ids[i : i + 8]] for i in range(0, len(ids), 8)]
+
+
+def _time(model: Any, calls: list[list[dict[str, _Tensor]]]) -> tuple[float, list[np.ndarray]]:
+    t0 = time.perf_counter()
+    out = [logits_of(r) for call in calls for r in model.execute(call)]
+    return time.perf_counter() - t0, out
+
+
+def measure(onnx_file: Path, ids: list[list[int]], *, rounds: int, threads: int, work: Path) -> dict[str, Any]:
+    """sentences/s per (strategy, shape) — best of ``rounds``, strategies interleaved — and parity."""
+    from seqcls.serving import shipped
+
+    text_mod = shipped.text()
+    strategies = [*shipped.contract().BATCHINGS, UNGROUPED]
+    sys.modules["triton_python_backend_utils"] = fake_pb_utils()
+    models = {}
+    for s in strategies:
+        models[s] = load_model(onnx_file, work, batching=s.split("/")[0], threads=threads)
+        models[s].group_equal_lengths = s != UNGROUPED
+    calls = {shape: _batches(ids, shape, text_mod) for shape in SHAPES}
+    for s in strategies:  # warm-up: ORT's first runs at a new shape allocate
+        for shape in SHAPES:
+            _time(models[s], calls[shape][:2])
+    best: dict[str, dict[str, float]] = {s: {} for s in strategies}
+    logits: dict[str, dict[str, np.ndarray]] = {s: {} for s in strategies}
+    for _ in range(rounds):
+        for shape in SHAPES:
+            for s in strategies:
+                seconds, out = _time(models[s], calls[shape])
+                best[s][shape] = min(best[s].get(shape, np.inf), seconds)
+                logits[s][shape] = np.concatenate(out)
+    rates = {s: {shape: len(ids) / best[s][shape] for shape in SHAPES} for s in strategies}
+    reference = logits["per-request"]["1x8"]  # each 8-text request run padded to its longest
+    deltas = {s: max(float(np.abs(logits[s][shape] - reference).max()) for shape in SHAPES) for s in strategies}
+    return {"rates": rates, "max_abs_diff_vs_padded": deltas, "reference": reference, "logits": logits}
+
+
+def _ids(corpus: list[str], vocab_file: Path, max_length: int = 128) -> list[list[int]]:
+    from seqcls.serving import shipped
+
+    text_mod = shipped.text()
+    tok = text_mod.build_tokenizer(vocab_file, lowercase=True, max_length=max_length)
+    return text_mod.encode(tok, corpus)
+
+
+def main(argv: list[str] | None = None) -> int:
+    from seqcls.config import ReleaseConfig
+    from seqcls_tools.bench.corpus import make_corpus, make_labels
+    from seqcls_tools.bench.model import MEDIUM, TINY, build_checkpoint
+
+    p = argparse.ArgumentParser(prog="python -m seqcls_tools.bench.per_text", description=__doc__.split("\n")[0])
+    p.add_argument("--spec", choices=("medium", "tiny"), default="medium", help="model shape (default medium)")
+    p.add_argument("--texts", type=int, default=96, help="texts per measurement, a multiple of 8 (default 96)")
+    p.add_argument("--rounds", type=int, default=3, help="rounds; the best of each is kept (default 3)")
+    p.add_argument("--threads", type=int, default=2, help="ORT intra-op threads (serving default 2)")
+    p.add_argument("--work", type=Path, help="keep the checkpoint and ONNX here (reused when present)")
+    p.add_argument("--json", type=Path, help="also write the figures here")
+    args = p.parse_args(argv)
+    spec = MEDIUM if args.spec == "medium" else TINY
+    work = args.work or Path(tempfile.mkdtemp(prefix="seqcls-per-text-"))
+    work.mkdir(parents=True, exist_ok=True)
+    texts = max(8, args.texts // 8 * 8)
+    corpus = make_corpus(2000, seed=0)
+    checkpoint = work / f"checkpoint-{spec.name}"
+    t0 = time.perf_counter()
+    if not (checkpoint / "bench_model.json").is_file():
+        build_checkpoint(checkpoint, spec, corpus, make_labels(spec.num_labels), golden=corpus[-32:], seed=0)
+    onnx_file = to_onnx(checkpoint, work / f"onnx-{spec.name}")
+    built = time.perf_counter() - t0
+    sample = corpus[1000 : 1000 + texts]  # not the calibration texts
+    ids = _ids(sample, checkpoint / "vocab.txt")
+    runs = work / "versions"
+    shutil.rmtree(runs, ignore_errors=True)
+    runs.mkdir()
+    result = measure(onnx_file, ids, rounds=args.rounds, threads=args.threads, work=runs)
+    gate = ReleaseConfig()
+    ref = result["reference"]
+    lengths = [len(x) for x in ids]
+    print(
+        f"model {spec.name} ({onnx_file}, ready in {built:.0f} s); {texts} texts, tokens mean "
+        f"{np.mean(lengths):.1f} max {max(lengths)}; {args.threads} intra-op threads; best of {args.rounds} rounds"
+    )
+    print(f"{'strategy':<20}" + "".join(f"{s + ' sent/s':>13}" for s in SHAPES) + f"{'1x8/1x1':>10}{'max|Δ|':>11}")
+    summary: dict[str, Any] = {"spec": spec.to_dict(), "texts": texts, "threads": args.threads, "strategies": {}}
+    for s, rates in result["rates"].items():
+        delta = result["max_abs_diff_vs_padded"][s]
+        ratio = rates["1x8"] / rates["1x1"]
+        print(f"{s:<20}" + "".join(f"{rates[x]:>13.1f}" for x in SHAPES) + f"{ratio:>10.2f}{delta:>11.2e}")
+        within = all(np.allclose(result["logits"][s][shape], ref, atol=gate.atol, rtol=gate.rtol) for shape in SHAPES)
+        summary["strategies"][s] = {**{f"{x}_sentences_per_s": round(rates[x], 2) for x in SHAPES}}
+        summary["strategies"][s].update(ratio_1x8_vs_1x1=round(ratio, 3), max_abs_diff=delta, within_gate=within)
+    base = result["rates"]["per-request"]
+    pt = result["rates"]["per-text"]
+    print(
+        f"per-text vs per-request: 1x8 {pt['1x8'] / base['1x8']:.2f}x, 1x1 {pt['1x1'] / base['1x1']:.2f}x, "
+        f"8x1 {pt['8x1'] / base['8x1']:.2f}x; parity gate atol {gate.atol} rtol {gate.rtol}: "
+        + ", ".join(f"{s} {'ok' if v['within_gate'] else 'FAIL'}" for s, v in summary["strategies"].items())
+    )
+    if args.json:
+        args.json.write_text(json.dumps(summary, indent=1), encoding="utf-8")
+    if not args.work:
+        shutil.rmtree(work, ignore_errors=True)
+    return 0 if all(v["within_gate"] for v in summary["strategies"].values()) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
