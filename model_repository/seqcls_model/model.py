@@ -269,6 +269,9 @@ class TritonPythonModel:
                 rows.setdefault(length, []).append((i, r))
         runs = rows.items() if self.group_equal_lengths else ((k, [x]) for k, xs in rows.items() for x in xs)
         for length, members in runs:
+            members = [m for m in members if m[0] in parts]  # not the rows of a request already failed
+            if not members:
+                continue
             feed = {n: np.stack([feeds[i][n][r, :length] for i, r in members]) for n in self.inputs}
             try:
                 logits = self._run(feed) if len(members) > 1 else None
@@ -277,7 +280,7 @@ class TritonPythonModel:
                 logits = None
             for k, (i, r) in enumerate(members):
                 if i not in parts:
-                    continue  # an earlier row of this request already failed it
+                    continue  # an earlier row of this request failed it in this run
                 out = (
                     logits[k]
                     if logits is not None

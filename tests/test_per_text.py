@@ -1,0 +1,145 @@
+"""``per-text`` batching: every text runs unpadded, and answers as the padded run does.
+
+On a real tiny ERNIE (built, exported and converted by the release path's own functions) every
+strategy's logits for a dynamic batch of mixed requests must match ``per-request`` (each request
+padded to its longest) within the parity gate's tolerance; one bad request — or one text whose
+ORT run fails — must still fail only its own request. Speed is measured by
+``tools/seqcls_tools/bench/per_text.py``, not here.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from seqcls.config import ReleaseConfig
+from tests.test_serving_isolation import LABELS, MAX_POSITIONS, TYPE_VOCAB, VOCAB, _config, _ids, _outcome, load
+
+__all__ = ["load"]  # the fixture, imported for this module's tests
+
+
+@pytest.fixture(scope="module")
+def tiny_onnx(tiny_checkpoint_src: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from seqcls_tools.bench.per_text import to_onnx
+
+    return to_onnx(tiny_checkpoint_src, tmp_path_factory.mktemp("per-text-onnx"))
+
+
+@pytest.fixture
+def real_model(tiny_onnx: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    from seqcls_tools.bench.per_text import fake_pb_utils, load_model
+
+    monkeypatch.setitem(sys.modules, "triton_python_backend_utils", fake_pb_utils())
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    monkeypatch.delitem(sys.modules, "seqcls_backend", raising=False)
+
+    def _load(batching: str, grouped: bool = True):
+        model = load_model(tiny_onnx, tmp_path, batching=batching, threads=1)
+        model.group_equal_lengths = grouped
+        return model
+
+    yield _load
+    sys.modules.pop("seqcls_backend", None)
+
+
+@pytest.mark.slow
+def test_every_batching_matches_the_padded_run_on_a_real_ernie(tiny_checkpoint_src: Path, real_model) -> None:
+    from seqcls.serving import shipped
+    from seqcls_tools.bench.per_text import logits_of, request
+    from seqcls_tools.testing import TINY_CORPUS
+
+    text = shipped.text()
+    tok = text.build_tokenizer(tiny_checkpoint_src / "vocab.txt", lowercase=True, max_length=64)
+    texts = [*TINY_CORPUS, "", "裁员", "夺冠 夺冠 夺冠 夺冠 夺冠 夺冠 夺冠 夺冠 夺冠 夺冠 夺冠 夺冠 夺冠 夺冠"]
+    ids = text.encode(tok, texts)
+    assert len({len(x) for x in ids}) > 3 and min(len(x) for x in ids) == 2  # "" is [CLS] [SEP]
+    sizes, start, batch = [8, 1, 3, 8, 1, 5], 0, []
+    for n in sizes:  # requests of 8, 1, 3… texts, each padded to its own longest, wrapping round the texts
+        rows = [ids[(start + k) % len(ids)] for k in range(n)]
+        start += n
+        a, t = text.pad(rows, strategy="longest")
+        batch.append(request(input_ids=a, token_type_ids=t))
+    gate = ReleaseConfig()
+    reference = [logits_of(r) for r in real_model("per-request").execute(batch)]
+    labels = (tiny_checkpoint_src / "label.txt").read_text(encoding="utf-8").split()
+    assert [r.shape for r in reference] == [(n, len(labels)) for n in sizes]
+    deltas = {}
+    for batching, grouped in [
+        ("group-by-length", True),
+        ("pad-to-longest", True),
+        ("per-text", True),
+        ("per-text", False),
+    ]:
+        got = [logits_of(r) for r in real_model(batching, grouped).execute(batch)]
+        for g, ref in zip(got, reference, strict=True):
+            np.testing.assert_allclose(g, ref, atol=gate.atol, rtol=gate.rtol)
+        deltas[batching, grouped] = max(float(np.abs(g - ref).max()) for g, ref in zip(got, reference, strict=True))
+    alone = real_model("per-text").execute([batch[0]])[0]  # the dynamic batch around a request changes nothing
+    np.testing.assert_allclose(logits_of(alone), reference[0], atol=gate.atol, rtol=gate.rtol)
+    assert max(deltas.values()) <= gate.atol, deltas
+
+
+def test_per_text_refuses_what_the_embeddings_cannot_index_per_request(load) -> None:
+    model = load("seqcls_model", config=_config(batching="per-text"))
+    vocab = len(VOCAB)
+    batch = [
+        _ids([[1, 5, 6, 2]]),
+        _ids([[1, vocab, 2]]),
+        _ids([[1, 5, 2]], [[0, TYPE_VOCAB, 0]]),
+        _ids([[1] * (MAX_POSITIONS + 1)]),
+        _ids([[1, 5, 2]], [[0, 0]]),
+        _ids(np.zeros((0, 3))),
+        {"input_ids": _ids([[1, 2]])["input_ids"]},
+        _ids([[1, 7, 8, 9, 2], [1, 5, 2, 0, 0], [1, 5, 6, 2, 0]]),  # 5, 3 and 4 tokens: three lengths
+        _ids([[1] * MAX_POSITIONS]),
+        _ids([[0, 0, 0]]),  # nothing but pads: run as given
+    ]
+    responses = model.execute(batch)
+    assert f"input_ids must lie in [0, {vocab})" in _outcome(responses, 1)
+    assert f"token_type_ids must lie in [0, {TYPE_VOCAB})" in _outcome(responses, 2)
+    assert "over the model's max_position_embeddings" in _outcome(responses, 3)
+    assert "of the same shape" in _outcome(responses, 4)
+    assert responses[5].outputs["logits"].shape == (0, len(LABELS))
+    assert "needs both input_ids and token_type_ids" in _outcome(responses, 6)
+    model.batching = "per-request"
+    for good in (0, 7, 8, 9):
+        assert _outcome(responses, good) is None
+        padded = model.execute([batch[good]])[0].outputs["logits"]
+        np.testing.assert_allclose(responses[good].outputs["logits"], padded, rtol=1e-5, atol=1e-6)
+    assert responses[7].outputs["logits"].shape == (3, len(LABELS))
+
+
+@pytest.mark.parametrize("grouped", [True, False], ids=["grouped", "one-run-per-text"])
+def test_per_text_ort_failure_fails_only_the_culprit_s_request(load, grouped: bool) -> None:
+    model = load("seqcls_model", config=_config(batching="per-text"))
+    model.group_equal_lengths = grouped
+    session, runs = model.session, []
+
+    class Picky:
+        def run(self, outputs, feeds):
+            runs.append(feeds["input_ids"].shape)
+            if (feeds["input_ids"] == 14).any():
+                raise RuntimeError("indices element out of data bounds")
+            return session.run(outputs, feeds)
+
+    model.session = Picky()
+    batch = [
+        _ids([[1, 5, 2]]),
+        _ids([[1, 6, 2, 0], [1, 14, 2, 0], [1, 6, 7, 2]]),  # its second text breaks ORT: the request fails
+        _ids([[1, 6, 7, 2], [1, 8, 2, 0]]),  # shares both lengths with the culprit's request
+    ]
+    responses = model.execute(batch)
+    assert "ONNX Runtime failed on this text (RuntimeError: indices element" in _outcome(responses, 1)
+    assert _outcome(responses, 0) is None and _outcome(responses, 2) is None
+    assert responses[2].outputs["logits"].shape == (2, len(LABELS))
+    if grouped:  # four texts of length 3 shared a run, it failed, each retried alone
+        assert runs == [(4, 3), (1, 3), (1, 3), (1, 3), (1, 3), (1, 4)]  # the failed request's row of 4 not run
+    else:
+        assert runs == [(1, 3)] * 4 + [(1, 4)]
+    model.session, model.batching = session, "per-request"
+    for good in (0, 2):
+        padded = model.execute([batch[good]])[0].outputs["logits"]
+        np.testing.assert_allclose(responses[good].outputs["logits"], padded, rtol=1e-5, atol=1e-6)
