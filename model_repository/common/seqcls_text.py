@@ -104,6 +104,17 @@ def build_tokenizer(vocab_file: str | Path, *, lowercase: bool = True, max_lengt
     return tokenizer
 
 
+def load_tokenizer(tokenizer_file: str | Path, *, max_length: int = 128):
+    """A checkpoint's own fast tokenizer (``tokenizer.json``, e.g. a transformers checkpoint's),
+    truncating to ``max_length`` with its special tokens, unpadded (padding is :func:`pad`'s)."""
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(tokenizer_file))
+    tokenizer.enable_truncation(max_length)
+    tokenizer.no_padding()
+    return tokenizer
+
+
 def encode(tokenizer, texts: Sequence[str]) -> list[list[int]]:
     """Token ids per text (no padding), all texts in one call (the Rust side parallelises)."""
     return [enc.ids for enc in tokenizer.encode_batch(list(texts))]
@@ -170,3 +181,25 @@ def pad(
     for row, seq in enumerate(ids):
         input_ids[row, : len(seq)] = seq[:length]
     return input_ids, np.zeros_like(input_ids)
+
+
+def model_feeds(
+    ids: Sequence[Sequence[int]],
+    names: Sequence[str],
+    *,
+    strategy: str = "longest",
+    max_length: int = 128,
+    pad_id: int = 0,
+    buckets: Sequence[int] = DEFAULT_BUCKETS,
+) -> dict[str, np.ndarray]:
+    """The tensors a graph taking ``names`` (a subset of ``input_ids``, ``token_type_ids``,
+    ``attention_mask``) is fed for these id sequences: padded as :func:`pad` does, the mask 1 on
+    each text's own tokens and 0 on padding (from the lengths, never from the pad id)."""
+    input_ids, type_ids = pad(ids, strategy=strategy, max_length=max_length, pad_id=pad_id, buckets=buckets)
+    lengths = np.array([min(len(x), input_ids.shape[1]) for x in ids], dtype=np.int64).reshape(-1, 1)
+    mask = (np.arange(input_ids.shape[1], dtype=np.int64)[None, :] < lengths).astype(np.int64)
+    tensors = {"input_ids": input_ids, "token_type_ids": type_ids, "attention_mask": mask}
+    unknown = [n for n in names if n not in tensors]
+    if unknown:
+        raise ValueError(f"unknown model input(s) {unknown}; expected a subset of {sorted(tensors)}")
+    return {n: tensors[n] for n in names}

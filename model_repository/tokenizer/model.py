@@ -1,4 +1,9 @@
-"""Triton python model ``tokenizer``: texts → ``input_ids``/``token_type_ids`` (INT64).
+"""Triton python model ``tokenizer``: texts → the id tensors the release's graph takes (INT64).
+
+Which tensors (``input_ids`` and ``token_type_ids`` for a PaddleNLP ERNIE; ``attention_mask`` too,
+or instead of the token types, for a transformers BERT / DeBERTa-v2) and which tokenizer
+(``vocab.txt`` rebuilt to match PaddleNLP, or the checkpoint's own ``tokenizer.json``) come from
+this version's ``release.json`` (``model_inputs``, ``tokenizer_file``).
 
 All requests of a dynamically formed batch are tokenized in one ``encode_batch`` call; each
 request gets its own tensors, padded as the rendered ``padding`` parameter says (``longest``
@@ -44,11 +49,23 @@ class TritonPythonModel:
             int(b) for b in backend.param(config, "buckets", ",".join(map(str, contract.DEFAULT_BUCKETS))).split(",")
         ]
         self.pad_id = int(release.get("pad_id", 0))
-        self.tokenizer = seqcls_text.build_tokenizer(
-            os.path.join(version_dir, "vocab.txt"),
-            lowercase=bool(release.get("do_lower_case", True)),
-            max_length=self.max_length,
-        )
+        self.inputs = list(release.get(contract.MODEL_INPUTS_KEY) or contract.MODEL_INPUTS)
+        unknown = [n for n in self.inputs if n not in contract.MODEL_INPUT_NAMES]
+        if unknown:
+            raise pb_utils.TritonModelException(
+                f"release.json model_inputs {unknown} unknown; expected a subset of {contract.MODEL_INPUT_NAMES}"
+            )
+        tokenizer_file = release.get("tokenizer_file", "vocab.txt")
+        if tokenizer_file == "tokenizer.json":
+            self.tokenizer = seqcls_text.load_tokenizer(
+                os.path.join(version_dir, "tokenizer.json"), max_length=self.max_length
+            )
+        else:
+            self.tokenizer = seqcls_text.build_tokenizer(
+                os.path.join(version_dir, "vocab.txt"),
+                lowercase=bool(release.get("do_lower_case", True)),
+                max_length=self.max_length,
+            )
 
     def _texts(self, request):
         """The request's texts, or the message saying why it is refused (never raises)."""
@@ -97,14 +114,16 @@ class TritonPythonModel:
         if isinstance(ids, str):
             return backend.invalid(ids)
         try:
-            input_ids, type_ids = seqcls_text.pad(
-                ids, strategy=self.padding, max_length=self.max_length, pad_id=self.pad_id, buckets=self.buckets
+            tensors = seqcls_text.model_feeds(
+                ids,
+                self.inputs,
+                strategy=self.padding,
+                max_length=self.max_length,
+                pad_id=self.pad_id,
+                buckets=self.buckets,
             )
             return pb_utils.InferenceResponse(
-                output_tensors=[
-                    pb_utils.Tensor(contract.MODEL_INPUTS[0], input_ids),
-                    pb_utils.Tensor(contract.MODEL_INPUTS[1], type_ids),
-                ]
+                output_tensors=[pb_utils.Tensor(name, tensors[name]) for name in self.inputs]
             )
         except Exception as exc:
             backend.log_unexpected("tokenizer: building a response")

@@ -1,8 +1,11 @@
 """Find and validate a trained checkpoint before any heavy work; fingerprint it.
 
 A checkpoint is a directory as PaddleNLP's ``save_pretrained`` writes it (``config.json``,
-``model_state.pdparams`` or ``model.safetensors``, ``vocab.txt``, ``tokenizer_config.json``)
-plus ``label.txt`` (one label per line, hierarchy joined with ``##``) and optionally
+``model_state.pdparams`` or ``model.safetensors``, ``vocab.txt``, ``tokenizer_config.json``) — or
+as Hugging Face ``transformers``' does (``config.json`` with ``problem_type:
+multi_label_classification``, ``model.safetensors``, ``tokenizer.json`` and/or ``vocab.txt``,
+``tokenizer_config.json``); which framework wrote it is read from ``config.json``
+(:func:`detect_framework`) — plus ``label.txt`` (one label per line, hierarchy joined with ``##``) and optionally
 ``golden.txt`` (one text per line: the texts the release is validated and smoke-tested on).
 Everything checked here is cheap (no paddle import), so a bad checkpoint fails in seconds with a
 message naming the file, instead of minutes later inside an export. Text files may be saved with
@@ -35,6 +38,20 @@ MODEL_FILES = ("config.json", "vocab.txt", "tokenizer_config.json", "special_tok
 REQUIRED_TOKENS = ("[PAD]", "[CLS]", "[SEP]", "[UNK]")
 BOM = "\ufeff"
 WORDPIECE_TOKENIZERS = {"ErnieTokenizer", "BertTokenizer", "ErnieTokenizerFast", "BertTokenizerFast"}
+FRAMEWORKS = ("paddle", "transformers")
+#: Tokenizer files a ``transformers`` checkpoint may carry (fingerprinted when present): the fast
+#: tokenizer's ``tokenizer.json`` (what Triton serves) and the slow tokenizer's vocabulary.
+HF_TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "spm.model", "sentencepiece.bpe.model", "tokenizer.model")
+HF_MODEL_FILES = (
+    *MODEL_FILES,
+    "tokenizer.json",
+    "spm.model",
+    "sentencepiece.bpe.model",
+    "tokenizer.model",
+    "added_tokens.json",
+)
+#: What ``transformers`` would read instead of (or besides) ``model.safetensors``: pickles.
+HF_PICKLE_WEIGHTS = ("pytorch_model.bin", "tf_model.h5", "flax_model.msgpack")
 
 
 @dataclass(frozen=True)
@@ -52,10 +69,16 @@ class Checkpoint:
     files: dict[str, str] = field(default_factory=dict)  # file name -> sha256
     golden_texts: tuple[str, ...] | None = None
     golden_sha256: str | None = None
+    framework: str = "paddle"  # "paddle" (PaddleNLP) or "transformers" (Hugging Face PyTorch)
+    architecture: str = ""
 
     @property
     def vocab_file(self) -> Path:
         return self.path / "vocab.txt"
+
+    @property
+    def is_transformers(self) -> bool:
+        return self.framework == "transformers"
 
     @property
     def label_file(self) -> Path:
@@ -221,9 +244,39 @@ def _checkpoint_root(path: str | Path) -> Path:
 
 def _refuse_outside_links(root: Path, *, skip: frozenset[str] = frozenset()) -> None:
     """Every file seqcls reads from the checkpoint must be in it (a symlink to ``../x`` outside is refused)."""
-    for name in (*MODEL_FILES, *WEIGHT_FILES, GOLDEN_FILE):
+    for name in (*HF_MODEL_FILES, *WEIGHT_FILES, GOLDEN_FILE):
         if name not in skip:
             inside_checkpoint(root, name)
+
+
+def detect_framework(config: dict, path: Path) -> str:
+    """Which library saved the checkpoint, from the key each one's ``save_pretrained`` writes into
+    ``config.json`` (``transformers_version`` / ``paddlenlp_version``); a config with neither is
+    PaddleNLP's older format (seqcls's default), one with both is refused."""
+    hf, paddle = "transformers_version" in config, "paddlenlp_version" in config
+    if hf and paddle:
+        raise CheckpointError(
+            f"{path}: has both transformers_version and paddlenlp_version, so seqcls cannot tell which "
+            "framework saved it; remove the key of the library that did not write this checkpoint."
+        )
+    return "transformers" if hf else "paddle"
+
+
+def _check_hf_config(config: dict, path: Path) -> None:
+    """A ``transformers`` classifier seqcls can serve: multi-label (sigmoid per label), known architecture."""
+    arch = config.get("architectures") or []
+    if not arch:
+        raise CheckpointError(
+            f"{path}: no architectures; save the model with save_pretrained (it records e.g. "
+            "BertForSequenceClassification)."
+        )
+    problem = config.get("problem_type")
+    if problem != "multi_label_classification":
+        raise CheckpointError(
+            f"{path}: problem_type is {problem!r}; seqcls serves multi-label classifiers (a sigmoid per label, "
+            "thresholded) — train with problem_type='multi_label_classification' (the model then uses "
+            "BCEWithLogitsLoss) or set it in config.json if that is how the model was trained."
+        )
 
 
 def _read_model_config(root: Path) -> tuple[dict, int]:
@@ -264,7 +317,20 @@ def _weights_path(root: Path) -> Path:
     return root / present[0]
 
 
-def _find_weights(root: Path, allow_unsafe_pickle: bool = False) -> Path:
+def _find_weights(root: Path, allow_unsafe_pickle: bool = False, framework: str = "paddle") -> Path:
+    if framework == "transformers":
+        pickles = [n for n in HF_PICKLE_WEIGHTS if (root / n).exists() or (root / n).is_symlink()]
+        if pickles:
+            raise CheckpointError(
+                f"{root / pickles[0]}: seqcls releases transformers checkpoints from model.safetensors only "
+                f"({pickles[0]} is read by pickle, which can run code); re-save with "
+                "save_pretrained(..., safe_serialization=True) and remove it."
+            )
+        if (root / "model_state.pdparams").exists():
+            raise CheckpointError(
+                f"{root / 'model_state.pdparams'}: a PaddlePaddle weights file in a transformers checkpoint "
+                "(config.json has transformers_version); keep model.safetensors only."
+            )
     weights = _weights_path(root)
     _check_weights(weights)
     if weights.suffix == ".pdparams":
@@ -283,6 +349,40 @@ def _read_do_lower_case(root: Path) -> bool:
             f"seqcls serves WordPiece vocabularies ({', '.join(sorted(WORDPIECE_TOKENIZERS))})."
         )
     return bool(tok_cfg.get("do_lower_case", True))
+
+
+def _read_hf_tokenizer(root: Path, config: dict) -> tuple[bool, int]:
+    """``(do_lower_case, vocabulary size)`` of a transformers checkpoint's tokenizer, cheaply checked.
+
+    The Triton tokenizer serves ``tokenizer.json`` (built from the slow tokenizer's files at export
+    when the checkpoint has none); the parity gate proves it gives the ids ``transformers`` does.
+    """
+    tok_cfg = read_json(root / "tokenizer_config.json", "save_pretrained writes the tokenizer config there")
+    present = [n for n in HF_TOKENIZER_FILES if (root / n).is_file()]
+    if not present:
+        raise CheckpointError(
+            f"{root}: no tokenizer — expected tokenizer.json (a fast tokenizer's save_pretrained) or the slow "
+            f"tokenizer's vocabulary ({', '.join(HF_TOKENIZER_FILES[1:])})."
+        )
+    vocab_size = int(config.get("vocab_size", 0)) or None
+    size = 0
+    if (root / "tokenizer.json").is_file():
+        data = read_json(root / "tokenizer.json", "a fast tokenizer's save_pretrained writes it")
+        model = data.get("model")
+        if not isinstance(model, dict) or "vocab" not in model:
+            raise CheckpointError(f"{root / 'tokenizer.json'}: no model.vocab; is this a tokenizers file?")
+        vocab = model["vocab"]
+        ids = vocab.values() if isinstance(vocab, dict) else range(len(vocab))
+        added = [t.get("id", 0) for t in data.get("added_tokens") or [] if isinstance(t, dict)]
+        size = max([*ids, *added], default=-1) + 1
+    elif (root / "vocab.txt").is_file():
+        size = len(_read_vocab(root, config))
+    if vocab_size is not None and size > vocab_size:
+        raise CheckpointError(
+            f"{root / present[0]}: ids up to {size - 1} but config.json vocab_size is {vocab_size}; ids past the "
+            "embedding table would crash the model — use the tokenizer it was trained with."
+        )
+    return bool(tok_cfg.get("do_lower_case", True)), size
 
 
 def _read_vocab(root: Path, config: dict) -> list[str]:
@@ -319,10 +419,12 @@ def _read_model_labels(label_path: Path, num_labels: int) -> tuple[str, ...]:
     return labels
 
 
-def _hash_model_files(root: Path, label_path: Path, weights: Path) -> tuple[dict[str, str], str]:
+def _hash_model_files(
+    root: Path, label_path: Path, weights: Path, framework: str = "paddle"
+) -> tuple[dict[str, str], str]:
     """sha256 of every model-defining file present, and the fingerprint over them."""
     files: dict[str, str] = {}
-    for name in MODEL_FILES:
+    for name in HF_MODEL_FILES if framework == "transformers" else MODEL_FILES:
         p = label_path if name == LABEL_FILE else root / name
         if p.exists():
             files[name] = sha256_file(p)
@@ -343,33 +445,43 @@ def resolve_checkpoint(
     given = ((LABEL_FILE, label_file), (GOLDEN_FILE, golden_file))  # files given explicitly may live anywhere
     _refuse_outside_links(root, skip=frozenset(name for name, file in given if file))
     config, num_labels = _read_model_config(root)
-    weights = _find_weights(root, allow_unsafe_pickle)
-    do_lower_case = _read_do_lower_case(root)
-    vocab = _read_vocab(root, config)
+    framework = detect_framework(config, root / "config.json")
+    if framework == "transformers":
+        _check_hf_config(config, root / "config.json")
+    weights = _find_weights(root, allow_unsafe_pickle, framework)
+    if framework == "transformers":
+        do_lower_case, vocab_size = _read_hf_tokenizer(root, config)
+    else:
+        do_lower_case = _read_do_lower_case(root)
+        vocab_size = len(_read_vocab(root, config))
     label_path = Path(label_file).expanduser().resolve() if label_file else root / LABEL_FILE
     labels = _read_model_labels(label_path, num_labels)
     golden_path = Path(golden_file).expanduser().resolve() if golden_file else root / GOLDEN_FILE
     golden = read_golden(golden_path) if (golden_file or golden_path.exists()) else None
-    files, fingerprint = _hash_model_files(root, label_path, weights)
+    files, fingerprint = _hash_model_files(root, label_path, weights, framework)
 
     ckpt = Checkpoint(
         path=root,
         weights=weights,
         labels=labels,
         num_labels=num_labels,
-        vocab_size=len(vocab),
+        vocab_size=vocab_size,
         do_lower_case=do_lower_case,
         max_position_embeddings=int(config.get("max_position_embeddings", 512)),
         fingerprint=fingerprint,
         files=files,
         golden_texts=golden,
         golden_sha256=sha256_file(golden_path) if golden else None,
+        framework=framework,
+        architecture=str((config.get("architectures") or [""])[0]),
     )
     log.info(
-        "checkpoint %s: %d labels, vocab %d, weights %s (%.1f MB), fingerprint %s",
+        "checkpoint %s (%s %s): %d labels, vocab %d, weights %s (%.1f MB), fingerprint %s",
         root,
+        framework,
+        ckpt.architecture or "?",
         num_labels,
-        len(vocab),
+        vocab_size,
         weights.name,
         weights.stat().st_size / 1e6,
         ckpt.short_fingerprint,
@@ -381,4 +493,6 @@ def directory_fingerprint(path: str | Path) -> str:
     """The fingerprint :func:`resolve_checkpoint` gives ``path`` (with its own ``label.txt``), hashing only."""
     root = _checkpoint_root(path)
     _refuse_outside_links(root)
-    return _hash_model_files(root, root / LABEL_FILE, _weights_path(root))[1]
+    config = read_json(root / "config.json", "save_pretrained writes the model config there")
+    framework = detect_framework(config, root / "config.json")
+    return _hash_model_files(root, root / LABEL_FILE, _weights_path(root), framework)[1]

@@ -72,7 +72,7 @@ def compare_ids(texts: Sequence[str], ref: Sequence[Sequence[int]], got: Sequenc
         out["first_mismatch"] = {
             "index": i,
             "text": texts[i][:200],
-            "paddlenlp": list(ref[i])[:64],
+            "reference": list(ref[i])[:64],
             "serving": list(got[i])[:64],
         }
     return out
@@ -133,9 +133,18 @@ def ort_session(onnx_path: Path, providers: list[str], threads: int = 2):
     return ort.InferenceSession(str(onnx_path), sess_options=opts, providers=providers)
 
 
-def ort_logits(session, ids: Sequence[Sequence[int]]) -> np.ndarray:
+def feeds(ids: Sequence[Sequence[int]], names: Sequence[str], pad_id: int = 0, size: int = BATCH):
+    """Batches of ``{input name: [N, L] int64}`` for a graph taking ``names`` (the serving padding)."""
+    text_mod = shipped.text()
+    for start in range(0, len(ids), size):
+        yield text_mod.model_feeds(ids[start : start + size], names, strategy="longest", pad_id=pad_id)
+
+
+def ort_logits(session, ids: Sequence[Sequence[int]], pad_id: int = 0) -> np.ndarray:
+    """ONNX Runtime's logits, fed exactly the inputs the graph declares."""
     c = shipped.contract()
-    out = [session.run([c.LOGITS_OUTPUT], dict(zip(c.MODEL_INPUTS, ab, strict=True)))[0] for ab in batches(ids)]
+    names = [i.name for i in session.get_inputs()]
+    out = [session.run([c.LOGITS_OUTPUT], f)[0] for f in feeds(ids, names, pad_id)]
     return np.concatenate(out).astype(np.float32)
 
 

@@ -8,7 +8,9 @@ models run, shipped as the model's ``code_paths``: ``seqcls_text.py`` (the token
 
 Artifacts: ``release`` — the ``release.json`` publish writes into
 every Triton version (labels, thresholds, hierarchy, max_length, do_lower_case, pad_id, ...);
-``vocab`` — the checkpoint's ``vocab.txt``; ``onnx`` — the served ONNX graph.
+``vocab`` — the serving tokenizer's file (the checkpoint's ``vocab.txt``, or for a transformers
+checkpoint the exported ``tokenizer.json``: ``release.json``'s ``tokenizer_file`` says which);
+``onnx`` — the served ONNX graph, fed the inputs ``release.json``'s ``model_inputs`` names.
 
 ``predict`` takes a list of strings, a pandas DataFrame with a ``text`` column (or one column),
 a Series or a numpy array of strings, and returns one row per text: ``labels`` (label names after
@@ -62,11 +64,16 @@ class SeqclsClassifier(PythonModel):
             raise ValueError("release.json: thresholds and labels differ in length")
         self.hierarchy = bool(release.get("hierarchy", True))
         self.max_text_bytes = int(release.get(seqcls_contract.MAX_TEXT_BYTES_KEY) or seqcls_contract.MAX_TEXT_BYTES)
-        self.tokenizer = seqcls_text.build_tokenizer(
-            context.artifacts["vocab"],
-            lowercase=bool(release.get("do_lower_case", True)),
-            max_length=int(release["max_length"]),
-        )
+        if release.get("tokenizer_file") == "tokenizer.json":
+            self.tokenizer = seqcls_text.load_tokenizer(
+                context.artifacts["vocab"], max_length=int(release["max_length"])
+            )
+        else:
+            self.tokenizer = seqcls_text.build_tokenizer(
+                context.artifacts["vocab"],
+                lowercase=bool(release.get("do_lower_case", True)),
+                max_length=int(release["max_length"]),
+            )
         self.pad_id = int(release.get("pad_id", 0))
         options = ort.SessionOptions()
         options.intra_op_num_threads = int((context.model_config or {}).get("intra_op_threads", 0))
@@ -74,11 +81,10 @@ class SeqclsClassifier(PythonModel):
             context.artifacts["onnx"], sess_options=options, providers=["CPUExecutionProvider"]
         )
         self.output = seqcls_contract.LOGITS_OUTPUT
-        self.inputs = seqcls_contract.MODEL_INPUTS
+        self.inputs = list(release.get(seqcls_contract.MODEL_INPUTS_KEY) or seqcls_contract.MODEL_INPUTS)
 
     def _logits(self, ids: list[int]) -> np.ndarray:
-        input_ids, type_ids = self._text.pad([ids], strategy="longest", pad_id=self.pad_id)
-        feeds = dict(zip(self.inputs, (input_ids, type_ids), strict=True))
+        feeds = self._text.model_feeds([ids], self.inputs, strategy="longest", pad_id=self.pad_id)
         return self.session.run([self.output], feeds)[0]
 
     def predict(self, context, model_input: pd.DataFrame, params: dict[str, Any] | None = None) -> pd.DataFrame:

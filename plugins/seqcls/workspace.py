@@ -35,7 +35,17 @@ log = logging.getLogger(__name__)
 MANIFEST = "manifest.json"
 FAILED_DIR = "failed"  # <workspace>/failed/<step>/: a failed run's partial outputs, kept for a person
 SCHEMA = 1
-TRACKED_PACKAGES = ("paddlepaddle", "paddlenlp", "paddle2onnx", "onnx", "onnxruntime", "tokenizers", "seqcls")
+TRACKED_PACKAGES = (
+    "paddlepaddle",
+    "paddlenlp",
+    "paddle2onnx",
+    "torch",
+    "transformers",
+    "onnx",
+    "onnxruntime",
+    "tokenizers",
+    "seqcls",
+)
 
 
 def package_versions(names: tuple[str, ...] = TRACKED_PACKAGES) -> dict[str, str | None]:

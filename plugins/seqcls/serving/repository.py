@@ -142,9 +142,14 @@ def render_config(
     pad_id: int = 0,
     versions: Sequence[int] | None = None,
     names: ServingNames = CLASSIC,
+    model_inputs: Sequence[str] = _contract.MODEL_INPUTS,
 ) -> str:
     """The ``config.pbtxt`` text of Triton model ``model`` (one of ``names``) for release ``version``
-    (live versions ``versions``)."""
+    (live versions ``versions``); ``model_inputs``: the id tensors the graph takes, which the
+    tokenizer outputs and the ensemble wires (the Paddle pair unless the release says otherwise)."""
+    unknown = [n for n in model_inputs if n not in _contract.MODEL_INPUT_NAMES]
+    if unknown or not model_inputs:
+        raise InputError(f"model inputs {list(model_inputs)}: expected a subset of {_contract.MODEL_INPUT_NAMES}")
     kind = "KIND_GPU" if options.device == "gpu" else "KIND_CPU"
     accel = ""
     if options.gpu_accelerator.startswith("tensorrt"):
@@ -178,6 +183,9 @@ def render_config(
         "pad_id": int(pad_id),
         "num_labels": int(num_labels),
         "instance_kind": kind,
+        "model_inputs": ",\n".join(f'  {{ name: "{n}" data_type: TYPE_INT64 dims: [ -1 ] }}' for n in model_inputs),
+        "tokenizer_output_map": "\n".join(f'      output_map {{ key: "{n}" value: "_{n}" }}' for n in model_inputs),
+        "model_input_map": "\n".join(f'      input_map {{ key: "{n}" value: "_{n}" }}' for n in model_inputs),
         "execution_accelerators": accel,
     }
     try:

@@ -4,7 +4,8 @@ paddle2onnx has failure modes that look like success (it can log "ONNX model sav
 an empty file; a missing params file silently exports a model without weights; its optimiser
 tries to ``pip install`` at conversion time). So this step pins down its environment and then
 checks the result itself: non-empty, ``onnx.checker`` full check, input names/dtypes/ranks, one
-float output whose last dimension is the number of labels.
+float output whose last dimension is the number of labels. A transformers checkpoint arrives here
+already in ONNX (PyTorch's exporter, :mod:`seqcls.hf`): the same rename, checks and profiles.
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ log = logging.getLogger(__name__)
 STEP = "convert"
 OUT_DIR = OUT_DIRS[STEP]
 MODEL_FILE = "model.onnx"
-INPUT_NAMES: tuple[str, ...] = shipped.contract().MODEL_INPUTS
+INPUT_NAMES: tuple[str, ...] = shipped.contract().MODEL_INPUTS  # paddle2onnx's graph
+KNOWN_INPUTS: tuple[str, ...] = shipped.contract().MODEL_INPUT_NAMES
 OUTPUT_NAME: str = shipped.contract().LOGITS_OUTPUT
 SERVED_FILE = "served.onnx"  # the profile's optimised model (fp32-fused, int8); fp32 serves model.onnx
 
@@ -50,8 +52,11 @@ def rename_output(model, new_name: str = OUTPUT_NAME) -> str:
     return old
 
 
-def verify_onnx(path: Path, num_labels: int) -> dict:
-    """Check a converted model the way Triton and the parity gate will use it; raise on mismatch."""
+def verify_onnx(path: Path, num_labels: int, input_names: tuple[str, ...] | list[str] = INPUT_NAMES) -> dict:
+    """Check a converted model the way Triton and the parity gate will use it; raise on mismatch.
+
+    ``input_names``: the id tensors the graph must take — exactly these, each from the serving
+    contract (:data:`KNOWN_INPUTS`), since the tokenizer model produces only those."""
     import onnx
 
     if not path.is_file() or path.stat().st_size == 0:
@@ -63,7 +68,13 @@ def verify_onnx(path: Path, num_labels: int) -> dict:
     model = onnx.load(str(path), load_external_data=False)
     inputs = {i.name: i for i in model.graph.input}
     problems = []
-    for name in INPUT_NAMES:
+    extra = sorted(set(inputs) - set(input_names))
+    if extra:
+        problems.append(
+            f"unexpected inputs {extra} (the served tokenizer produces {list(input_names)}; "
+            f"known: {list(KNOWN_INPUTS)})"
+        )
+    for name in input_names:
         if name not in inputs:
             problems.append(f"input {name!r} missing (inputs: {sorted(inputs)})")
             continue
@@ -89,7 +100,7 @@ def verify_onnx(path: Path, num_labels: int) -> dict:
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
     return {
         "opset": opset,
-        "inputs": list(INPUT_NAMES),
+        "inputs": [n for n in KNOWN_INPUTS if n in inputs],
         "output": OUTPUT_NAME,
         "initializers": len(model.graph.initializer),
         "nodes": len(model.graph.node),
@@ -129,11 +140,38 @@ def convert_static(model_file: Path, params_file: Path, save_file: Path, *, opse
     return facts
 
 
+def calibration(release: Release):
+    """``int8``'s calibration set: the release's golden texts (validate's), serving-tokenized."""
+    from seqcls.optimize import Calibration
+    from seqcls.steps.validate import golden_texts
+
+    texts, source = golden_texts(release)
+    ckpt = release.checkpoint
+    return Calibration(
+        tuple(texts), source, ckpt.vocab_file, ckpt.do_lower_case, release.config.max_length, settings=release.settings
+    )
+
+
+def adopt_exported(exported: Path, save_file: Path, *, num_labels: int, input_names: list[str]) -> dict:
+    """A graph PyTorch exported (transformers path): output renamed ``logits`` if needed, verified."""
+    import onnx
+
+    model = onnx.load(str(exported))
+    old = rename_output(model)
+    onnx.save(model, str(save_file))
+    facts = verify_onnx(save_file, num_labels, input_names)
+    facts["renamed_from"] = old
+    return facts
+
+
 def convert(release: Release) -> StepResult:
     """Convert the exported static model to ``<workspace>/onnx/model.onnx``."""
     ws, cfg = release.workspace, release.config
     export_rec = require(release, STEP)["export"]
-    model_file, params_file = static_model_files(static_dir(ws))
+    exported = ws.require("export")["summary"]
+    hf_onnx = exported.get("onnx_file") if release.checkpoint.is_transformers else None
+    if hf_onnx is None:
+        model_file, params_file = static_model_files(static_dir(ws))
     inputs = {
         "export_outputs": export_rec["outputs"],
         "opset": cfg.opset,
@@ -141,16 +179,28 @@ def convert(release: Release) -> StepResult:
         "output_name": OUTPUT_NAME,
         "profile": cfg.profile,
     }
+    if cfg.profile == "int8":  # calibrated on the golden texts as serving tokenizes them
+        inputs["calibration"] = {"golden": release.checkpoint.golden_sha256 or "builtin", "max_length": cfg.max_length}
 
     def body(out: Path) -> tuple[dict, str]:
-        log.info("convert: paddle2onnx %s (opset %d) → %s", model_file.name, cfg.opset, MODEL_FILE)
-        facts = convert_static(
-            model_file, params_file, out / MODEL_FILE, opset=cfg.opset, num_labels=release.checkpoint.num_labels
-        )
+        if hf_onnx is not None:
+            log.info("convert: verifying PyTorch's %s (opset %d) → %s", hf_onnx, cfg.opset, MODEL_FILE)
+            facts = adopt_exported(
+                ws.path(hf_onnx),
+                out / MODEL_FILE,
+                num_labels=release.checkpoint.num_labels,
+                input_names=list(exported["inputs"]),
+            )
+        else:
+            log.info("convert: paddle2onnx %s (opset %d) → %s", model_file.name, cfg.opset, MODEL_FILE)
+            facts = convert_static(
+                model_file, params_file, out / MODEL_FILE, opset=cfg.opset, num_labels=release.checkpoint.num_labels
+            )
         facts["bytes"] = (out / MODEL_FILE).stat().st_size
         facts["model_file"] = f"{OUT_DIR}/{MODEL_FILE}"
         msg = (
-            f"{MODEL_FILE} {facts['bytes'] / 1e6:.1f} MB, opset {facts['opset']}, output "
+            f"{MODEL_FILE} {facts['bytes'] / 1e6:.1f} MB, inputs {', '.join(facts['inputs'])}, "
+            f"opset {facts['opset']}, output "
             f"{facts['renamed_from']!r} → {OUTPUT_NAME!r}, checker passed"
         )
         if cfg.profile != "fp32":
@@ -164,8 +214,9 @@ def convert(release: Release) -> StepResult:
                 cfg.profile,
                 num_heads=int(config.get("num_attention_heads", 12)),
                 hidden_size=int(config.get("hidden_size", 768)),
+                calibration=calibration(release) if cfg.profile == "int8" else None,
             )
-            verify_onnx(out / SERVED_FILE, release.checkpoint.num_labels)
+            verify_onnx(out / SERVED_FILE, release.checkpoint.num_labels, facts["inputs"])
             facts["served_file"] = f"{OUT_DIR}/{SERVED_FILE}"
             msg += f"; profile {cfg.profile}: {SERVED_FILE} {(out / SERVED_FILE).stat().st_size / 1e6:.1f} MB"
         return facts, msg

@@ -2,6 +2,9 @@
 
 Paddle 3 writes the PIR format (``float32.json`` + ``float32.pdiparams``); older exports are
 ``float32.pdmodel``. :func:`static_model_files` reads either, so convert/validate accept both.
+A Hugging Face ``transformers`` checkpoint is exported by PyTorch straight to ONNX
+(``static/model.onnx``, :mod:`seqcls.hf`) together with the ``tokenizer.json`` Triton will serve;
+convert then verifies and optimises it like paddle2onnx's output.
 """
 
 from __future__ import annotations
@@ -119,9 +122,61 @@ def verify_loaded(model, weights: Path, *, allow_unsafe: bool = False) -> None:
         raise CheckpointError(f"{weights}: {len(differ)} tensors differ after loading (e.g. {differ[0]}).")
 
 
+HF_ONNX = "model.onnx"
+
+
+def export_transformers(release: Release) -> StepResult:
+    """Export a transformers checkpoint to ``<workspace>/static/model.onnx`` + ``tokenizer.json``."""
+    from seqcls import hf
+
+    hf.require_torch()
+    ckpt, cfg = release.checkpoint, release.config
+    inputs = {"fingerprint": ckpt.fingerprint, "format": "torch-onnx", "opset": cfg.opset, "framework": ckpt.framework}
+
+    def body(out: Path) -> tuple[dict, str]:
+        import torch
+        import transformers
+
+        log.info("export: loading %s from %s (%s)", ckpt.architecture, ckpt.path, ckpt.weights.name)
+        model, n_params = hf.load_model(ckpt)
+        names = hf.graph_inputs(model)
+        tok = hf.write_serving_tokenizer(ckpt, out / hf.TOKENIZER_JSON)
+        log.info(
+            "export: %s with %.2fM parameters takes %s; serving tokenizer %s (%s, pad id %d)",
+            type(model).__name__,
+            n_params / 1e6,
+            names,
+            hf.TOKENIZER_JSON,
+            tok["tokenizer_source"],
+            tok["pad_id"],
+        )
+        facts = hf.export_onnx(
+            model, names, out / HF_ONNX, opset=cfg.opset, pad_id=tok["pad_id"], tokenizer_file=out / hf.TOKENIZER_JSON
+        )
+        size = (out / HF_ONNX).stat().st_size
+        summary = {
+            "framework": ckpt.framework,
+            "architecture": ckpt.architecture,
+            "onnx_file": f"{OUT_DIR}/{HF_ONNX}",
+            "tokenizer_file": f"{OUT_DIR}/{hf.TOKENIZER_JSON}",
+            "parameters": n_params,
+            "bytes": {HF_ONNX: size},
+            "torch": torch.__version__,
+            "transformers": transformers.__version__,
+            **tok,
+            **facts,
+        }
+        return summary, f"{HF_ONNX} ({size / 1e6:.1f} MB, inputs {', '.join(names)}) + {hf.TOKENIZER_JSON}"
+
+    return release.workspace.run_step(STEP, inputs, body, out_dir=OUT_DIR)
+
+
 def export(release: Release) -> StepResult:
-    """Export the checkpoint to ``<workspace>/static/float32.{json,pdiparams}``."""
+    """Export the checkpoint to ``<workspace>/static/float32.{json,pdiparams}`` (PaddleNLP) or
+    ``static/model.onnx`` (transformers)."""
     ckpt = release.checkpoint
+    if ckpt.is_transformers:
+        return export_transformers(release)
     names = list(shipped.contract(release.settings).MODEL_INPUTS)
     inputs = {"fingerprint": ckpt.fingerprint, "format": "pir", "input_names": names}
 

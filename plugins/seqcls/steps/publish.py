@@ -21,7 +21,7 @@ from typing import Any
 from seqcls import faults
 from seqcls.checkpoint import sha256_file
 from seqcls.errors import ServingError
-from seqcls.records import OUT_DIRS, Expected, Published, served_onnx
+from seqcls.records import OUT_DIRS, Expected, Published, model_inputs, served_onnx, serving_tokenizer
 from seqcls.registry import release_key
 from seqcls.serving import control, shipped
 from seqcls.serving.names import MODEL, POSTPROCESS, TOKENIZER, ServingNames
@@ -49,19 +49,23 @@ TMP_PUBLISH = ".tmp-publish.{model}.{pid}-{version}"
 def release_values(release: Release, options: ServingOptions) -> dict[str, Any]:
     """What every Triton version's ``release.json`` holds besides its files (the pyfunc carries it too)."""
     expected = Expected.load(release.workspace)
-    vocab = release.checkpoint.vocab_file.read_text(encoding="utf-8").splitlines()
+    tokenizer = serving_tokenizer(release)
+    contract = shipped.contract()
     return {
         "model_name": release.config.model_name,
         "fingerprint": release.checkpoint.fingerprint,
+        "framework": release.checkpoint.framework,
+        contract.MODEL_INPUTS_KEY: model_inputs(release.workspace),  # what the tokenizer emits, the graph takes
+        "tokenizer_file": tokenizer.file.name,
         "labels": expected.labels,
         "thresholds": expected.thresholds,
         "hierarchy": expected.hierarchy,
         "max_length": release.config.max_length,
         "do_lower_case": release.checkpoint.do_lower_case,
-        "pad_id": vocab.index("[PAD]") if "[PAD]" in vocab else 0,
+        "pad_id": tokenizer.pad_id,
         "profile": release.config.profile,
         "release_key": release_key(release),  # the MLflow version's key: sync/status find it by this
-        shipped.contract().MAX_TEXT_BYTES_KEY: int(options.max_text_bytes),
+        contract.MAX_TEXT_BYTES_KEY: int(options.max_text_bytes),
     }
 
 
@@ -85,7 +89,13 @@ def _files_for(release: Release, triton_name: str, options: ServingOptions, name
         files["model.py"] = src / MODEL_SOURCES[(model, key)]
         files.update(shipped.files_for(model, release.settings))
     if model == TOKENIZER:
-        files["vocab.txt"] = release.checkpoint.vocab_file
+        tokenizer = serving_tokenizer(release)
+        if tokenizer.kind == "tokenizer.json" and options.tokenizer_impl == "paddlenlp":
+            raise ServingError(
+                "tokenizer_impl 'paddlenlp' serves PaddleNLP's tokenizer; this is a transformers checkpoint — "
+                "serve it with tokenizer_impl 'hf' (its own tokenizer.json)"
+            )
+        files[tokenizer.file.name] = tokenizer.file
         tok_config = release.checkpoint.path / "tokenizer_config.json"
         if options.tokenizer_impl == "paddlenlp" and tok_config.is_file():
             files["tokenizer_config.json"] = tok_config
@@ -157,6 +167,7 @@ def _write_version(
             num_labels=len(values["labels"]),
             pad_id=values["pad_id"],
             names=repo.names,
+            model_inputs=values[shipped.contract().MODEL_INPUTS_KEY],
         )
         for m in repo.names.models
     }

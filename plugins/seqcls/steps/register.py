@@ -25,7 +25,16 @@ from typing import Any
 
 from seqcls import runs
 from seqcls.errors import StepOrderError
-from seqcls.records import OUT_DIRS, Expected, ParityReport, Registered, fp32_onnx, served_onnx, static_dir
+from seqcls.records import (
+    OUT_DIRS,
+    Expected,
+    ParityReport,
+    Registered,
+    fp32_onnx,
+    served_onnx,
+    serving_tokenizer,
+    static_dir,
+)
 from seqcls.registry import (
     CANDIDATE,
     RELEASE_KEY_TAG,
@@ -46,7 +55,7 @@ log = logging.getLogger(__name__)
 
 STEP = "register"
 OUT_DIR = OUT_DIRS[STEP]
-TOKENIZER_FILES = ("vocab.txt", "tokenizer_config.json", "special_tokens_map.json")
+TOKENIZER_FILES = ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 #: The MLflow model's code (logged as code: MLflow stores this file in the model).
 PYFUNC_CODE = Path(__file__).resolve().parents[1] / "pyfunc.py"
 #: What that code imports, pinned to this environment's versions (mlflow pins itself).
@@ -62,6 +71,8 @@ def lineage_tags(
         RELEASE_KEY_TAG: key_of(config),
         SERVING_CONFIG_TAG: json.dumps(config, sort_keys=True, ensure_ascii=False),
         "fingerprint": ckpt.fingerprint,
+        "framework": ckpt.framework,
+        "architecture": ckpt.architecture,
         "opset": str(cfg.opset),
         "profile": cfg.profile,
         "seqcls_version": str(versions.get("seqcls")),
@@ -86,7 +97,7 @@ def log_run(c, release: Release, validate_record: dict[str, Any], key: str):
     c.set_tag(run_id, runs.OUTCOME_TAG, runs.REGISTERED)
     with mlflow.start_run(run_id=run_id):
         info = log_pyfunc(release)
-    c.log_artifacts(run_id, str(static_dir(ws)), "paddle_static")
+    c.log_artifacts(run_id, str(static_dir(ws)), "torch_export" if ckpt.is_transformers else "paddle_static")
     for name in TOKENIZER_FILES:
         if (ckpt.path / name).is_file():
             c.log_artifact(run_id, str(ckpt.path / name), "tokenizer")
@@ -137,7 +148,7 @@ def log_pyfunc(release: Release):
             python_model=str(PYFUNC_CODE),
             artifacts={
                 "release": str(release_file),
-                "vocab": str(release.checkpoint.vocab_file),
+                "vocab": str(serving_tokenizer(release).file),
                 "onnx": str(served_onnx(release.workspace)),
             },
             code_paths=[str(common / f"{name}.py") for name in shipped.MODULES],

@@ -2,11 +2,13 @@
 
 Three checks on the golden texts (the checkpoint's ``golden.txt``, else the built-in set):
 
-1. tokenizer parity — PaddleNLP's tokenizer vs the serving tokenizer (``seqcls_text.py``, the
-   very file Triton runs) must give identical ids;
-2. numeric parity — Paddle Inference on the static model vs ONNX Runtime on the ONNX model
-   (CUDA execution provider when available and asked for), logits and probabilities within
-   tolerance;
+1. tokenizer parity — the training framework's tokenizer (PaddleNLP's; for a transformers
+   checkpoint ``transformers``' own, the slow one from the trained vocabulary when present) vs the
+   serving tokenizer (``seqcls_text.py``, the very file Triton runs, on ``vocab.txt`` or the
+   exported ``tokenizer.json``) must give identical ids;
+2. numeric parity — Paddle Inference on the static model (PyTorch eager for transformers) vs ONNX
+   Runtime on the ONNX model (CUDA execution provider when available and asked for), logits and
+   probabilities within tolerance;
 3. decision parity — thresholded label sets identical; only near-threshold samples may differ.
 
 Writes ``parity/report.json``, ``parity/plot.png`` and ``parity/expected.json`` (what the smoke
@@ -29,7 +31,16 @@ from seqcls.checkpoint import sha256_file
 from seqcls.errors import GateError, InputError
 from seqcls.golden import DEFAULT_GOLDEN_TEXTS
 from seqcls.parity import Tolerance
-from seqcls.records import OUT_DIRS, Expected, ExpectedItem, ParityReport, served_onnx, static_dir
+from seqcls.records import (
+    OUT_DIRS,
+    Expected,
+    ExpectedItem,
+    ParityReport,
+    model_inputs,
+    served_onnx,
+    serving_tokenizer,
+    static_dir,
+)
 from seqcls.runs import log_parity_evidence
 from seqcls.serving import shipped
 from seqcls.steps import require
@@ -51,9 +62,7 @@ def golden_texts(release: Release) -> tuple[list[str], str]:
 def serving_ids(release: Release, texts: Sequence[str]) -> list[list[int]]:
     """Ids from the very tokenizer file Triton's ``tokenizer`` model runs."""
     text_mod = shipped.text(release.settings)
-    tok = text_mod.build_tokenizer(
-        release.checkpoint.vocab_file, lowercase=release.checkpoint.do_lower_case, max_length=release.config.max_length
-    )
+    tok = serving_tokenizer(release).build(text_mod, release.config.max_length)
     return text_mod.encode(tok, texts)
 
 
@@ -104,11 +113,23 @@ def onnx_session(release: Release) -> tuple[Any, str, Tolerance]:
 
 
 def check_tokenizer(release: Release, texts: Sequence[str]) -> tuple[dict[str, Any], list[list[int]]]:
-    ref_ids = parity.paddlenlp_ids(release.checkpoint.path, texts, release.config.max_length)
+    if release.checkpoint.is_transformers:
+        from seqcls import hf
+
+        ref_ids, reference = hf.reference_ids(release.checkpoint, texts, release.config.max_length)
+    else:
+        ref_ids, reference = (
+            parity.paddlenlp_ids(release.checkpoint.path, texts, release.config.max_length),
+            "paddlenlp",
+        )
     got_ids = serving_ids(release, texts)
     result = parity.compare_ids(texts, ref_ids, got_ids)
+    result["reference"] = reference
+    result["serving"] = serving_tokenizer(release).kind
     log.info(
-        "validate: tokenizer parity %s (%d/%d texts identical)",
+        "validate: tokenizer parity (%s vs serving %s) %s (%d/%d texts identical)",
+        reference,
+        result["serving"],
         "passed" if result["passed"] else "FAILED",
         len(texts) - result["mismatched"],
         len(texts),
@@ -119,9 +140,16 @@ def check_tokenizer(release: Release, texts: Sequence[str]) -> tuple[dict[str, A
 def check_numbers(
     release: Release, report: ParityReport, ids: list[list[int]], session, tol: Tolerance, decide_mod
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Paddle Inference vs ONNX Runtime on the same (serving) ids: conversion isolated."""
-    l_ref = parity.paddle_logits(static_dir(release.workspace), ids)
-    l_got = parity.ort_logits(session, ids)
+    """Paddle Inference (PyTorch eager) vs ONNX Runtime on the same (serving) ids: conversion isolated."""
+    pad_id = serving_tokenizer(release).pad_id
+    if release.checkpoint.is_transformers:
+        from seqcls import hf
+
+        model, _ = hf.load_model(release.checkpoint)
+        l_ref = hf.eager_logits(model, ids, model_inputs(release.workspace), pad_id)
+    else:
+        l_ref = parity.paddle_logits(static_dir(release.workspace), ids)
+    l_got = parity.ort_logits(session, ids, pad_id)
     report.numeric = parity.numeric_report(l_ref, l_got, tol, decide_mod)
     exact = release.config.profile in EXACT_PROFILES
     report.numeric["gating"] = exact
@@ -201,7 +229,8 @@ def run_gate(release: Release, texts: list[str], source: str, out: Path) -> tupl
         report.tokenizer["passed"] and report.decisions["passed"] and (report.numeric["passed"] or not exact)
     )
     report.save(out)
-    title = f"{cfg.model_name} {ckpt.short_fingerprint}: Paddle vs ONNX Runtime ({report.provider})"
+    source = "PyTorch" if ckpt.is_transformers else "Paddle"
+    title = f"{cfg.model_name} {ckpt.short_fingerprint}: {source} vs ONNX Runtime ({report.provider})"
     parity.plot(out / "plot.png", p_ref, p_got, l_ref, l_got, title)
     if not report.passed:
         raise GateError(failure_paragraph(release, report, str(release.workspace.path(f"failed/{STEP}"))))
@@ -234,7 +263,8 @@ def failure_paragraph(release: Release, report: ParityReport, where: str) -> str
         m = tk["first_mismatch"]
         parts.append(
             f"tokenizer ids differ on {tk['mismatched']}/{tk['texts']} texts (first: #{m['index']} "
-            f"{m['text'][:40]!r}: paddlenlp {m['paddlenlp'][:12]} vs serving {m['serving'][:12]})"
+            f"{m['text'][:40]!r}: {tk.get('reference', 'paddlenlp')} {m['reference'][:12]} vs serving "
+            f"{tk.get('serving', 'tokenizer')} {m['serving'][:12]})"
         )
     nm = report.numeric
     if nm and not nm.get("passed", True):
@@ -249,7 +279,8 @@ def failure_paragraph(release: Release, report: ParityReport, where: str) -> str
     dc = report.decisions
     if dc and not dc.get("passed", True):
         first = next((c for c in dc["changes"] if not c["near_threshold"]), dc["changes"][0] if dc["changes"] else None)
-        detail = f" (first: #{first['index']} paddle {first['paddle']} vs ORT {first['onnxruntime']})" if first else ""
+        ref = "PyTorch" if release.checkpoint.is_transformers else "Paddle"
+        detail = f" (first: #{first['index']} {ref} {first['paddle']} vs ORT {first['onnxruntime']})" if first else ""
         parts.append(
             f"{dc['changed']} label sets changed, {dc['changed_not_near_threshold']} not near a "
             f"threshold{detail}; agreement {dc['agreement']:.4f}"
