@@ -127,3 +127,114 @@ def test_fused_model_keeps_masking_exact_for_any_padding(tiny_checkpoint: Path) 
     feeds = {"input_ids": ids, "token_type_ids": np.zeros_like(ids)}
     a, b = ref.run(["logits"], feeds)[0], got.run(["logits"], feeds)[0]
     np.testing.assert_allclose(b, a, atol=1e-4, rtol=1e-3)
+
+
+# ----------------------------------------------------------------------------- graph inputs, INT8 recipes
+
+
+@pytest.fixture(scope="module")
+def tiny_onnx(tiny_checkpoint_src: Path, tmp_path_factory: pytest.TempPathFactory):
+    """The tiny checkpoint converted once (profile fp32): (release, model.onnx)."""
+    from seqcls.records import fp32_onnx
+    from seqcls.settings import Settings
+
+    home = tmp_path_factory.mktemp("optimize-home")
+    release = open_release(tiny_checkpoint_src, ReleaseConfig(profile="fp32"), Settings(home=home))
+    run_release(release, until="convert")
+    return release, fp32_onnx(release.workspace)
+
+
+def _with_inputs(src: Path, dst: Path, names: tuple[str, ...]) -> Path:
+    """The Paddle graph rewritten to take ``names`` as an HF export does: the padding mask from
+    ``attention_mask == 0`` instead of ``input_ids == pad``; without ``token_type_ids`` the
+    segment embedding looks up zeros."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    model = onnx.load(str(src))
+    graph = model.graph
+    if "attention_mask" in names:
+        graph.input.append(helper.make_tensor_value_info("attention_mask", TensorProto.INT64, ["batch", "seq"]))
+        graph.initializer.append(numpy_helper.from_array(np.array(0, dtype=np.int64), "mask_zero"))
+        equal = next(n for n in graph.node if n.op_type == "Equal" and "input_ids" in n.input)
+        equal.input[:] = ["attention_mask", "mask_zero"]
+    if "token_type_ids" not in names:  # no segment embedding at all (DeBERTa-v2, type_vocab_size 0)
+        gather = next(n for n in graph.node if n.op_type == "Gather" and n.input[1] == "token_type_ids")
+        add = next(n for n in graph.node if gather.output[0] in n.input)
+        other = next(x for x in add.input if x != gather.output[0])
+        for node in graph.node:
+            node.input[:] = [other if x == add.output[0] else x for x in node.input]
+        graph.node.remove(gather)
+        graph.node.remove(add)
+        keep = [i for i in graph.input if i.name != "token_type_ids"]
+        del graph.input[:]
+        graph.input.extend(keep)
+    onnx.checker.check_model(model, full_check=True)
+    onnx.save(model, str(dst))
+    return dst
+
+
+def _calibration(release):
+    from seqcls.golden import DEFAULT_GOLDEN_TEXTS
+    from seqcls.optimize import Calibration
+
+    ckpt = release.checkpoint
+    return Calibration(DEFAULT_GOLDEN_TEXTS, "built-in golden set", ckpt.vocab_file, ckpt.do_lower_case, 128)
+
+
+@pytest.mark.parametrize(
+    "names",
+    [("input_ids", "token_type_ids", "attention_mask"), ("input_ids", "attention_mask")],
+    ids=["bert", "deberta"],
+)
+def test_optimize_uses_the_graphs_own_inputs(tiny_onnx, tmp_path: Path, names: tuple[str, ...]) -> None:
+    """An HF-style graph (attention_mask; maybe no token_type_ids) is fused and quantized with
+    feeds for exactly its inputs, the mask deciding what is padding."""
+    import numpy as np
+    import onnxruntime as ort
+
+    from seqcls.optimize import optimize_onnx
+
+    release, model = tiny_onnx
+    src = _with_inputs(model, tmp_path / "hf.onnx", names)
+    for profile in ("fp32-fused", "int8"):
+        out = tmp_path / f"{profile}.onnx"
+        kwargs = {"calibration": _calibration(release)} if profile == "int8" else {}
+        report = optimize_onnx(src, out, profile, num_heads=2, hidden_size=32, **kwargs)
+        assert report["inputs"] == list(names)
+        assert [i[0] for i in _io(out)[0]] == list(names) and _io(out)[1] == ["logits"]
+        assert report["attention_fused"] == 2
+        if profile == "int8":
+            cal = report["quantization"]["calibration"]
+            assert cal["texts"] > 0 and cal["source"] == "built-in golden set"
+    ref = ort.InferenceSession(str(src), providers=["CPUExecutionProvider"])
+    got = ort.InferenceSession(str(tmp_path / "fp32-fused.onnx"), providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(3)
+    ids = rng.integers(5, release.checkpoint.vocab_size, size=(3, 16)).astype(np.int64)
+    mask = np.ones_like(ids)
+    mask[1, 9:] = 0
+    mask[2, 4:] = 0
+    feeds = {"input_ids": ids, "token_type_ids": np.zeros_like(ids), "attention_mask": mask}
+    feeds = {k: v for k, v in feeds.items() if k in names}
+    a, b = ref.run(["logits"], feeds)[0], got.run(["logits"], feeds)[0]
+    np.testing.assert_allclose(b, a, atol=1e-4, rtol=1e-3)
+    other = dict(feeds, input_ids=np.where(mask == 1, ids, 7))  # masked positions' ids do not matter
+    np.testing.assert_allclose(got.run(["logits"], other)[0], b, atol=1e-5)
+
+
+def test_contract_check_names_unknown_or_changed_inputs(tiny_onnx, tmp_path: Path) -> None:
+    import onnx
+
+    from seqcls.optimize import _check_contract, graph_inputs
+
+    _, model_path = tiny_onnx
+    model = onnx.load(str(model_path), load_external_data=False)
+    assert graph_inputs(model) == ("input_ids", "token_type_ids")
+    with pytest.raises(ConversionError, match="'attention_mask' missing"):
+        _check_contract(model, "test", ("input_ids", "token_type_ids", "attention_mask"))
+    with pytest.raises(ConversionError, match=r"unexpected inputs \['token_type_ids'\]"):
+        _check_contract(model, "test", ("input_ids",))
+    model.graph.input[1].name = "position_ids"
+    with pytest.raises(ConversionError, match="not in the serving contract"):
+        graph_inputs(model)
