@@ -4,6 +4,8 @@
 # requirements.txt      the human-edited top-level pins (edit this one, then `make lock`)
 # requirements.lock     every package of the environment, exact versions + sha256 hashes (generated)
 # requirements-build.lock  pip + what builds the package and the lock's sdists, hashed (generated)
+# requirements-torch.txt / requirements-torch.lock  the seqcls[torch] extra (Hugging Face PyTorch
+#                       checkpoints), locked on top of requirements.lock; `make test` installs it, `make demo` not
 # `make setup` installs only from the two locks: nothing is resolved, every file is hash-checked,
 # no build dependency is fetched unhashed (--no-build-isolation builds with the locked setuptools).
 
@@ -14,11 +16,23 @@ PY := $(VENV)/bin/python
 LOCK := requirements.lock
 BUILD_LOCK := requirements-build.lock
 STAMP := $(VENV)/.seqcls-installed-$(shell cat $(BUILD_LOCK) $(LOCK) pyproject.toml 2>/dev/null | sha256sum | cut -c1-12)
+TORCH_LOCK := requirements-torch.lock
+TORCH_STAMP := $(VENV)/.seqcls-torch-installed-$(shell cat $(LOCK) $(TORCH_LOCK) 2>/dev/null | sha256sum | cut -c1-12)
 PYTEST_ARGS ?=
 
-.PHONY: setup system-deps lock demo test lint clean-demo airflow-ui bench
+.PHONY: setup setup-torch system-deps lock demo test lint clean-demo airflow-ui bench
 
 setup: $(STAMP)
+
+# The seqcls[torch] extra on top of the main environment: only what requirements.lock lacks is
+# installed (torch's CPU build, transformers), hash-checked like the rest (~15 s, +0.9 GB here).
+setup-torch: setup $(TORCH_STAMP)
+
+$(TORCH_STAMP): $(LOCK) $(TORCH_LOCK)
+	$(VENV)/bin/pip install --quiet --require-hashes --no-deps -r $(TORCH_LOCK)
+	$(VENV)/bin/pip check
+	@rm -f $(VENV)/.seqcls-torch-installed-*
+	@touch $@
 
 $(STAMP): $(BUILD_LOCK) $(LOCK) pyproject.toml
 	@bash scripts/system-deps.sh
@@ -45,6 +59,8 @@ UV ?= $(LOCK_TOOLS)/bin/uv
 # seqeval's sdist takes its version from setuptools-scm (without it: "metadata has 0.0.0"); jieba
 # needs nothing else. A new sdist-only package with other build requirements goes here.
 SDIST_BUILD_REQUIRES := setuptools-scm
+# Where uv finds torch's CPU build (not on PyPI): a wheel directory or PyTorch's CPU index page.
+TORCH_FIND_LINKS ?= https://download.pytorch.org/whl/cpu/torch/
 UV_COMPILE = $(UV) pip compile --quiet --generate-hashes --python-version 3.11 \
 	--python-platform x86_64-manylinux_2_35 --custom-compile-command 'make lock' \
 	$(if $(UPGRADE),--upgrade) $(foreach p,$(UPGRADE_PACKAGE),--upgrade-package $(p))
@@ -54,6 +70,7 @@ lock:
 	$(UV_COMPILE) requirements.txt -o $(LOCK)
 	$(PYTHON) -c 'import sys, tomllib; print("pip", *tomllib.load(open("pyproject.toml", "rb"))["build-system"]["requires"], *sys.argv[1:], sep="\n")' \
 	  $(SDIST_BUILD_REQUIRES) | $(UV_COMPILE) - -o $(BUILD_LOCK)
+	$(UV_COMPILE) --find-links $(TORCH_FIND_LINKS) requirements-torch.txt -c $(LOCK) -o $(TORCH_LOCK)
 
 system-deps:
 	@bash scripts/system-deps.sh
@@ -72,7 +89,7 @@ bench: setup
 	.venv/bin/seqcls bench $(if $(QUICK),--quick,)
 
 # The test suite CI runs (.ci/run calls exactly this): lint, then every test tier.
-test: setup
+test: setup-torch
 	$(VENV)/bin/ruff check .
 	$(PY) -m pytest $(PYTEST_ARGS)
 

@@ -24,6 +24,8 @@ REQUIREMENTS = ROOT / "requirements.txt"
 GPU_REQUIREMENTS = ROOT / "requirements-gpu.txt"
 LOCK = ROOT / "requirements.lock"
 BUILD_LOCK = ROOT / "requirements-build.lock"
+TORCH_REQUIREMENTS = ROOT / "requirements-torch.txt"
+TORCH_LOCK = ROOT / "requirements-torch.lock"
 PYPROJECT = ROOT / "pyproject.toml"
 MAKEFILE = ROOT / "Makefile"
 REGEN = "run `make lock` (see Makefile) and commit the lock files"
@@ -107,6 +109,11 @@ def build_lock() -> dict[str, Locked]:
     return _lock(BUILD_LOCK)
 
 
+@pytest.fixture(scope="module")
+def torch_lock() -> dict[str, Locked]:
+    return _lock(TORCH_LOCK)
+
+
 def test_requirements_txt_is_top_level_exact_pins() -> None:
     pins = _top_level(REQUIREMENTS)
     assert pins, "requirements.txt pins nothing"
@@ -115,7 +122,7 @@ def test_requirements_txt_is_top_level_exact_pins() -> None:
         _pinned_version(req)
 
 
-@pytest.mark.parametrize("path", [LOCK, BUILD_LOCK], ids=lambda p: p.name)
+@pytest.mark.parametrize("path", [LOCK, BUILD_LOCK, TORCH_LOCK], ids=lambda p: p.name)
 def test_every_lock_entry_is_pinned_and_hashed(path: Path) -> None:
     unhashed = [name for name, entry in _lock(path).items() if not entry.hashes]
     assert not unhashed, f"{path.name}: no --hash for {unhashed}; {REGEN}"
@@ -153,11 +160,21 @@ def test_no_gpu_build_or_torch_in_the_cpu_lock(lock: dict[str, Locked]) -> None:
     assert not unwanted, f"requirements.lock (CPU) contains {unwanted}"
 
 
-def test_pyproject_ranges_admit_the_locked_versions(lock: dict[str, Locked]) -> None:
+def test_pyproject_ranges_admit_the_locked_versions(lock: dict[str, Locked], torch_lock: dict[str, Locked]) -> None:
     problems = []
     for group, reqs in _declared().items():
+        locked = torch_lock if group == "torch" else lock
         for req in reqs:
             name = canonicalize_name(req.name)
+            if name not in locked:
+                problems.append(
+                    f"[{group}] {req}: not in {'requirements-torch.lock' if group == 'torch' else 'requirements.lock'}"
+                )
+                continue
+            if not req.specifier.contains(locked[name].version, prereleases=True):
+                problems.append(f"[{group}] {req}: locked {locked[name].version}")
+            if group == "torch":
+                continue
             if name not in lock:
                 problems.append(f"[{group}] {req}: not in requirements.lock")
             elif not req.specifier.contains(lock[name].version, prereleases=True):
@@ -173,6 +190,37 @@ def test_gpu_extra_admits_the_gpu_pins() -> None:
         assert req.specifier.contains(_pinned_version(gpu_pins[name]), prereleases=True), (
             f"[gpu] {req} vs requirements-gpu.txt {gpu_pins[name]}"
         )
+
+
+def test_torch_lock_is_the_cpu_build_on_top_of_the_main_lock(
+    lock: dict[str, Locked], torch_lock: dict[str, Locked]
+) -> None:
+    """The extra adds torch's CPU build and transformers; every package it shares with the main
+    environment is at the main lock's version (it was compiled constrained by it)."""
+    pins = _top_level(TORCH_REQUIREMENTS)
+    assert set(pins) == {"torch", "transformers"}, pins
+    for name, req in pins.items():
+        assert torch_lock[name].version == _pinned_version(req), f"{name}: {REGEN}"
+    assert torch_lock["torch"].version.local == "cpu", "requirements-torch.lock must hold torch's CPU build"
+    cuda = sorted(n for n in torch_lock if n.startswith("nvidia-") or n == "triton")
+    assert not cuda, f"requirements-torch.lock pulls CUDA packages {cuda}"
+    differ = {
+        n: (str(e.version), str(lock[n].version))
+        for n, e in torch_lock.items()
+        if n in lock and lock[n].version != e.version
+    }
+    assert not differ, f"requirements-torch.lock vs requirements.lock: {differ}; {REGEN}"
+    for name, req in pins.items():
+        (declared,) = [r for r in _declared()["torch"] if canonicalize_name(r.name) == name]
+        assert declared.specifier.contains(_pinned_version(req), prereleases=True), f"[torch] {declared} vs {req}"
+
+
+def test_make_test_installs_the_torch_extra_and_demo_does_not() -> None:
+    text = MAKEFILE.read_text(encoding="utf-8")
+    assert re.search(r"^test: setup-torch$", text, re.M), "make test must install the torch extra (CI tests it)"
+    assert re.search(r"^demo: setup$", text, re.M), "make demo is PaddleNLP-only: no torch"
+    recipe = re.search(r"^\$\(TORCH_STAMP\):(.*?)\n\n", text, re.S | re.M)
+    assert recipe and "--require-hashes --no-deps -r $(TORCH_LOCK)" in recipe.group(1), "torch extra from its lock only"
 
 
 def test_every_top_level_pin_is_declared_in_pyproject() -> None:
@@ -237,10 +285,10 @@ def test_setup_installs_only_from_the_locks() -> None:
     assert re.search(r"^BUILD_LOCK := requirements-build\.lock$", text, re.M)
 
 
-def test_this_environment_is_the_lock(lock: dict[str, Locked]) -> None:
-    """What the tests run on is what the lock says (a hand-installed upgrade shows up here)."""
+def test_this_environment_is_the_lock(lock: dict[str, Locked], torch_lock: dict[str, Locked]) -> None:
+    """What the tests run on is what the locks say (a hand-installed upgrade shows up here)."""
     differ = {}
-    for name, entry in lock.items():
+    for name, entry in {**torch_lock, **lock}.items():
         try:
             installed = Version(metadata.version(name))
         except metadata.PackageNotFoundError:
