@@ -58,6 +58,35 @@ def tiny_checkpoint_b_src(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return _build(tmp_path_factory.mktemp("ckpt") / "tiny_b", seed=1, logit_scale=300.0)
 
 
+#: Golden texts for the HF checkpoints: the tiny corpus plus what stresses a tokenizer (case,
+#: accents, emoji, full-width forms, a text longer than max_length).
+HF_GOLDEN = (
+    "某科技公司宣布裁员百分之十，涉及研发部门。",
+    "球队在决赛中夺冠，球迷欢呼庆祝。",
+    "初创企业完成新一轮融资，金额达一亿元。",
+    "知名主持人加盟新的电视台。",
+    "The company announced layoffs of 300 employees in 2024.",
+    "Startup raises $20M in Series B funding round!",
+    "Café Über naïve ÉLAN 🎉 ２０２４年 ｆｕｌｌ－ｗｉｄｔｈ",
+    "中国队以3比1战胜对手，获得冠军。" * 12,
+    "mixed 文本 with English words and 数字 12345 ...",
+)
+
+
+@pytest.fixture(scope="session")
+def hf_checkpoints_src(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Tiny random Hugging Face classifiers (``transformers`` save_pretrained layout), built once:
+    ``{"deberta-v2": dir, "bert": dir}``; confident logits, :data:`HF_GOLDEN` as golden.txt."""
+    pytest.importorskip("torch", reason="the torch extra (make setup-torch) is not installed")
+    from seqcls_tools.testing_hf import ARCHITECTURES, build_tiny_hf_checkpoint
+
+    root = tmp_path_factory.mktemp("hf-ckpt")
+    return {
+        arch: build_tiny_hf_checkpoint(root / arch, architecture=arch, seed=i, logit_scale=60.0, golden=HF_GOLDEN)
+        for i, arch in enumerate(ARCHITECTURES)
+    }
+
+
 @pytest.fixture
 def tiny_checkpoint(tiny_checkpoint_src: Path, tmp_path: Path) -> Path:
     """A private copy of the tiny checkpoint, safe to damage."""
