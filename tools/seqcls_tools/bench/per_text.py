@@ -8,13 +8,16 @@ padding, ``max_length`` 128):
 
 - ``1x1``: one request of one text per ``execute`` (single-text clients, no dynamic batching);
 - ``1x8``: one request of eight texts per ``execute`` (padded to that request's longest);
-- ``8x1``: eight single-text requests in one ``execute`` (what the dynamic batcher hands over).
+- ``8x1``: eight single-text requests in one ``execute`` (what the dynamic batcher hands over);
+- ``1x8=``: one request of eight texts of one token length (no padding at all: where grouping
+  equal lengths into one run can pay, vs ``per-text/ungrouped``, strictly one run per text).
 
-Prints sentences/s per strategy and shape, the ratio ``1x8 / 1x1`` per strategy, and max |Δ| of
-every strategy's logits vs ``per-request`` (the padded run) against the parity gate's tolerance.
-Every figure comes from this one run. ::
+Prints sentences/s per strategy and shape (best of the rounds, strategies interleaved), the ratio
+``1x8 / 1x1`` per strategy, and max |Δ| of every strategy's logits vs ``per-request`` on the
+8-text requests (each padded to its longest) against the parity gate's tolerance; exit 1 if any
+is outside it. Every figure comes from this one run. ::
 
-    .venv/bin/python -m seqcls_tools.bench.per_text            # ERNIE 3.0 medium shape (builds it, ~2 min)
+    .venv/bin/python -m seqcls_tools.bench.per_text            # ERNIE 3.0 medium shape (~1 min to build)
     .venv/bin/python -m seqcls_tools.bench.per_text --spec tiny --texts 64 --rounds 2
 """
 
@@ -34,7 +37,8 @@ from typing import Any
 
 import numpy as np
 
-SHAPES = ("1x1", "1x8", "8x1")
+SAME = "1x8="
+SHAPES = ("1x1", "1x8", "8x1", SAME)
 #: the contract's strategies plus per-text strictly one ORT run per row (``group_equal_lengths`` off)
 UNGROUPED = "per-text/ungrouped"
 
@@ -166,9 +170,19 @@ def _batches(ids: list[list[int]], shape: str, text_mod: ModuleType) -> list[lis
 
     if shape == "1x1":
         return [[req([x])] for x in ids]
-    if shape == "1x8":
+    if shape in ("1x8", SAME):
         return [[req(ids[i : i + 8])] for i in range(0, len(ids), 8)]
     return [[req([x]) for x in ids[i : i + 8]] for i in range(0, len(ids), 8)]
+
+
+def same_length(ids: list[list[int]], texts: int) -> list[list[int]]:
+    """``texts`` tokenized texts in runs of eight of one length (the ``1x8=`` shape), lengths spread out."""
+    by_len: dict[int, list[list[int]]] = {}
+    for x in ids:
+        by_len.setdefault(len(x), []).append(x)
+    full = [v[:8] for _, v in sorted(by_len.items()) if len(v) >= 8]
+    step = max(1, len(full) // max(1, texts // 8))
+    return [x for group in full[::step][: texts // 8] for x in group]
 
 
 def _time(model: Any, calls: list[list[dict[str, _Tensor]]]) -> tuple[float, list[np.ndarray]]:
@@ -177,8 +191,11 @@ def _time(model: Any, calls: list[list[dict[str, _Tensor]]]) -> tuple[float, lis
     return time.perf_counter() - t0, out
 
 
-def measure(onnx_file: Path, ids: list[list[int]], *, rounds: int, threads: int, work: Path) -> dict[str, Any]:
-    """sentences/s per (strategy, shape) — best of ``rounds``, strategies interleaved — and parity."""
+def measure(
+    onnx_file: Path, ids: list[list[int]], same: list[list[int]], *, rounds: int, threads: int, work: Path
+) -> dict[str, Any]:
+    """sentences/s per (strategy, shape) — best of ``rounds``, strategies interleaved — and max |Δ| of
+    each strategy's logits vs ``per-request`` on 8-text requests (each padded to its longest)."""
     from seqcls.serving import shipped
 
     text_mod = shipped.text()
@@ -188,7 +205,8 @@ def measure(onnx_file: Path, ids: list[list[int]], *, rounds: int, threads: int,
     for s in strategies:
         models[s] = load_model(onnx_file, work, batching=s.split("/")[0], threads=threads)
         models[s].group_equal_lengths = s != UNGROUPED
-    calls = {shape: _batches(ids, shape, text_mod) for shape in SHAPES}
+    calls = {shape: _batches(same if shape == SAME else ids, shape, text_mod) for shape in SHAPES}
+    texts = {shape: len(same if shape == SAME else ids) for shape in SHAPES}
     for s in strategies:  # warm-up: ORT's first runs at a new shape allocate
         for shape in SHAPES:
             _time(models[s], calls[shape][:2])
@@ -200,10 +218,9 @@ def measure(onnx_file: Path, ids: list[list[int]], *, rounds: int, threads: int,
                 seconds, out = _time(models[s], calls[shape])
                 best[s][shape] = min(best[s].get(shape, np.inf), seconds)
                 logits[s][shape] = np.concatenate(out)
-    rates = {s: {shape: len(ids) / best[s][shape] for shape in SHAPES} for s in strategies}
-    reference = logits["per-request"]["1x8"]  # each 8-text request run padded to its longest
-    deltas = {s: max(float(np.abs(logits[s][shape] - reference).max()) for shape in SHAPES) for s in strategies}
-    return {"rates": rates, "max_abs_diff_vs_padded": deltas, "reference": reference, "logits": logits}
+    rates = {s: {shape: texts[shape] / best[s][shape] for shape in SHAPES} for s in strategies}
+    reference = {shape: logits["per-request"][SAME if shape == SAME else "1x8"] for shape in SHAPES}
+    return {"rates": rates, "logits": logits, "reference": reference, "texts": texts}
 
 
 def _ids(corpus: list[str], vocab_file: Path, max_length: int = 128) -> list[list[int]]:
@@ -221,7 +238,7 @@ def main(argv: list[str] | None = None) -> int:
 
     p = argparse.ArgumentParser(prog="python -m seqcls_tools.bench.per_text", description=__doc__.split("\n")[0])
     p.add_argument("--spec", choices=("medium", "tiny"), default="medium", help="model shape (default medium)")
-    p.add_argument("--texts", type=int, default=96, help="texts per measurement, a multiple of 8 (default 96)")
+    p.add_argument("--texts", type=int, default=64, help="texts per measurement, a multiple of 8 (default 64)")
     p.add_argument("--rounds", type=int, default=3, help="rounds; the best of each is kept (default 3)")
     p.add_argument("--threads", type=int, default=2, help="ORT intra-op threads (serving default 2)")
     p.add_argument("--work", type=Path, help="keep the checkpoint and ONNX here (reused when present)")
@@ -238,33 +255,42 @@ def main(argv: list[str] | None = None) -> int:
         build_checkpoint(checkpoint, spec, corpus, make_labels(spec.num_labels), golden=corpus[-32:], seed=0)
     onnx_file = to_onnx(checkpoint, work / f"onnx-{spec.name}")
     built = time.perf_counter() - t0
-    sample = corpus[1000 : 1000 + texts]  # not the calibration texts
-    ids = _ids(sample, checkpoint / "vocab.txt")
+    pool = _ids(corpus[64:], checkpoint / "vocab.txt")  # not the calibration texts
+    ids, same = pool[936 : 936 + texts], same_length(pool, texts)
     runs = work / "versions"
     shutil.rmtree(runs, ignore_errors=True)
     runs.mkdir()
-    result = measure(onnx_file, ids, rounds=args.rounds, threads=args.threads, work=runs)
+    result = measure(onnx_file, ids, same, rounds=args.rounds, threads=args.threads, work=runs)
     gate = ReleaseConfig()
-    ref = result["reference"]
     lengths = [len(x) for x in ids]
     print(
         f"model {spec.name} ({onnx_file}, ready in {built:.0f} s); {texts} texts, tokens mean "
-        f"{np.mean(lengths):.1f} max {max(lengths)}; {args.threads} intra-op threads; best of {args.rounds} rounds"
+        f"{np.mean(lengths):.1f} max {max(lengths)} ({SAME}: {len(same)} texts, {len(same) // 8} lengths "
+        f"{min(map(len, same))}-{max(map(len, same))}); {args.threads} intra-op threads; best of {args.rounds} rounds; "
+        f"loadavg {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs"
     )
-    print(f"{'strategy':<20}" + "".join(f"{s + ' sent/s':>13}" for s in SHAPES) + f"{'1x8/1x1':>10}{'max|Δ|':>11}")
-    summary: dict[str, Any] = {"spec": spec.to_dict(), "texts": texts, "threads": args.threads, "strategies": {}}
+    print(f"{'strategy':<20}" + "".join(f"{x + ' sent/s':>14}" for x in SHAPES) + f"{'1x8/1x1':>9}{'max|Δ|':>10}")
+    summary: dict[str, Any] = {"spec": spec.to_dict(), "texts": result["texts"], "threads": args.threads}
+    summary["strategies"] = {}
     for s, rates in result["rates"].items():
-        delta = result["max_abs_diff_vs_padded"][s]
+        diffs = [np.abs(result["logits"][s][x] - result["reference"][x]) for x in SHAPES]
+        delta = max(float(d.max()) for d in diffs)
+        within = all(
+            np.allclose(result["logits"][s][x], result["reference"][x], atol=gate.atol, rtol=gate.rtol) for x in SHAPES
+        )
         ratio = rates["1x8"] / rates["1x1"]
-        print(f"{s:<20}" + "".join(f"{rates[x]:>13.1f}" for x in SHAPES) + f"{ratio:>10.2f}{delta:>11.2e}")
-        within = all(np.allclose(result["logits"][s][shape], ref, atol=gate.atol, rtol=gate.rtol) for shape in SHAPES)
-        summary["strategies"][s] = {**{f"{x}_sentences_per_s": round(rates[x], 2) for x in SHAPES}}
+        print(f"{s:<20}" + "".join(f"{rates[x]:>14.1f}" for x in SHAPES) + f"{ratio:>9.2f}{delta:>10.1e}")
+        summary["strategies"][s] = {f"{x}_sentences_per_s": round(rates[x], 2) for x in SHAPES}
         summary["strategies"][s].update(ratio_1x8_vs_1x1=round(ratio, 3), max_abs_diff=delta, within_gate=within)
-    base = result["rates"]["per-request"]
-    pt = result["rates"]["per-text"]
+    base, pt, ung = (result["rates"][s] for s in ("per-request", "per-text", UNGROUPED))
     print(
-        f"per-text vs per-request: 1x8 {pt['1x8'] / base['1x8']:.2f}x, 1x1 {pt['1x1'] / base['1x1']:.2f}x, "
-        f"8x1 {pt['8x1'] / base['8x1']:.2f}x; parity gate atol {gate.atol} rtol {gate.rtol}: "
+        "per-text / per-request: "
+        + ", ".join(f"{x} {pt[x] / base[x]:.2f}x" for x in SHAPES)
+        + f"; grouping equal lengths ({SAME}): {pt[SAME] / ung[SAME]:.2f}x vs one run per text"
+    )
+    print(
+        f"max|Δ| vs per-request with 8-text requests padded to their longest; parity gate atol {gate.atol} "
+        f"rtol {gate.rtol}: "
         + ", ".join(f"{s} {'ok' if v['within_gate'] else 'FAIL'}" for s, v in summary["strategies"].items())
     )
     if args.json:
