@@ -595,6 +595,42 @@ def test_bad_params_fail_before_any_work(
     assert not (home / "releases").exists()
 
 
+@pytest.mark.slow
+@pytest.mark.integration
+@pytest.mark.timeout(600)
+def test_a_transformers_checkpoint_releases_through_the_same_dag(
+    airflow_db: Path,
+    triton,
+    hf_checkpoints_src: dict[str, Path],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    """Issue 15: a Hugging Face DeBERTa-v2 goes through the unchanged DAG and contract — no
+    framework param; the task logs say what was detected and exported."""
+    from seqcls.serving.names import MODELS
+
+    root = tmp_path / "checkpoints"
+    shutil.copytree(hf_checkpoints_src["deberta-v2"], root / "deberta-run")
+    monkeypatch.setenv("SEQCLS_CHECKPOINTS_ROOT", str(root))
+    dag = _parse(monkeypatch, SEQCLS_PADDLE_PYTHON=None)
+    assert "framework" not in dag.params  # detected from the checkpoint, never asked for
+    dr, states = _run(dag, {"checkpoint": "latest"})
+    assert dr.state == "success", states
+    assert states == {**{t: "success" for t in TASKS}, "rollback": "skipped"}
+    assert _ready(triton) == {m: ["1"] for m in MODELS}
+    champion = _champion()
+    assert champion is not None and champion.tags["framework"] == "transformers"
+    text = "".join(capfd.readouterr())
+    for line in (
+        "(transformers DebertaV2ForSequenceClassification)",
+        "takes ['input_ids', 'attention_mask']",
+        "tokenizer parity (transformers BertTokenizer (vocab.txt) vs serving tokenizer.json) passed",
+        "smoke: ok in",
+    ):
+        assert line in text, f"task logs lack {line!r}"
+
+
 # ----------------------------------------------------------------------------- airflow tasks test
 
 
