@@ -143,3 +143,64 @@ def test_per_text_ort_failure_fails_only_the_culprit_s_request(load, grouped: bo
     for good in (0, 2):
         padded = model.execute([batch[good]])[0].outputs["logits"]
         np.testing.assert_allclose(responses[good].outputs["logits"], padded, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("architecture", ["bert", "deberta-v2"])
+def test_per_text_on_real_hf_graphs_with_an_attention_mask(
+    architecture: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """torch.onnx exports of tiny HF classifiers: the graph's inputs taken as declared, the embedding
+    limits found (token types and positions through torch's Slice/Cast index paths), per-text rows at
+    their mask length answering as the padded run."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from seqcls_tools.bench.per_text import fake_pb_utils, load_model, logits_of, request
+
+    torch.manual_seed(0)
+    common = dict(vocab_size=120, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64)
+    common.update(max_position_embeddings=48, num_labels=5)
+    if architecture == "bert":
+        model = transformers.BertForSequenceClassification(transformers.BertConfig(type_vocab_size=2, **common))
+        inputs = ("input_ids", "attention_mask", "token_type_ids")  # forward()'s order
+    else:
+        config = transformers.DebertaV2Config(
+            type_vocab_size=0, relative_attention=True, pos_att_type=["p2c", "c2p"], position_buckets=16, **common
+        )
+        model = transformers.DebertaV2ForSequenceClassification(config)
+        inputs = ("input_ids", "attention_mask")
+    model.eval()
+    rng = np.random.default_rng(0)
+    lengths = [3, 9, 2, 14, 9, 6, 14, 11]
+    ids, mask = np.zeros((8, 14), np.int64), np.zeros((8, 14), np.int64)
+    for r, n in enumerate(lengths):
+        ids[r, :n] = [1, *rng.integers(5, 120, n - 2), 2]
+        mask[r, :n] = 1
+    feeds = {"input_ids": ids, "attention_mask": mask, "token_type_ids": np.zeros_like(ids)}
+    onnx_file = tmp_path / f"{architecture}.onnx"
+    torch.onnx.export(
+        model,
+        tuple(torch.tensor(feeds[n]) for n in inputs),
+        str(onnx_file),
+        input_names=list(inputs),
+        output_names=["logits"],
+        dynamic_axes={n: {0: "batch", 1: "sequence"} for n in inputs},
+        opset_version=17,
+        dynamo=False,
+    )
+    monkeypatch.setitem(sys.modules, "triton_python_backend_utils", fake_pb_utils())
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    monkeypatch.delitem(sys.modules, "seqcls_backend", raising=False)
+    served = {b: load_model(onnx_file, tmp_path, batching=b, threads=1) for b in ("per-request", "per-text")}
+    contract = sys.modules["seqcls_contract"]
+    assert served["per-text"].inputs == tuple(n for n in contract.MODEL_INPUT_NAMES if n in inputs)
+    limits = type(served["per-text"]).initialize.__globals__["embedding_limits"](str(onnx_file))
+    assert limits == {"input_ids": 120, "positions": 48, **({"token_type_ids": 2} if architecture == "bert" else {})}
+    batch = [request(**{n: feeds[n][:5] for n in inputs}), request(**{n: feeds[n][5:, :11] for n in inputs})]
+    gate = ReleaseConfig()
+    padded = [logits_of(r) for r in served["per-request"].execute(batch)]
+    unpadded = [logits_of(r) for r in served["per-text"].execute(batch)]
+    for got, ref in zip(unpadded, padded, strict=True):
+        np.testing.assert_allclose(got, ref, atol=gate.atol, rtol=gate.rtol)
+    hostile = request(**{**{n: feeds[n][:1] for n in inputs}, "attention_mask": np.full((1, 14), 3)})
+    assert "attention_mask must be 0 or 1" in served["per-text"].execute([hostile])[0].error.message()
