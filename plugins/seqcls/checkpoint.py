@@ -20,13 +20,11 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
-import struct
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from seqcls.errors import CheckpointError
-from seqcls.safeload import scan_pickle
+from seqcls.safeload import check_weight_file, scan_pickle
 
 log = logging.getLogger(__name__)
 
@@ -39,19 +37,6 @@ REQUIRED_TOKENS = ("[PAD]", "[CLS]", "[SEP]", "[UNK]")
 BOM = "\ufeff"
 WORDPIECE_TOKENIZERS = {"ErnieTokenizer", "BertTokenizer", "ErnieTokenizerFast", "BertTokenizerFast"}
 FRAMEWORKS = ("paddle", "transformers")
-#: Tokenizer files a ``transformers`` checkpoint may carry (fingerprinted when present): the fast
-#: tokenizer's ``tokenizer.json`` (what Triton serves) and the slow tokenizer's vocabulary.
-HF_TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "spm.model", "sentencepiece.bpe.model", "tokenizer.model")
-HF_MODEL_FILES = (
-    *MODEL_FILES,
-    "tokenizer.json",
-    "spm.model",
-    "sentencepiece.bpe.model",
-    "tokenizer.model",
-    "added_tokens.json",
-)
-#: What ``transformers`` would read instead of (or besides) ``model.safetensors``: pickles.
-HF_PICKLE_WEIGHTS = ("pytorch_model.bin", "tf_model.h5", "flax_model.msgpack")
 
 
 @dataclass(frozen=True)
@@ -172,41 +157,6 @@ def num_labels_of(config: dict, path: Path) -> int:
     )
 
 
-def _check_weights(path: Path) -> None:
-    """Cheap integrity checks that catch truncated or corrupt weight files before export."""
-    try:
-        size = path.stat().st_size
-        if size == 0:
-            raise CheckpointError(f"{path}: weight file is empty; copy the checkpoint again.")
-        with open(path, "rb") as fh:
-            head = fh.read(16)
-            if path.suffix == ".safetensors":
-                (header_len,) = struct.unpack("<Q", head[:8])
-                if header_len <= 0 or 8 + header_len > size:
-                    raise CheckpointError(f"{path}: corrupt safetensors header (length {header_len}).")
-                fh.seek(8)
-                header = json.loads(fh.read(header_len))
-                end = max((v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"), default=0)
-                if 8 + header_len + end != size:
-                    raise CheckpointError(
-                        f"{path}: truncated or corrupt — header announces {8 + header_len + end} bytes, "
-                        f"file has {size}; copy the checkpoint again."
-                    )
-            else:
-                # A .pdparams file is a pickle: protocol marker first, STOP opcode ('.') last.
-                fh.seek(-1, os.SEEK_END)
-                tail = fh.read(1)
-                if not head.startswith(b"\x80") or tail != b".":
-                    raise CheckpointError(
-                        f"{path}: truncated or corrupt (not a complete pickle: starts {head[:2]!r}, "
-                        f"ends {tail!r}); copy the checkpoint again."
-                    )
-    except PermissionError as exc:
-        raise CheckpointError(f"{path}: not readable ({exc.strerror}); fix its permissions.") from exc
-    except (struct.error, ValueError, KeyError, TypeError) as exc:
-        raise CheckpointError(f"{path}: corrupt weight file ({exc}).") from exc
-
-
 def read_labels(path: Path) -> tuple[str, ...]:
     """Labels from a label file: one per line, trailing blank lines ignored, no duplicates."""
     lines = _read_lines(path, "the label file lists one label per line")
@@ -244,6 +194,8 @@ def _checkpoint_root(path: str | Path) -> Path:
 
 def _refuse_outside_links(root: Path, *, skip: frozenset[str] = frozenset()) -> None:
     """Every file seqcls reads from the checkpoint must be in it (a symlink to ``../x`` outside is refused)."""
+    from seqcls.checkpoint_hf import HF_MODEL_FILES
+
     for name in (*HF_MODEL_FILES, *WEIGHT_FILES, GOLDEN_FILE):
         if name not in skip:
             inside_checkpoint(root, name)
@@ -260,23 +212,6 @@ def detect_framework(config: dict, path: Path) -> str:
             "framework saved it; remove the key of the library that did not write this checkpoint."
         )
     return "transformers" if hf else "paddle"
-
-
-def _check_hf_config(config: dict, path: Path) -> None:
-    """A ``transformers`` classifier seqcls can serve: multi-label (sigmoid per label), known architecture."""
-    arch = config.get("architectures") or []
-    if not arch:
-        raise CheckpointError(
-            f"{path}: no architectures; save the model with save_pretrained (it records e.g. "
-            "BertForSequenceClassification)."
-        )
-    problem = config.get("problem_type")
-    if problem != "multi_label_classification":
-        raise CheckpointError(
-            f"{path}: problem_type is {problem!r}; seqcls serves multi-label classifiers (a sigmoid per label, "
-            "thresholded) — train with problem_type='multi_label_classification' (the model then uses "
-            "BCEWithLogitsLoss) or set it in config.json if that is how the model was trained."
-        )
 
 
 def _read_model_config(root: Path) -> tuple[dict, int]:
@@ -319,20 +254,11 @@ def _weights_path(root: Path) -> Path:
 
 def _find_weights(root: Path, allow_unsafe_pickle: bool = False, framework: str = "paddle") -> Path:
     if framework == "transformers":
-        pickles = [n for n in HF_PICKLE_WEIGHTS if (root / n).exists() or (root / n).is_symlink()]
-        if pickles:
-            raise CheckpointError(
-                f"{root / pickles[0]}: seqcls releases transformers checkpoints from model.safetensors only "
-                f"({pickles[0]} is read by pickle, which can run code); re-save with "
-                "save_pretrained(..., safe_serialization=True) and remove it."
-            )
-        if (root / "model_state.pdparams").exists():
-            raise CheckpointError(
-                f"{root / 'model_state.pdparams'}: a PaddlePaddle weights file in a transformers checkpoint "
-                "(config.json has transformers_version); keep model.safetensors only."
-            )
+        from seqcls.checkpoint_hf import refuse_other_weights
+
+        refuse_other_weights(root)
     weights = _weights_path(root)
-    _check_weights(weights)
+    check_weight_file(weights)
     if weights.suffix == ".pdparams":
         # a pickle: refuse any global but arrays before paddle ever unpickles it
         scan_pickle(weights, allow_unsafe=allow_unsafe_pickle)
@@ -349,40 +275,6 @@ def _read_do_lower_case(root: Path) -> bool:
             f"seqcls serves WordPiece vocabularies ({', '.join(sorted(WORDPIECE_TOKENIZERS))})."
         )
     return bool(tok_cfg.get("do_lower_case", True))
-
-
-def _read_hf_tokenizer(root: Path, config: dict) -> tuple[bool, int]:
-    """``(do_lower_case, vocabulary size)`` of a transformers checkpoint's tokenizer, cheaply checked.
-
-    The Triton tokenizer serves ``tokenizer.json`` (built from the slow tokenizer's files at export
-    when the checkpoint has none); the parity gate proves it gives the ids ``transformers`` does.
-    """
-    tok_cfg = read_json(root / "tokenizer_config.json", "save_pretrained writes the tokenizer config there")
-    present = [n for n in HF_TOKENIZER_FILES if (root / n).is_file()]
-    if not present:
-        raise CheckpointError(
-            f"{root}: no tokenizer — expected tokenizer.json (a fast tokenizer's save_pretrained) or the slow "
-            f"tokenizer's vocabulary ({', '.join(HF_TOKENIZER_FILES[1:])})."
-        )
-    vocab_size = int(config.get("vocab_size", 0)) or None
-    size = 0
-    if (root / "tokenizer.json").is_file():
-        data = read_json(root / "tokenizer.json", "a fast tokenizer's save_pretrained writes it")
-        model = data.get("model")
-        if not isinstance(model, dict) or "vocab" not in model:
-            raise CheckpointError(f"{root / 'tokenizer.json'}: no model.vocab; is this a tokenizers file?")
-        vocab = model["vocab"]
-        ids = vocab.values() if isinstance(vocab, dict) else range(len(vocab))
-        added = [t.get("id", 0) for t in data.get("added_tokens") or [] if isinstance(t, dict)]
-        size = max([*ids, *added], default=-1) + 1
-    elif (root / "vocab.txt").is_file():
-        size = len(_read_vocab(root, config))
-    if vocab_size is not None and size > vocab_size:
-        raise CheckpointError(
-            f"{root / present[0]}: ids up to {size - 1} but config.json vocab_size is {vocab_size}; ids past the "
-            "embedding table would crash the model — use the tokenizer it was trained with."
-        )
-    return bool(tok_cfg.get("do_lower_case", True)), size
 
 
 def _read_vocab(root: Path, config: dict) -> list[str]:
@@ -424,6 +316,8 @@ def _hash_model_files(
 ) -> tuple[dict[str, str], str]:
     """sha256 of every model-defining file present, and the fingerprint over them."""
     files: dict[str, str] = {}
+    from seqcls.checkpoint_hf import HF_MODEL_FILES
+
     for name in HF_MODEL_FILES if framework == "transformers" else MODEL_FILES:
         p = label_path if name == LABEL_FILE else root / name
         if p.exists():
@@ -441,16 +335,18 @@ def resolve_checkpoint(
     allow_unsafe_pickle: bool = False,
 ) -> Checkpoint:
     """Validate a checkpoint directory and fingerprint it (sha256 over the model-defining files)."""
+    from seqcls import checkpoint_hf
+
     root = _checkpoint_root(path)
     given = ((LABEL_FILE, label_file), (GOLDEN_FILE, golden_file))  # files given explicitly may live anywhere
     _refuse_outside_links(root, skip=frozenset(name for name, file in given if file))
     config, num_labels = _read_model_config(root)
     framework = detect_framework(config, root / "config.json")
     if framework == "transformers":
-        _check_hf_config(config, root / "config.json")
+        checkpoint_hf.check_config(config, root / "config.json")
     weights = _find_weights(root, allow_unsafe_pickle, framework)
     if framework == "transformers":
-        do_lower_case, vocab_size = _read_hf_tokenizer(root, config)
+        do_lower_case, vocab_size = checkpoint_hf.read_tokenizer(root, config)
     else:
         do_lower_case = _read_do_lower_case(root)
         vocab_size = len(_read_vocab(root, config))

@@ -1,4 +1,5 @@
-"""Refuse pickled weights that would import anything but arrays — without unpickling them.
+"""Refuse pickled weights that would import anything but arrays — without unpickling them — and
+weight files that are not whole (:func:`check_weight_file`).
 
 A ``model_state.pdparams`` is a pickle, and ``paddle.load`` (which PaddleNLP's
 ``from_pretrained`` calls) unpickles it: a hostile file whose pickle reduces to ``os.system``
@@ -21,8 +22,11 @@ deliberately *not* admitted.
 from __future__ import annotations
 
 import _compat_pickle
+import json
 import logging
+import os
 import pickletools
+import struct
 from pathlib import Path
 
 from seqcls.errors import CheckpointError
@@ -206,3 +210,38 @@ def scan_pickle(path: Path, *, allow_unsafe: bool = False) -> None:
         raise CheckpointError(
             f"{path}: truncated or corrupt — not a readable pickle ({exc}); copy the checkpoint again."
         ) from exc
+
+
+def check_weight_file(path: Path) -> None:
+    """Cheap integrity checks that catch truncated or corrupt weight files before export."""
+    try:
+        size = path.stat().st_size
+        if size == 0:
+            raise CheckpointError(f"{path}: weight file is empty; copy the checkpoint again.")
+        with open(path, "rb") as fh:
+            head = fh.read(16)
+            if path.suffix == ".safetensors":
+                (header_len,) = struct.unpack("<Q", head[:8])
+                if header_len <= 0 or 8 + header_len > size:
+                    raise CheckpointError(f"{path}: corrupt safetensors header (length {header_len}).")
+                fh.seek(8)
+                header = json.loads(fh.read(header_len))
+                end = max((v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"), default=0)
+                if 8 + header_len + end != size:
+                    raise CheckpointError(
+                        f"{path}: truncated or corrupt — header announces {8 + header_len + end} bytes, "
+                        f"file has {size}; copy the checkpoint again."
+                    )
+            else:
+                # A .pdparams file is a pickle: protocol marker first, STOP opcode ('.') last.
+                fh.seek(-1, os.SEEK_END)
+                tail = fh.read(1)
+                if not head.startswith(b"\x80") or tail != b".":
+                    raise CheckpointError(
+                        f"{path}: truncated or corrupt (not a complete pickle: starts {head[:2]!r}, "
+                        f"ends {tail!r}); copy the checkpoint again."
+                    )
+    except PermissionError as exc:
+        raise CheckpointError(f"{path}: not readable ({exc.strerror}); fix its permissions.") from exc
+    except (struct.error, ValueError, KeyError, TypeError) as exc:
+        raise CheckpointError(f"{path}: corrupt weight file ({exc}).") from exc
