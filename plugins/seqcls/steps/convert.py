@@ -147,8 +147,16 @@ def calibration(release: Release):
 
     texts, source = golden_texts(release)
     ckpt = release.checkpoint
+    cfg = release.config
     return Calibration(
-        tuple(texts), source, ckpt.vocab_file, ckpt.do_lower_case, release.config.max_length, settings=release.settings
+        tuple(texts),
+        source,
+        ckpt.vocab_file,
+        ckpt.do_lower_case,
+        cfg.max_length,
+        threshold=cfg.threshold,
+        min_agreement=cfg.min_decision_agreement,
+        settings=release.settings,
     )
 
 
@@ -180,7 +188,10 @@ def convert(release: Release) -> StepResult:
         "profile": cfg.profile,
     }
     if cfg.profile == "int8":  # calibrated on the golden texts as serving tokenizes them
-        inputs["calibration"] = {"golden": release.checkpoint.golden_sha256 or "builtin", "max_length": cfg.max_length}
+        inputs["calibration"] = {
+            "golden": release.checkpoint.golden_sha256 or "builtin",
+            **{k: getattr(cfg, k) for k in ("max_length", "threshold", "min_decision_agreement")},
+        }
 
     def body(out: Path) -> tuple[dict, str]:
         if hf_onnx is not None:
