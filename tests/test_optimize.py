@@ -310,3 +310,29 @@ def test_int8_falls_back_to_more_fp32_when_decisions_move(tiny_onnx, tmp_path: P
     assert q["name"] == INT8_FALLBACKS[-1].name
     assert "no recipe left: the gate decides" in caplog.text
     assert _ops(tmp_path / "q.onnx")["MatMul"] == 2 + 2  # head + the feed-forward outputs kept fp32
+
+
+def test_fusion_left_layernorm_keeps_the_model_valid(tiny_onnx, tmp_path: Path) -> None:
+    """Token types computed inside the graph: ORT fuses no EmbedLayerNormalization and leaves an
+    ONNX LayerNormalization in an opset-14 graph, which the checker rejects unless the opset is raised."""
+    import numpy as np
+    import onnx
+    from onnx import helper, numpy_helper
+
+    from seqcls.optimize import optimize_onnx
+
+    _, model_path = tiny_onnx
+    model = onnx.load(str(model_path))
+    graph = model.graph
+    graph.initializer.append(numpy_helper.from_array(np.array(0, dtype=np.int64), "type_zero"))
+    for node in graph.node:
+        node.input[:] = ["token_types" if x == "token_type_ids" else x for x in node.input]
+    graph.node.insert(0, helper.make_node("Mul", ["input_ids", "type_zero"], ["token_types"], name="token_types"))
+    keep = [i for i in graph.input if i.name != "token_type_ids"]
+    del graph.input[:]
+    graph.input.extend(keep)
+    src = tmp_path / "computed-types.onnx"
+    onnx.save(model, str(src))
+    report = optimize_onnx(src, tmp_path / "out.onnx", "fp32-fused", num_heads=2, hidden_size=32)
+    assert report["opset_raised"]["from"] == 14 and report["inputs"] == ["input_ids"]
+    assert _ops(tmp_path / "out.onnx")["LayerNormalization"] >= 1 and report["self_check"]["tolerance_ratio"] < 1

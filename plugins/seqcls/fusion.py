@@ -301,3 +301,19 @@ def fuse_bert(model, *, num_heads: int, hidden_size: int):
     )
     stats = {k: int(v) for k, v in optimizer.get_fused_operator_statistics().items() if v}
     return optimizer, stats
+
+
+def raise_opset_for_layernorm(model) -> int | None:
+    """ORT's LayerNormalization fusion emits the ONNX-domain ``LayerNormalization`` (opset ≥ 17)
+    whatever the graph's opset; where one is left unfused into EmbedLayerNormalization /
+    SkipLayerNormalization in an opset < 17 graph (e.g. an embedding ORT's pattern does not
+    match), ``onnx.checker`` rejects the model. Raise the default-domain opset to 17 then —
+    none of the ops a BERT graph uses changed meaning between 14 and 17. Returns the old opset
+    if it was raised."""
+    if not any(n.op_type == "LayerNormalization" and n.domain in ("", "ai.onnx") for n in model.graph.node):
+        return None
+    for imp in model.opset_import:
+        if imp.domain in ("", "ai.onnx") and imp.version < 17:
+            old, imp.version = imp.version, 17
+            return int(old)
+    return None

@@ -37,7 +37,7 @@ import numpy as np
 
 from seqcls.config import ReleaseConfig
 from seqcls.errors import ConversionError
-from seqcls.fusion import constants, fuse_bert, prepare_for_fusion, producers, scalar
+from seqcls.fusion import constants, fuse_bert, prepare_for_fusion, producers, raise_opset_for_layernorm, scalar
 from seqcls.serving import shipped
 
 log = logging.getLogger(__name__)
@@ -558,6 +558,9 @@ def _fuse(
     except Exception as exc:
         raise ConversionError(f"optimize: BERT fusion of {src_name} failed: {type(exc).__name__}: {exc}") from exc
     _check_contract(optimizer.model, "after fusion", inputs)
+    raised = raise_opset_for_layernorm(optimizer.model)
+    if raised is not None:
+        log.info("optimize: opset %d → 17 for the LayerNormalization ops the fusion left", raised)
     attention = stats.get("Attention", 0)
     if attention < layers:
         log.warning(
@@ -574,6 +577,8 @@ def _fuse(
         "fusion_opt_level": 0,
         "attention_mask_format": "raw 2-D",
     }
+    if raised is not None:
+        report["opset_raised"] = {"from": raised, "to": 17, "why": "LayerNormalization left unfused"}
     return optimizer, report
 
 
