@@ -80,11 +80,14 @@ def build_tiny_hf_checkpoint(
     corpus: Sequence[str] = TINY_CORPUS,
     golden: Sequence[str] | None = None,
     logit_scale: float = 1.0,
+    vocab_size: int | None = None,
     complete: bool = True,
 ) -> Path:
     """A randomly initialised tiny HF classifier of ``architecture`` saved as a real checkpoint directory.
 
-    ``logit_scale`` multiplies the classifier weights (stable decisions, as a trained model's).
+    ``logit_scale`` multiplies the classifier weights (stable decisions, as a trained model's);
+    ``vocab_size`` pads the vocabulary with ``[unusedN]`` tokens to a realistic embedding table
+    (the seed's Chinese DeBERTa has 21,128).
     """
     import torch
     from transformers import AutoModelForSequenceClassification, BertTokenizerFast
@@ -93,6 +96,10 @@ def build_tiny_hf_checkpoint(
     out_dir.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(seed)
     vocab = build_vocab(corpus)
+    if vocab_size is not None:
+        if vocab_size < len(vocab):
+            raise ValueError(f"vocab_size={vocab_size} is smaller than the corpus vocabulary ({len(vocab)} tokens)")
+        vocab += [f"[unused{i}]" for i in range(vocab_size - len(vocab))]
     config = _config(
         architecture,
         vocab_size=len(vocab),
