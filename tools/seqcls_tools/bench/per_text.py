@@ -12,7 +12,8 @@ padding, ``max_length`` 128):
 - ``1x8=``: one request of eight texts of one token length (no padding at all: where grouping
   equal lengths into one run can pay, vs ``per-text/ungrouped``, strictly one run per text).
 
-Prints sentences/s per strategy and shape (best of the rounds, strategies interleaved), the ratio
+Prints sentences/s per strategy and shape (each call's best of the rounds, strategies interleaved
+call by call), the ratio
 ``1x8 / 1x1`` per strategy, and max |Δ| of every strategy's logits vs ``per-request`` on the
 8-text requests (each padded to its longest) against the parity gate's tolerance; exit 1 if any
 is outside it. Every figure comes from this one run. ::
@@ -185,39 +186,51 @@ def same_length(ids: list[list[int]], texts: int) -> list[list[int]]:
     return [x for group in full[::step][: texts // 8] for x in group]
 
 
-def _time(model: Any, calls: list[list[dict[str, _Tensor]]]) -> tuple[float, list[np.ndarray]]:
+def _time(model: Any, call: list[dict[str, _Tensor]]) -> tuple[float, list[np.ndarray]]:
     t0 = time.perf_counter()
-    out = [logits_of(r) for call in calls for r in model.execute(call)]
+    out = [logits_of(r) for r in model.execute(call)]
     return time.perf_counter() - t0, out
 
 
 def measure(
     onnx_file: Path, ids: list[list[int]], same: list[list[int]], *, rounds: int, threads: int, work: Path
 ) -> dict[str, Any]:
-    """sentences/s per (strategy, shape) — best of ``rounds``, strategies interleaved — and max |Δ| of
-    each strategy's logits vs ``per-request`` on 8-text requests (each padded to its longest)."""
+    """sentences/s per (strategy, shape) and every strategy's logits.
+
+    Interleaved finely so that a busy machine slows every strategy alike: each ``execute`` call runs
+    under every strategy back to back (in a rotating order), and a call's time is its fastest of
+    ``rounds``; a shape's rate is its texts over the sum of its calls' times."""
     from seqcls.serving import shipped
 
     text_mod = shipped.text()
     strategies = [*shipped.contract().BATCHINGS, UNGROUPED]
     sys.modules["triton_python_backend_utils"] = fake_pb_utils()
-    models = {}
-    for s in strategies:
-        models[s] = load_model(onnx_file, work, batching=s.split("/")[0], threads=threads)
-        models[s].group_equal_lengths = s != UNGROUPED
+    # one model, one ORT session: separate sessions' intra-op threads would spin against each other
+    model = load_model(onnx_file, work, batching="per-request", threads=threads)
+
+    def run(strategy: str, call: list[dict[str, _Tensor]]) -> tuple[float, list[np.ndarray]]:
+        model.batching, model.group_equal_lengths = strategy.split("/")[0], strategy != UNGROUPED
+        return _time(model, call)
+
     calls = {shape: _batches(same if shape == SAME else ids, shape, text_mod) for shape in SHAPES}
     texts = {shape: len(same if shape == SAME else ids) for shape in SHAPES}
     for s in strategies:  # warm-up: ORT's first runs at a new shape allocate
         for shape in SHAPES:
-            _time(models[s], calls[shape][:2])
-    best: dict[str, dict[str, float]] = {s: {} for s in strategies}
-    logits: dict[str, dict[str, np.ndarray]] = {s: {} for s in strategies}
-    for _ in range(rounds):
+            for call in calls[shape][:2]:
+                run(s, call)
+    best = {s: {shape: [np.inf] * len(calls[shape]) for shape in SHAPES} for s in strategies}
+    outs: dict[str, dict[str, list[np.ndarray]]] = {s: {shape: [] for shape in SHAPES} for s in strategies}
+    for k in range(rounds):
         for shape in SHAPES:
-            for s in strategies:
-                seconds, out = _time(models[s], calls[shape])
-                best[s][shape] = min(best[s].get(shape, np.inf), seconds)
-                logits[s][shape] = np.concatenate(out)
+            for j, call in enumerate(calls[shape]):
+                shift = (j + k) % len(strategies)
+                for s in strategies[shift:] + strategies[:shift]:
+                    seconds, out = run(s, call)
+                    best[s][shape][j] = min(best[s][shape][j], seconds)
+                    if k == 0:
+                        outs[s][shape] += out
+    logits = {s: {shape: np.concatenate(outs[s][shape]) for shape in SHAPES} for s in strategies}
+    best = {s: {shape: float(np.sum(best[s][shape])) for shape in SHAPES} for s in strategies}
     rates = {s: {shape: texts[shape] / best[s][shape] for shape in SHAPES} for s in strategies}
     reference = {shape: logits["per-request"][SAME if shape == SAME else "1x8"] for shape in SHAPES}
     return {"rates": rates, "logits": logits, "reference": reference, "texts": texts}
@@ -266,7 +279,8 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"model {spec.name} ({onnx_file}, ready in {built:.0f} s); {texts} texts, tokens mean "
         f"{np.mean(lengths):.1f} max {max(lengths)} ({SAME}: {len(same)} texts, {len(same) // 8} lengths "
-        f"{min(map(len, same))}-{max(map(len, same))}); {args.threads} intra-op threads; best of {args.rounds} rounds; "
+        f"{min(map(len, same))}-{max(map(len, same))}); {args.threads} intra-op threads; "
+        f"best of {args.rounds} rounds per call; "
         f"loadavg {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs"
     )
     print(f"{'strategy':<20}" + "".join(f"{x + ' sent/s':>14}" for x in SHAPES) + f"{'1x8/1x1':>9}{'max|Δ|':>10}")
