@@ -266,6 +266,17 @@ def test_release_end_to_end_on_triton(
     champion = _alias(client(settings), model, CHAMPION)
     assert champion is not None and champion.tags["framework"] == "transformers"
     assert champion.tags["version.torch"].startswith("2.")
+    # the registered MLflow model answers the same from text (tokenizer.json + attention_mask inside)
+    import mlflow
+
+    mlflow.set_tracking_uri(env["SEQCLS_MLFLOW_TRACKING_URI"])
+    rows = mlflow.pyfunc.load_model(f"models:/{model}@champion").predict(texts).to_dict("records")
+    for item, row in zip(expected.items, rows, strict=True):
+        if not item.near_threshold:
+            assert row["labels"] == item.labels, item.text
+        assert (
+            max(abs(a - b) for a, b in zip(row["probabilities"], item.probabilities, strict=True)) < expected.prob_atol
+        )
     status = subprocess.run(
         [sys.executable, "-m", "seqcls.cli", "status", "--json"], env=env, capture_output=True, text=True, timeout=300
     )
