@@ -29,10 +29,10 @@ PADDINGS = ("longest", "buckets", "max_length")
 DEFAULT_BUCKETS = (16, 32, 64, 128, 256, 512)
 
 #: How ``seqcls_model`` (python-onnxruntime) runs the requests of one dynamic batch.
-#: - ``per-request``: one ORT run per request, no cross-request padding (CPU default);
+#: - ``per-request``: one ORT run per request, no cross-request padding;
 #: - ``group-by-length``: requests of the same length (e.g. ``buckets``) concatenated into one run;
 #: - ``pad-to-longest``: all padded to the batch's longest and run once (GPU style);
-#: - ``per-text``: every text (row) runs unpadded at its own length, equal lengths share a run.
+#: - ``per-text``: every text (row) runs unpadded at its own length, equal lengths share a run (CPU default).
 BATCHINGS = ("per-request", "group-by-length", "pad-to-longest", "per-text")
 
 #: ONNX Runtime graph optimisation levels by name → Triton native backend's ``graph { level }``

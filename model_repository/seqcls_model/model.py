@@ -7,11 +7,11 @@ graph declares, each one of ``seqcls_contract.MODEL_INPUT_NAMES`` (PaddleNLP ERN
 carries all of them as ``[N, L]`` tensors of one shape. ORT options come from config parameters.
 ``batching`` decides how the requests of a dynamic batch run, because on CPU the cost follows
 padded tokens:
-- ``per-request``: one ORT run per request, no cross-request padding (CPU default);
+- ``per-request``: one ORT run per request, no cross-request padding;
 - ``group-by-length``: requests with the same sequence length (e.g. tokenizer ``buckets``) are
   concatenated into one run;
 - ``pad-to-longest``: every request padded to the batch's longest and run once (GPU style);
-- ``per-text``: every text (row) runs unpadded, at its own length — the ``attention_mask`` sum
+- ``per-text`` (CPU default): every text (row) runs unpadded, at its own length — the ``attention_mask`` sum
   (up to its last 1) when the graph takes a mask, else up to its last id that is not ``pad_id``
   (the tokenizer pads on the right; ``[SEP]`` is never the pad). Rows of one length, from any
   request of the batch, share a run (no padding); the logits go back to each request in order.

@@ -50,8 +50,10 @@ TOKENIZER_IMPLS = ("hf", "paddlenlp")
 class ServingOptions:
     """How the ensemble is served (same for every release rendered with these options).
 
-    Defaults are the CPU serving stack measured on 2 cores: no cross-request padding (the cost
-    follows padded tokens on CPU), one model instance using both cores. :meth:`for_device`
+    Defaults are the CPU serving stack measured on 2 cores: no padding at all (the cost follows
+    padded tokens on CPU: ``per-text`` runs every text at its own length, equal lengths of a dynamic
+    batch in one run — an 8-text request 1.27-1.47x faster than ``per-request``, logits identical),
+    one model instance using both cores. :meth:`for_device`
     gives the GPU variant: native ONNX Runtime backend, GPU instance, length buckets so Triton's
     dynamic batcher can merge requests of similar length, TensorRT FP16 optional.
     """
@@ -63,7 +65,7 @@ class ServingOptions:
     max_queue_delay_us: int = 1000
     padding: str = "longest"
     buckets: tuple[int, ...] = DEFAULT_BUCKETS
-    batching: str = "per-request"
+    batching: str = "per-text"
     tokenizer_instances: int = 1
     model_instances: int = 1
     intra_op_threads: int = 2
