@@ -343,20 +343,23 @@ INT8_V1 = Int8Recipe("dynamic-all", op_types=(), fp32=("head",))
 #: The ``int8`` profile: dynamic INT8 of the encoder's MatMuls and fused Attention (QInt8 weights
 #: per output channel, activations quantized at run time); the embeddings (EmbedLayerNormalization)
 #: and the classification head stay fp32. Measured by ``seqcls_tools.bench.int8_study`` on the
-#: bench's ERNIE-3.0-medium-shaped model: quantizing the embedding table is what cost
-#: :data:`INT8_V1` half its changed decisions (seed 0: 13 → 7 of 64 label sets, agreement
-#: 0.9956 → 0.9979), at the same speed (≈3.4-4.7x fp32 in-process); static calibration
-#: (QDQ or QOperator, MinMax on the golden texts) was both less exact (0.9958 / 0.9970) and slower.
+#: bench's ERNIE-3.0-medium-shaped model, seeds 0/1/2, gate figures on the 64 golden texts:
+#: agreement 0.9979 / 0.9987 / 0.9975 (7 / 6 / 9 label sets changed) where :data:`INT8_V1`, which
+#: also quantized the embedding tables, had 0.9956 / 0.9981 / 0.9943 (13 / 9 / 20) — at the same
+#: speed, ≈3.1-3.7x fp32 in-process. Static calibration on the golden texts (QDQ or QOperator,
+#: MinMax) was less exact (seed 2: 0.9928 / 0.9932, below the gate) and slower (≈2x fp32).
 INT8 = Int8Recipe("dynamic", op_types=("MatMul", "Attention"), fp32=("head",))
 #: Tried in order when a recipe's decisions on the calibration texts (vs the fused fp32 model,
-#: batched as validate batches them) agree less than the gate's minimum + :data:`INT8_MARGIN`:
-#: the feed-forward output MatMuls (inputs after GELU: the widest activation range) kept fp32 —
-#: the most exact dynamic recipe measured (seed 0: 4 sets changed), ≈2x fp32.
+#: batched as validate batches them and each text alone) agree less than the gate's minimum +
+#: :data:`INT8_MARGIN`: the feed-forward output MatMuls (inputs after GELU: the widest activation
+#: range) kept fp32 — the most exact recipe measured (0.9985-0.9987 on all three seeds), ≈1.9x fp32.
 INT8_FALLBACKS: tuple[Int8Recipe, ...] = (
     Int8Recipe("dynamic-ffn_out-fp32", op_types=("MatMul", "Attention"), fp32=("head", "ffn_out")),
 )
 #: The margin ``int8`` keeps above the gate's ``min_decision_agreement`` on the calibration texts.
-INT8_MARGIN = 0.001
+#: This check has no hierarchy closure and also counts single-text runs, so it reads a little
+#: higher than the gate (bench seed 2: 0.9983 here, 0.9975 at the gate); the margin covers that.
+INT8_MARGIN = 0.002
 
 
 def decision_agreement(

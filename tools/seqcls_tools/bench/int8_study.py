@@ -249,7 +249,7 @@ def _fmt_row(name: str, row: dict[str, Any], sp: dict[str, Any] | None) -> str:
     held = f"{h['agreement']:.4f} {h['changed_sets']:3d}/{h['texts']:<4d}" if h else " " * 14
     speed_s = f"{sp['bs1_vs_fp32']:5.2f}x {sp['bs8_vs_fp32']:5.2f}x" if sp and "bs1_vs_fp32" in sp else ""
     return (
-        f"  {name:24s} {g['agreement']:.4f} {g['changed_sets']:3d}/{g['texts']:<3d} {g['prob_max_abs_diff']:6.3f}"
+        f"  {name:24s} {g['agreement']:.4f} {g['changed_sets']:3d}/{g['texts']:<3d} {g['prob_max_abs_diff']:7.4f}"
         f"   {held}  {speed_s}"
     )
 
@@ -306,7 +306,7 @@ def main(argv: list[str] | None = None) -> None:
     for label, entry in results["checkpoints"].items():
         print(f"{label}:")
         for name, row in entry["rows"].items():
-            print(_fmt_row(name, row, sp.get(name)))
+            print(_fmt_row(name, row, sp.get(name) if label == results.get("speed_on") else None))
         if "gate" in entry:
             g = entry["gate"]
             print(
