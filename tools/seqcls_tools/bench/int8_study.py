@@ -11,9 +11,11 @@ changed label sets, max |Δprob|; and on ``--held-out`` other corpus texts (neve
 Speed: in-process sentences/s (serving tokenizer → pad → ORT, one thread) of fp32, fp32-fused
 and each candidate, single texts and batches of 8, rounds interleaved, on the first seed.
 ``--gate`` finally runs the real release (export → convert → validate, profile ``int8``) per
-seed and reports the gate's own figures. ``--demo DIR`` adds a (trained) demo checkpoint.
+seed and reports the gate's own figures. ``--demo DIR`` adds a trained demo checkpoint
+(``python -m seqcls_tools.demo.train DIR``, ~2 min). About 25 minutes on 2 cores for all of it:
 
-    .venv/bin/python -m seqcls_tools.bench.int8_study --seeds 0 1 2 --demo DIR --gate
+    .venv/bin/python -m seqcls_tools.demo.train /tmp/seqcls-int8-study/demo/checkpoint
+    .venv/bin/python -m seqcls_tools.bench.int8_study --seeds 0 1 2 --demo /tmp/seqcls-int8-study/demo/checkpoint --gate
 
 Checkpoints and workspaces are kept in ``--work`` (default ``/tmp/seqcls-int8-study``) and
 reused by the next run; results go to ``<work>/int8_study.json`` and a table on stdout.
@@ -92,15 +94,17 @@ class Scorer:
 
     def score(self, model: Path) -> dict[str, Any]:
         from seqcls import parity
+        from seqcls.optimize import feeds_for
+        from seqcls.serving import shipped
 
+        text_mod = shipped.text()
         session = parity.ort_session(model, ["CPUExecutionProvider"])
         names = [i.name for i in session.get_inputs()]
         out = []
-        for a, _ in parity.batches(self.ids):
-            lengths = (a != 0).sum(1)
-            from seqcls.optimize import feeds_for
-
-            out.append(session.run(["logits"], feeds_for(names, a, lengths))[0])
+        for start in range(0, len(self.ids), parity.BATCH):  # validate's batches, padded to the longest
+            rows = self.ids[start : start + parity.BATCH]
+            input_ids, _ = text_mod.pad(rows)
+            out.append(session.run(["logits"], feeds_for(names, input_ids, [len(r) for r in rows]))[0])
         p_got = self.decide.sigmoid(np.concatenate(out).astype(np.float32))
         cfg = self.release.config
         dc = parity.decision_report(
@@ -218,12 +222,19 @@ def study_checkpoint(
     return {"rows": rows, "models": models, "release": release, "texts": texts}
 
 
-def gate(checkpoint: Path, home: Path) -> dict[str, Any]:
-    """The real release with profile ``int8`` (the recipe in optimize.py): the gate's figures."""
+def gate(checkpoint: Path, home: Path, fresh: bool = True) -> dict[str, Any]:
+    """The real release with profile ``int8`` (the recipe in optimize.py): the gate's figures.
+
+    ``fresh``: its workspace is removed first — a changed optimize.py does not change the convert
+    step's inputs, so a kept workspace would skip convert and gate the old served model."""
+    import shutil
+
     from seqcls.errors import GateError
     from seqcls.steps import run_release
     from seqcls_tools.bench.facts import gate_facts, parity_report
 
+    if fresh:
+        shutil.rmtree(home / "profile-int8", ignore_errors=True)
     release = release_for(checkpoint, "int8", home)
     try:
         run_release(release, until="validate")
@@ -268,6 +279,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--speed-rounds", type=int, default=3)
     parser.add_argument("--no-speed", action="store_true")
     parser.add_argument("--gate", action="store_true", help="also run the real int8 release gate per checkpoint")
+    parser.add_argument("--keep-gate", action="store_true", help="reuse the gate's workspace (skips convert)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     log.setLevel(logging.INFO)
@@ -295,7 +307,7 @@ def main(argv: list[str] | None = None) -> None:
             results["speed"] = entry["speed"]
             speed_done = True
         if args.gate:
-            entry["gate"] = gate(ckpt, home)
+            entry["gate"] = gate(ckpt, home, fresh=not args.keep_gate)
         results["checkpoints"][label] = entry
         args.work.mkdir(parents=True, exist_ok=True)
         (args.work / "int8_study.json").write_text(json.dumps(results, indent=1, default=str), encoding="utf-8")
