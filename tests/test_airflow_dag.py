@@ -598,6 +598,13 @@ def test_bad_params_fail_before_any_work(
 @pytest.mark.slow
 @pytest.mark.integration
 @pytest.mark.timeout(600)
+@pytest.mark.parametrize(
+    ("arch", "architecture", "inputs"),
+    [
+        ("deberta-v2", "DebertaV2ForSequenceClassification", "['input_ids', 'attention_mask']"),
+        ("bert", "BertForSequenceClassification", "['input_ids', 'token_type_ids', 'attention_mask']"),
+    ],
+)
 def test_a_transformers_checkpoint_releases_through_the_same_dag(
     airflow_db: Path,
     triton,
@@ -605,13 +612,16 @@ def test_a_transformers_checkpoint_releases_through_the_same_dag(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
     capfd: pytest.CaptureFixture[str],
+    arch: str,
+    architecture: str,
+    inputs: str,
 ) -> None:
-    """Issue 15: a Hugging Face DeBERTa-v2 goes through the unchanged DAG and contract — no
+    """Issue 15: Hugging Face DeBERTa-v2 and BERT go through the unchanged DAG and contract — no
     framework param; the task logs say what was detected and exported."""
     from seqcls.serving.names import MODELS
 
     root = tmp_path / "checkpoints"
-    shutil.copytree(hf_checkpoints_src["deberta-v2"], root / "deberta-run")
+    shutil.copytree(hf_checkpoints_src[arch], root / f"{arch}-run")
     monkeypatch.setenv("SEQCLS_CHECKPOINTS_ROOT", str(root))
     dag = _parse(monkeypatch, SEQCLS_PADDLE_PYTHON=None)
     assert "framework" not in dag.params  # detected from the checkpoint, never asked for
@@ -623,8 +633,8 @@ def test_a_transformers_checkpoint_releases_through_the_same_dag(
     assert champion is not None and champion.tags["framework"] == "transformers"
     text = "".join(capfd.readouterr())
     for line in (
-        "(transformers DebertaV2ForSequenceClassification)",
-        "takes ['input_ids', 'attention_mask']",
+        f"(transformers {architecture})",
+        f"takes {inputs}",
         "tokenizer parity (transformers BertTokenizer (vocab.txt) vs serving tokenizer.json) passed",
         "smoke: ok in",
     ):
