@@ -101,6 +101,23 @@ def test_bad_transformers_checkpoints_name_the_file(hf_checkpoints_src: dict[str
         resolve_checkpoint(arch)
 
 
+def test_tokenizer_config_cannot_point_outside_the_checkpoint(
+    hf_checkpoints_src: dict[str, Path], tmp_path: Path
+) -> None:
+    """transformers reads a ``vocab_file`` / ``tokenizer_file`` that tokenizer_config.json names —
+    anywhere on the worker (seen: a slow BertTokenizer built from /tmp/outside_vocab.txt)."""
+    outside = tmp_path / "outside_vocab.txt"
+    outside.write_text("[PAD]\n[CLS]\n[SEP]\n[UNK]\nOUTSIDE\n", encoding="utf-8")
+    for key in ("vocab_file", "tokenizer_file"):
+        ckpt = _copy(hf_checkpoints_src["bert"], tmp_path / key)
+        _edit_json(ckpt / "tokenizer_config.json", **{key: str(outside)})
+        with pytest.raises(CheckpointError, match=rf"tokenizer_config\.json: {key} names .*outside the checkpoint"):
+            resolve_checkpoint(ckpt)
+    inside = _copy(hf_checkpoints_src["bert"], tmp_path / "inside")
+    _edit_json(inside / "tokenizer_config.json", vocab_file="vocab.txt", tokenizer_file=None)
+    assert resolve_checkpoint(inside).framework == "transformers"  # a file of its own is fine
+
+
 # ----------------------------------------------------------------------------- gate: real torch + ORT
 
 

@@ -62,6 +62,23 @@ def refuse_other_weights(root: Path) -> None:
         )
 
 
+def refuse_outside_files(root: Path, tok_cfg: dict) -> None:
+    """transformers passes a ``*_file`` key of ``tokenizer_config.json`` (``vocab_file``,
+    ``tokenizer_file``, ``merges_file``...) to the tokenizer as it is, so a config naming
+    ``/elsewhere/vocab.txt`` makes it read that file instead of the checkpoint's. Only files
+    inside the checkpoint directory are allowed (``save_pretrained`` writes none of these keys)."""
+    for key, value in tok_cfg.items():
+        if not key.endswith("_file") or value is None:
+            continue
+        target = (root / str(value)).resolve() if isinstance(value, str) else None
+        if target is None or not target.is_relative_to(root):
+            raise CheckpointError(
+                f"{root / 'tokenizer_config.json'}: {key} names {value!r}, outside the checkpoint {root}; "
+                f"transformers would read it instead of the checkpoint's own file — remove the {key} key "
+                "(save_pretrained does not write it)."
+            )
+
+
 def read_tokenizer(root: Path, config: dict) -> tuple[bool, int]:
     """``(do_lower_case, vocabulary size)`` of a transformers checkpoint's tokenizer, cheaply checked.
 
@@ -69,6 +86,7 @@ def read_tokenizer(root: Path, config: dict) -> tuple[bool, int]:
     when the checkpoint has none); the parity gate proves it gives the ids ``transformers`` does.
     """
     tok_cfg = read_json(root / "tokenizer_config.json", "save_pretrained writes the tokenizer config there")
+    refuse_outside_files(root, tok_cfg)
     present = [n for n in HF_TOKENIZER_FILES if (root / n).is_file()]
     if not present:
         raise CheckpointError(

@@ -4,7 +4,11 @@ reference the parity gate compares against, and the tokenizer Triton serves.
 Everything after the ONNX file — parity gate, registry, ensemble, smoke, rollback, DAG — is the
 same for both frameworks; this module holds what differs for a ``transformers`` checkpoint.
 ``torch`` and ``transformers`` are the optional ``torch`` extra, imported only here and only
-when such a checkpoint is released (a Paddle-only user never imports them).
+when such a checkpoint is released (a Paddle-only user never imports them). Nothing read from the
+checkpoint executes code or reaches beyond it: weights from ``model.safetensors`` only,
+``trust_remote_code=False`` (an ``auto_map`` in ``config.json`` is never imported), local files
+only, and ``tokenizer_config.json`` may not name files outside the directory (checked up front,
+:mod:`seqcls.checkpoint_hf`).
 
 Exporter: ``torch.onnx.export(..., dynamo=False)`` (TorchScript tracing) with ``dynamic_axes`` for
 batch and sequence. Why not the dynamo exporter: it needs ``onnxscript`` (one more dependency),
@@ -62,7 +66,11 @@ def load_model(ckpt: Checkpoint):
 
     try:
         model, info = AutoModelForSequenceClassification.from_pretrained(
-            str(ckpt.path), use_safetensors=True, output_loading_info=True, local_files_only=True
+            str(ckpt.path),
+            use_safetensors=True,
+            output_loading_info=True,
+            local_files_only=True,
+            trust_remote_code=False,
         )
     except Exception as exc:  # transformers raises many types for a broken checkpoint
         raise CheckpointError(
@@ -158,7 +166,9 @@ def write_serving_tokenizer(ckpt: Checkpoint, out_file: Path) -> dict[str, Any]:
     from transformers import AutoTokenizer
 
     try:
-        tok = AutoTokenizer.from_pretrained(str(ckpt.path), use_fast=True, local_files_only=True)
+        tok = AutoTokenizer.from_pretrained(
+            str(ckpt.path), use_fast=True, local_files_only=True, trust_remote_code=False
+        )
     except Exception as exc:
         raise CheckpointError(
             f"{ckpt.path}: transformers could not load its tokenizer ({type(exc).__name__}: {str(exc)[:300]})."
@@ -189,13 +199,17 @@ def reference_ids(ckpt: Checkpoint, texts: Sequence[str], max_length: int) -> tu
     tok = None
     if slow_files:
         try:
-            tok = AutoTokenizer.from_pretrained(str(ckpt.path), use_fast=False, local_files_only=True)
+            tok = AutoTokenizer.from_pretrained(
+                str(ckpt.path), use_fast=False, local_files_only=True, trust_remote_code=False
+            )
         except Exception as exc:  # no slow class (or sentencepiece missing): the fast one is still a reference
             log.warning(
                 "validate: slow tokenizer from %s unavailable (%s); comparing with the fast one", slow_files[0], exc
             )
     if tok is None or getattr(tok, "is_fast", False):
-        tok = AutoTokenizer.from_pretrained(str(ckpt.path), use_fast=True, local_files_only=True)
+        tok = AutoTokenizer.from_pretrained(
+            str(ckpt.path), use_fast=True, local_files_only=True, trust_remote_code=False
+        )
     enc = tok(list(texts), max_length=max_length, truncation=True, padding=False)
     which = f"transformers {type(tok).__name__}" + (f" ({slow_files[0]})" if not tok.is_fast and slow_files else "")
     return [list(map(int, ids)) for ids in enc["input_ids"]], which
