@@ -235,15 +235,15 @@ def test_optimize_uses_the_graphs_own_inputs(tiny_onnx, tmp_path: Path, names: t
 def test_contract_check_names_unknown_or_changed_inputs(tiny_onnx, tmp_path: Path) -> None:
     import onnx
 
-    from seqcls.optimize import _check_contract, graph_inputs
+    from seqcls.profile_checks import check_contract, graph_inputs
 
     _, model_path = tiny_onnx
     model = onnx.load(str(model_path), load_external_data=False)
     assert graph_inputs(model) == ("input_ids", "token_type_ids")
     with pytest.raises(ConversionError, match="'attention_mask' missing"):
-        _check_contract(model, "test", ("input_ids", "token_type_ids", "attention_mask"))
+        check_contract(model, "test", ("input_ids", "token_type_ids", "attention_mask"))
     with pytest.raises(ConversionError, match=r"unexpected inputs \['token_type_ids'\]"):
-        _check_contract(model, "test", ("input_ids",))
+        check_contract(model, "test", ("input_ids",))
     model.graph.input[1].name = "position_ids"
     with pytest.raises(ConversionError, match="not in the serving contract"):
         graph_inputs(model)
@@ -303,7 +303,7 @@ def test_int8_falls_back_to_more_fp32_when_decisions_move(tiny_onnx, tmp_path: P
 
     release, model = tiny_onnx
     unreachable = _calibration(release, min_agreement=1.0)  # target 1.001: no recipe reaches it
-    with caplog.at_level("WARNING", logger="seqcls.optimize"):
+    with caplog.at_level("WARNING", logger="seqcls.quantize"):
         report = optimize_onnx(model, tmp_path / "q.onnx", "int8", num_heads=2, hidden_size=32, calibration=unreachable)
     q = report["quantization"]
     assert [a["recipe"] for a in q["attempts"]] == [INT8.name, *(r.name for r in INT8_FALLBACKS)]

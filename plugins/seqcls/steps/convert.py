@@ -142,7 +142,7 @@ def convert_static(model_file: Path, params_file: Path, save_file: Path, *, opse
 
 def calibration(release: Release):
     """``int8``'s calibration set: the release's golden texts (validate's), serving-tokenized."""
-    from seqcls.optimize import Calibration
+    from seqcls.calibration import Calibration
     from seqcls.steps.validate import golden_texts
 
     texts, source = golden_texts(release)

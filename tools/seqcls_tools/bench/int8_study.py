@@ -3,7 +3,7 @@
 For each seed the bench's model (``--spec medium``: the ERNIE-3.0-medium shape of
 :mod:`.model`, corpus and 64 golden texts as the full bench builds them) goes through the
 release core up to ``convert`` (profile ``fp32``), is fused once (``fp32-fused``) and quantized
-with every candidate :class:`~seqcls.optimize.Int8Recipe` — the static ones calibrated on the
+with every candidate :class:`~seqcls.quantize.Int8Recipe` — the static ones calibrated on the
 golden texts, tokenized by the serving tokenizer, as ``convert`` does. Each candidate is scored
 as the gate scores it (Paddle Inference on the static model vs ONNX Runtime on the candidate,
 golden texts in batches of 16, :func:`seqcls.parity.decision_report`): decision agreement,
@@ -34,11 +34,13 @@ from typing import Any
 
 import numpy as np
 
-from seqcls.optimize import INT8, INT8_V1, Calibration, Int8Recipe, graph_inputs, quantize_int8
+from seqcls.calibration import Calibration
+from seqcls.profile_checks import graph_inputs
+from seqcls.quantize import INT8, INT8_V1, Int8Recipe, quantize_int8
 
 log = logging.getLogger("seqcls_tools.bench.int8_study")
 
-#: The candidates (the current profile :data:`~seqcls.optimize.INT8` is added if not among them).
+#: The candidates (the current profile :data:`~seqcls.quantize.INT8` is added if not among them).
 CANDIDATES: tuple[Int8Recipe, ...] = (
     INT8_V1,
     Int8Recipe("dynamic", op_types=("MatMul", "Attention")),
@@ -94,7 +96,7 @@ class Scorer:
 
     def score(self, model: Path) -> dict[str, Any]:
         from seqcls import parity
-        from seqcls.optimize import feeds_for
+        from seqcls.profile_checks import feeds_for
         from seqcls.serving import shipped
 
         text_mod = shipped.text()
@@ -121,7 +123,7 @@ class Scorer:
 
 def speed(models: dict[str, Path], release, texts: list[str], seconds: float, rounds: int) -> dict[str, Any]:
     """In-process sentences/s per model: tokenize → pad → ORT (one thread), 1 and 8 texts per run."""
-    from seqcls.optimize import feeds_for
+    from seqcls.profile_checks import feeds_for
     from seqcls.serving import shipped
 
     text_mod = shipped.text()
@@ -223,9 +225,9 @@ def study_checkpoint(
 
 
 def gate(checkpoint: Path, home: Path, fresh: bool = True) -> dict[str, Any]:
-    """The real release with profile ``int8`` (the recipe in optimize.py): the gate's figures.
+    """The real release with profile ``int8`` (the recipe in quantize.py): the gate's figures.
 
-    ``fresh``: its workspace is removed first — a changed optimize.py does not change the convert
+    ``fresh``: its workspace is removed first — a changed quantize.py does not change the convert
     step's inputs, so a kept workspace would skip convert and gate the old served model."""
     import shutil
 
