@@ -86,25 +86,47 @@ def _add_initializer(graph, name: str, value: np.ndarray) -> str:
     return name
 
 
-def _toposort(graph) -> None:
-    """Re-order nodes topologically (rewrites insert nodes wherever convenient)."""
+def outer_scope_inputs(node) -> set[str]:
+    """The names ``node``'s subgraphs (``If`` branches, ``Loop``/``Scan`` bodies) read from the
+    enclosing graph: a dependency as real as an input, though not listed among ``node.input``."""
+    from onnx import AttributeProto
+
+    names: set[str] = set()
+    for attr in node.attribute:
+        graphs = [attr.g] if attr.type == AttributeProto.GRAPH else list(attr.graphs)
+        for g in graphs:
+            local = {i.name for i in g.input} | {t.name for t in g.initializer} | {""}
+            local.update(name for n in g.node for name in n.output)
+            used = [x for n in g.node for x in (*n.input, *outer_scope_inputs(n))] + [o.name for o in g.output]
+            names.update(x for x in used if x not in local)
+    return names
+
+
+def toposort(graph) -> bool:
+    """Re-order nodes topologically (rewrites insert nodes wherever convenient; ORT's quantizer
+    sorts ignoring what subgraphs read from outside, which ``onnx.checker`` then rejects).
+    Returns whether the order changed."""
     available = {i.name for i in graph.input} | {t.name for t in graph.initializer} | {""}
-    pending = list(graph.node)
+    pending = [(i, node, [*node.input, *outer_scope_inputs(node)]) for i, node in enumerate(graph.node)]
     ordered = []
     while pending:
         rest = []
-        for node in pending:
-            if all(name in available for name in node.input):
-                ordered.append(node)
+        for i, node, needs in pending:
+            if all(name in available for name in needs):
+                ordered.append((i, node))
                 available.update(node.output)
             else:
-                rest.append(node)
+                rest.append((i, node, needs))
         if len(rest) == len(pending):
-            missing = sorted({n for node in rest for n in node.input if n not in available})[:5]
+            missing = sorted({n for *_, needs in rest for n in needs if n not in available})[:5]
             raise ConversionError(f"optimize: graph has a cycle or undefined inputs after rewriting ({missing})")
         pending = rest
-    del graph.node[:]
-    graph.node.extend(ordered)
+    changed = [i for i, _ in ordered] != list(range(len(ordered)))
+    if changed:
+        nodes = [node for _, node in ordered]
+        del graph.node[:]
+        graph.node.extend(nodes)
+    return changed
 
 
 # ----------------------------------------------------------------------------- pre-processing
@@ -189,7 +211,7 @@ def move_query_scale(model, head_size: int) -> int:
     for node in dead:
         graph.node.remove(node)
     if moved:
-        _toposort(graph)
+        toposort(graph)
     return moved
 
 
@@ -263,7 +285,7 @@ def rewrite_padding_mask(model) -> int:
             graph.node.remove(node)
         rewritten += 1
     if rewritten:
-        _toposort(graph)
+        toposort(graph)
     return rewritten
 
 

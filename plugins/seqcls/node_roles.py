@@ -8,9 +8,10 @@ from seqcls.profile_checks import graph_inputs
 
 
 def head_nodes(model) -> list[str]:
-    """Names of the MatMuls after the encoder (pooler, classifier): walk back from the output to
-    the last (Skip)LayerNormalization. Kept in fp32 — a negligible share of the compute, and the
-    logits' own precision decides the thresholded labels."""
+    """Names of the MatMuls and Gemms (PyTorch exports a Linear as Gemm) after the encoder
+    (pooler, classifier): walk back from the output to the last (Skip)LayerNormalization. Kept
+    in fp32 — a negligible share of the compute, and the logits' own precision decides the
+    thresholded labels."""
     prod = producers(model.graph)
     stop = {"SkipLayerNormalization", "LayerNormalization", "Attention", "EmbedLayerNormalization"}
     seen: set[str] = set()
@@ -21,7 +22,7 @@ def head_nodes(model) -> list[str]:
         if node is None or id(node) in seen or node.op_type in stop:
             continue
         seen.add(id(node))
-        if node.op_type == "MatMul":
+        if node.op_type in ("MatMul", "Gemm"):  # HF heads: Gemm
             names.append(node.name)
         stack.extend(node.input)
     return names

@@ -156,9 +156,13 @@ def _fuse(
     attention = stats.get("Attention", 0)
     if attention < layers:
         log.warning(
-            "optimize: Attention fused in %d of %d attention blocks (the rest stays unfused, still exact)",
+            "optimize: Attention fused in %d of %d attention blocks (the rest stays unfused, still exact%s)",
             attention,
             layers,
+            "; no ORT Attention pattern matches this graph, e.g. DeBERTa-v2's disentangled attention: only "
+            "LayerNorm/SkipLayerNorm/Gelu fuse"
+            if not attention
+            else "",
         )
     report: dict[str, Any] = {
         "profile": profile,

@@ -26,6 +26,7 @@ import numpy as np
 from seqcls.calibration import Calibration, CalibrationReader, calibration_feeds
 from seqcls.config import ReleaseConfig
 from seqcls.errors import ConversionError
+from seqcls.fusion import toposort
 from seqcls.node_roles import node_roles
 from seqcls.profile_checks import check_contract, decision_agreement
 
@@ -106,7 +107,10 @@ def quantize_int8(
     root.setLevel(max(level, logging.ERROR))  # the quantizer logs one root INFO line per tensor
     try:
         if recipe.method == "dynamic":
-            _dynamic(src, dst, recipe, op_types, exclude)
+            # ORT's dynamic quantizer first replaces each Gemm (HF heads are Gemm) by a MatMul named
+            # ``<gemm>_MatMul`` + Add: a Gemm kept fp32 must be excluded under that name as well
+            gemms = {n.name for n in model.graph.node if n.op_type == "Gemm"}
+            _dynamic(src, dst, recipe, op_types, [*exclude, *(f"{n}_MatMul" for n in exclude if n in gemms)])
         elif recipe.calibrated:
             if not calibration:
                 raise ConversionError(f"optimize: INT8 recipe {recipe.name!r} needs calibration feeds")
@@ -117,9 +121,35 @@ def quantize_int8(
             raise ConversionError(f"optimize: unknown INT8 method {recipe.method!r}")
     finally:
         root.setLevel(level)
+    resorted = _resort(dst)
     report = {k: v for k, v in asdict(recipe).items() if k != "extra" or v}
     report.update({"fp32_nodes": exclude, "quantize_seconds": round(time.perf_counter() - t0, 2)})
+    if resorted:
+        report["resorted"] = "nodes re-sorted: the quantizer's order ignored what If/Loop subgraphs read"
     return report
+
+
+def _resort(path: Path) -> bool:
+    """Re-sort the quantized model's nodes when the quantizer left one before a value its
+    subgraphs read (PyTorch exports a dynamic ``squeeze`` as an ``If``; DeBERTa-v2 has them)."""
+    import onnx
+
+    model = onnx.load(str(path))
+    if not toposort(model.graph):
+        return False
+    onnx.save(model, str(path))
+    return True
+
+
+def _extra(recipe: Int8Recipe) -> dict[str, Any]:
+    """The quantizer's extra options: ``DefaultTensorType`` float — ONNX shape inference types no
+    output of the fused ``com.microsoft`` ops (Attention, SkipLayerNormalization, ...), and a graph
+    without ``value_info`` (PyTorch's export) leaves the MatMuls after them untyped, which the
+    quantizer refuses; every activation a MatMul/Attention reads here is float. The recipe's own
+    ``extra`` wins."""
+    from onnx import TensorProto
+
+    return {"DefaultTensorType": TensorProto.FLOAT, **recipe.extra}
 
 
 def _dynamic(src: Path, dst: Path, recipe: Int8Recipe, op_types, exclude) -> None:
@@ -133,7 +163,7 @@ def _dynamic(src: Path, dst: Path, recipe: Int8Recipe, op_types, exclude) -> Non
         per_channel=recipe.per_channel,
         reduce_range=False,
         nodes_to_exclude=exclude,
-        extra_options=dict(recipe.extra) or None,
+        extra_options=_extra(recipe),
     )
 
 
@@ -145,7 +175,7 @@ def _static(src: Path, dst: Path, recipe: Int8Recipe, op_types, exclude, calibra
         "percentile": CalibrationMethod.Percentile,
         "entropy": CalibrationMethod.Entropy,
     }
-    extra = {"CalibMovingAverage": False, **recipe.extra}
+    extra = {"CalibMovingAverage": False, **_extra(recipe)}
     if recipe.calibrate == "percentile":
         extra.setdefault("CalibPercentile", recipe.percentile)
     with tempfile.TemporaryDirectory(prefix="seqcls-calib-") as tmp:

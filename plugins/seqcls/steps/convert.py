@@ -141,19 +141,26 @@ def convert_static(model_file: Path, params_file: Path, save_file: Path, *, opse
 
 
 def calibration(release: Release):
-    """``int8``'s calibration set: the release's golden texts (validate's), serving-tokenized."""
+    """``int8``'s calibration set: the release's golden texts (validate's), tokenized by the
+    tokenizer Triton serves (:func:`~seqcls.records.serving_tokenizer`: the checkpoint's
+    ``vocab.txt`` rebuilt for PaddleNLP, the exported ``tokenizer.json`` for transformers) and
+    padded with its pad id."""
     from seqcls.calibration import Calibration
+    from seqcls.records import serving_tokenizer
     from seqcls.steps.validate import golden_texts
 
     texts, source = golden_texts(release)
-    ckpt = release.checkpoint
     cfg = release.config
+    tok = serving_tokenizer(release)
+    json_file = tok.kind == "tokenizer.json"
     return Calibration(
         tuple(texts),
         source,
-        ckpt.vocab_file,
-        ckpt.do_lower_case,
+        None if json_file else tok.file,
+        tok.do_lower_case,
         cfg.max_length,
+        tokenizer_file=tok.file if json_file else None,
+        pad_id=tok.pad_id,
         threshold=cfg.threshold,
         min_agreement=cfg.min_decision_agreement,
         settings=release.settings,
