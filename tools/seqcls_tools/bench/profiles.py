@@ -79,14 +79,19 @@ def run_releases(checkpoint: Path, home: Path) -> dict[str, Any]:
 
 def batch_dependence(checkpoint: Path, home: Path, texts: list[str], batch: int = 16) -> dict[str, Any]:
     """Does a text's answer depend on what it is batched with? Each profile's served model on the
-    golden texts, each text alone vs in padded batches of ``batch`` (how validate runs them).
+    golden texts, each text alone vs in padded batches of ``batch`` (how validate runs them),
+    tokenized by the release's serving tokenizer and fed the inputs the session declares (the
+    shipped ``seqcls_text.model_feeds``, as Triton's model feeds them).
 
-    fp32 models differ only by float rounding; dynamic INT8 computes each activation's
-    quantization range over the whole batch, so neighbours (and their padding) move the logits.
+    fp32 models differ only by float rounding. ``int8`` is dynamic INT8 of the encoder's MatMuls
+    and fused Attention (the embeddings and the classification head stay fp32; convert checks it
+    on the golden texts and falls back to a recipe with more fp32 when decisions move): the
+    quantization range of each activation is computed at run time over the whole batch, so
+    neighbours (and their padding) move the logits.
     """
     import numpy as np
 
-    from seqcls.records import served_onnx
+    from seqcls.records import served_onnx, serving_tokenizer
     from seqcls.serving import shipped
 
     text_mod, decide_mod = shipped.text(), shipped.decide()
@@ -97,12 +102,14 @@ def batch_dependence(checkpoint: Path, home: Path, texts: list[str], batch: int 
         if not model.is_file():
             continue
         (session,) = measure.ort_sessions(model, workers=1, intra_op_threads=1, graph_level="all")
-        tok = text_mod.build_tokenizer(release.checkpoint.vocab_file, max_length=release.config.max_length)
-        ids = text_mod.encode(tok, texts)
+        serving = serving_tokenizer(release)
+        max_length = release.config.max_length
+        ids = text_mod.encode(serving.build(text_mod, max_length), texts)
+        names = [i.name for i in session.get_inputs()]
 
-        def run(rows, session=session):
-            a, b = text_mod.pad(rows)
-            return session.run(["logits"], {"input_ids": a, "token_type_ids": b})[0]
+        def run(rows, session=session, names=names, pad_id=serving.pad_id, max_length=max_length):
+            feeds = text_mod.model_feeds(rows, names, max_length=max_length, pad_id=pad_id)
+            return session.run(["logits"], feeds)[0]
 
         alone = np.concatenate([run([x]) for x in ids])
         batched = np.concatenate([run(ids[i : i + batch]) for i in range(0, len(ids), batch)])
