@@ -165,7 +165,23 @@ def triton_cell(release, work: Path, index: int, options, texts: list[str], *, c
         return out
 
 
-def run(work: Path, *, layers: int, hidden: int, clients: int, seconds: float) -> dict[str, Any]:
+def _gated(checkpoint: Path, work: Path, profile: str):
+    """The release of ``profile`` through export → convert → validate (its own workspace)."""
+    from seqcls.config import ReleaseConfig
+    from seqcls.steps import run_release
+    from seqcls.workspace import open_release
+    from seqcls_tools.bench.profiles import bench_settings
+
+    release = open_release(
+        checkpoint, ReleaseConfig(max_length=MAX_LENGTH, profile=profile), bench_settings(work / f"home-{profile}")
+    )
+    steps = {r.step: round(r.seconds, 1) for r in run_release(release, until="validate")}
+    return release, steps
+
+
+def run(
+    work: Path, *, layers: int, hidden: int, clients: int, seconds: float, profiles: tuple[str, ...] = ()
+) -> dict[str, Any]:
     from seqcls.config import ReleaseConfig
     from seqcls.serving.repository import ServingOptions
     from seqcls.steps import run_release
@@ -193,12 +209,25 @@ def run(work: Path, *, layers: int, hidden: int, clients: int, seconds: float) -
             ServingOptions(dynamic_batching=True, batching="pad-to-longest", max_queue_delay_us=1000),
             "dynamic batching, requests merged into one ONNX Runtime run (1 ms queue delay, as the seed)",
         ),
-        "triton-seqcls-default": (base, "seqcls's CPU default: dynamic batching, one run per request"),
+        "triton-seqcls-default": (base, "seqcls's CPU default: dynamic batching, every text at its own length"),
     }
     for i, (name, (options, what)) in enumerate(triton_options.items()):
         log.info("seed table: %s (%s), %d clients, %.0f s", name, what, clients, seconds)
         cells[name] = triton_cell(release, work, i, options, texts, clients=clients, seconds=seconds)
         cells[name]["what"] = what
+    gates: dict[str, Any] = {"fp32": steps}
+    for j, profile in enumerate(profiles):  # the same model through the other serving profiles
+        name = f"triton-seqcls-default-{profile}"
+        log.info("seed table: %s, %d clients, %.0f s", name, clients, seconds)
+        try:
+            released, gates[profile] = _gated(checkpoint, work, profile)
+        except Exception as exc:  # a profile's gate failing is a result, not a crash
+            cells[name] = {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}
+            continue
+        cells[name] = triton_cell(
+            released, work, len(triton_options) + j, base, texts, clients=clients, seconds=seconds
+        )
+        cells[name]["what"] = f"seqcls's CPU default, profile {profile}"
     return {
         "model": {
             "architecture": "DebertaV2ForSequenceClassification",
@@ -209,7 +238,7 @@ def run(work: Path, *, layers: int, hidden: int, clients: int, seconds: float) -
         },
         "build_s": round(built, 1),
         "gate_s": round(gated, 1),
-        "steps_s": steps,
+        "steps_s": gates,
         "clients": clients,
         "seconds_per_cell": seconds,
         "cells": cells,
@@ -224,6 +253,9 @@ def table(results: dict[str, Any]) -> str:
         "|---|---:|---:|---:|---:|---:|---:|",
     ]
     for name, cell in results["cells"].items():
+        if "error" in cell:
+            rows.append(f"| {name} | failed: {cell['error'][:120]} | | | | | |")
+            continue
         seed = SEED.get(name, {})
         rows.append(
             f"| {name} | {cell['p95_ms']} | {cell['qps']} | {cell['memory_mb'] / 1000:.2f} GB RSS | "
@@ -249,11 +281,17 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seconds", type=float, default=30.0)
     parser.add_argument("--work", type=Path, default=Path("var/bench/seed-table"))
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--profiles", nargs="*", default=["fp32-fused", "int8"], help="other serving profiles served")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     args.work.mkdir(parents=True, exist_ok=True)
     results = run(
-        args.work.resolve(), layers=args.layers, hidden=args.hidden, clients=args.clients, seconds=args.seconds
+        args.work.resolve(),
+        layers=args.layers,
+        hidden=args.hidden,
+        clients=args.clients,
+        seconds=args.seconds,
+        profiles=tuple(args.profiles),
     )
     out = args.out or args.work / "seed-table.json"
     out.write_text(json.dumps(results, indent=1, ensure_ascii=False), encoding="utf-8")
