@@ -37,6 +37,7 @@ ENV_CHECKPOINTS_ROOT = "SEQCLS_CHECKPOINTS_ROOT"
 ENV_FAULT_PLAN = "SEQCLS_FAULT_PLAN"  # test-only: see seqcls.faults
 ENV_MODEL_NAME = "SEQCLS_MODEL_NAME"  # the DAG's model (parse time)
 ENV_SCHEDULE = "SEQCLS_SCHEDULE"  # the DAG's schedule: unset/manual, a cron preset/expression, or "asset"
+ENV_SERVING_LAYOUT = "SEQCLS_SERVING_LAYOUT"  # INSTANCESxTHREADS of the ONNX model, e.g. 2x1 (default 1x2)
 ENV_MODELS_FILE = "SEQCLS_MODELS_FILE"  # the release DAGs' models file (parse time): a path, or "none"
 #: Set (not read) around paddle2onnx: ``"0"`` forbids polygraphy from pip-installing at conversion.
 ENV_POLYGRAPHY_AUTOINSTALL = "POLYGRAPHY_AUTOINSTALL_DEPS"
@@ -174,6 +175,22 @@ def control_headers(key: str | None, protocol: str = "grpc") -> dict[str, str] |
     return {name: key}
 
 
+def parse_layout(text: str) -> tuple[int, int]:
+    """``"2x1"`` → ``(model instances, ORT intra-op threads per instance)``; anything else names the variable.
+
+    Which layout is fastest depends on the host (cores, what else runs there): the benchmark
+    measures them on the target Triton (``seqcls bench``: the layout with the least CPU per
+    sentence), this setting applies the answer to every release rendered here.
+    """
+    parts = text.lower().split("x")
+    if len(parts) != 2 or not all(p.strip().isdigit() for p in parts):
+        raise InputError(f"{ENV_SERVING_LAYOUT}={text!r}: expected INSTANCESxTHREADS, e.g. 2x1 or 1x2")
+    instances, threads = (int(p) for p in parts)
+    if not (1 <= instances <= 64 and 1 <= threads <= 256):
+        raise InputError(f"{ENV_SERVING_LAYOUT}={text!r}: instances in 1..64 and threads in 1..256")
+    return instances, threads
+
+
 @dataclass(frozen=True)
 class Settings:
     """Resolved locations and endpoints; build with :meth:`from_env` and override fields."""
@@ -191,6 +208,8 @@ class Settings:
     checkpoints_root: Path | None = None
     #: Triton's model-control key (SEQCLS_TRITON_CONTROL_KEY / the Triton Connection's password); see control_key().
     triton_control_key: str | None = field(default=None, repr=False)
+    #: The ONNX model's instances x ORT intra-op threads (SEQCLS_SERVING_LAYOUT, e.g. "2x1"); None: 1x2.
+    serving_layout: str | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "home", Path(self.home).expanduser().resolve())
@@ -213,6 +232,10 @@ class Settings:
             object.__setattr__(self, "model_repository_source", PROJECT_ROOT / "model_repository")
         if self.checkpoints_root is None:
             object.__setattr__(self, "checkpoints_root", self.home / "checkpoints")
+        if self.serving_layout is not None:
+            object.__setattr__(self, "serving_layout", str(self.serving_layout).strip() or None)
+            if self.serving_layout is not None:
+                parse_layout(self.serving_layout)
         if self.triton_control_key is not None:
             key = str(self.triton_control_key).strip()
             source = f"{ENV_TRITON_CONTROL_KEY} / the Triton Connection's password"
@@ -237,6 +260,7 @@ class Settings:
             ),
             "checkpoints_root": Path(env[ENV_CHECKPOINTS_ROOT]) if env.get(ENV_CHECKPOINTS_ROOT) else None,
             "triton_control_key": env.get(ENV_TRITON_CONTROL_KEY) or None,
+            "serving_layout": env.get(ENV_SERVING_LAYOUT) or None,
         }
         for key, value in overrides.items():
             if key not in values:

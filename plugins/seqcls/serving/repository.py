@@ -113,6 +113,12 @@ class ServingOptions:
 
     @classmethod
     def from_settings(cls, settings: Settings, **overrides: Any) -> ServingOptions:
+        """The device's options with the host's serving layout (``SEQCLS_SERVING_LAYOUT``) applied."""
+        if settings.serving_layout and settings.device == "cpu":
+            from seqcls.settings import parse_layout
+
+            instances, threads = parse_layout(settings.serving_layout)
+            overrides = {"model_instances": instances, "intra_op_threads": threads, **overrides}
         return cls.for_device(settings.device, settings.runtime, **overrides)
 
     def to_dict(self) -> dict[str, Any]:
