@@ -17,6 +17,10 @@ from seqcls_contract import DEFAULT_BUCKETS, PADDINGS  # shipped alongside; padd
 
 #: Code points PaddleNLP's BasicTokenizer treats as symbols besides Unicode category S*.
 _EXTRA_SYMBOLS = (0x00AD, 0x00B2, 0x00BA, 0x3007, 0x00B5, 0x00D8, 0x014B, 0x01B1)
+#: :func:`paddlenlp_char_classes` computed once at publish time, shipped in the tokenizer version
+#: (computing them walks all 1.1M code points: about a second of every tokenizer stub start).
+CHAR_CLASSES_FILE = "seqcls_text_classes.json"
+_CLASS_NAMES = ("removed", "space", "split", "mark")
 
 
 def _char_class(predicate) -> str:
@@ -69,17 +73,57 @@ def paddlenlp_char_classes() -> dict[str, str]:
     }
 
 
-def build_tokenizer(vocab_file: str | Path, *, lowercase: bool = True, max_length: int = 128):
+def _table_key() -> dict[str, object]:
+    """What the classes are a function of: this file's rules and the interpreter's Unicode tables."""
+    import sys
+    import unicodedata
+
+    return {"unicode": unicodedata.unidata_version, "maxunicode": sys.maxunicode, "extra": list(_EXTRA_SYMBOLS)}
+
+
+def write_char_classes(path: str | Path) -> Path:
+    """Write :func:`paddlenlp_char_classes` (with what they depend on) to ``path`` (JSON)."""
+    import json
+
+    path = Path(path)
+    table = {**_table_key(), "classes": paddlenlp_char_classes()}
+    path.write_text(json.dumps(table, sort_keys=True), encoding="utf-8")
+    return path
+
+
+def read_char_classes(path: str | Path) -> dict[str, str] | None:
+    """The classes written by :func:`write_char_classes` — or None when ``path`` is missing, unreadable,
+    or was written under other Unicode tables than this interpreter's (then compute them: the
+    classes must be exactly what :func:`paddlenlp_char_classes` gives here)."""
+    import json
+
+    try:
+        table = json.loads(Path(path).read_text(encoding="utf-8"))
+        classes = table["classes"]
+        key = {k: table[k] for k in _table_key()}
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if key != _table_key() or not isinstance(classes, dict) or sorted(classes) != sorted(_CLASS_NAMES):
+        return None
+    if not all(isinstance(v, str) and v.startswith("[") and v.endswith("]") for v in classes.values()):
+        return None
+    return dict(classes)
+
+
+def build_tokenizer(
+    vocab_file: str | Path, *, lowercase: bool = True, max_length: int = 128, classes: dict[str, str] | None = None
+):
     """HF ``tokenizers`` WordPiece from the checkpoint's own ``vocab.txt``, matching PaddleNLP.
 
     Same pipeline as PaddleNLP's ``ErnieTokenizer``/``BertTokenizer``: drop control characters,
     whitespace to spaces, CJK characters split, lower-case + strip accents (NFD, drop Mn), split
     on whitespace, punctuation and symbols, WordPiece (a word over 100 characters → ``[UNK]``),
-    ``[CLS] ... [SEP]`` with truncation to ``max_length``.
+    ``[CLS] ... [SEP]`` with truncation to ``max_length``. ``classes``: :func:`read_char_classes`'s
+    answer, if there is one (default: computed).
     """
     from tokenizers import Regex, Tokenizer, models, normalizers, pre_tokenizers, processors
 
-    classes = paddlenlp_char_classes()
+    classes = classes or paddlenlp_char_classes()
     tokenizer = Tokenizer(models.WordPiece.from_file(str(vocab_file), unk_token="[UNK]", max_input_chars_per_word=100))
     steps = [
         normalizers.Replace(Regex(classes["removed"]), ""),

@@ -65,6 +65,8 @@ class TritonPythonModel:
                 os.path.join(version_dir, "vocab.txt"),
                 lowercase=bool(release.get("do_lower_case", True)),
                 max_length=self.max_length,
+                # precomputed at publish (None: other Unicode tables here, or none shipped → computed)
+                classes=seqcls_text.read_char_classes(os.path.join(version_dir, seqcls_text.CHAR_CLASSES_FILE)),
             )
 
     def _texts(self, request):

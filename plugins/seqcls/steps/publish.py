@@ -44,6 +44,11 @@ OUT_DIR = OUT_DIRS[STEP]
 DEFAULT_RETAIN = 3
 #: Where a version is assembled before its renames (``seqcls sync`` removes one whose pid is gone).
 TMP_PUBLISH = ".tmp-publish.{model}.{pid}-{version}"
+#: An empty *file* of this name in every python model version: the stub's Python cannot write bytecode
+#: there (it skips, silently, on any Python), so a version never changes after publish — Triton reloads a
+#: model whose files changed since its last load at the next load that polls it (an ensemble's polls its
+#: composing models), which cost every reload a second start of each composing stub.
+NO_BYTECODE = "__pycache__"
 
 
 def release_values(release: Release, options: ServingOptions) -> dict[str, Any]:
@@ -182,6 +187,12 @@ def _write_version(
             faults.point("publish:copy")
             shutil.copy2(src, vdir / name)
             files[name] = sha256_file(vdir / name)
+        if "seqcls_text.py" in files and "vocab.txt" in files:  # the tokenizer's char classes, computed once
+            table = shipped.text().write_char_classes(vdir / shipped.text().CHAR_CLASSES_FILE)
+            files[table.name] = sha256_file(table)
+        if "model.py" in files:
+            (vdir / NO_BYTECODE).write_bytes(b"")
+            files[NO_BYTECODE] = sha256_file(vdir / NO_BYTECODE)
         (vdir / SNAPSHOT).write_text(configs[model], encoding="utf-8")
         files[SNAPSHOT] = sha256_file(vdir / SNAPSHOT)
         info = {
