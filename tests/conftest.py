@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from seqcls.localtriton import LocalTriton, TritonServerConfig, free_ports
+from seqcls_tools.testing import TINY_CORPUS
 
 # Keep every test off the user's real ~/.seqcls and ~/airflow, and the logs readable.
 os.environ.setdefault("GLOG_minloglevel", "2")
@@ -61,12 +62,7 @@ def tiny_checkpoint_b_src(tmp_path_factory: pytest.TempPathFactory) -> Path:
 #: Golden texts for the HF checkpoints: the tiny corpus plus what stresses a tokenizer (case,
 #: accents, emoji, full-width forms, a text longer than max_length).
 HF_GOLDEN = (
-    "某科技公司宣布裁员百分之十，涉及研发部门。",
-    "球队在决赛中夺冠，球迷欢呼庆祝。",
-    "初创企业完成新一轮融资，金额达一亿元。",
-    "知名主持人加盟新的电视台。",
-    "The company announced layoffs of 300 employees in 2024.",
-    "Startup raises $20M in Series B funding round!",
+    *TINY_CORPUS[:6],
     "Café Über naïve ÉLAN 🎉 ２０２４年 ｆｕｌｌ－ｗｉｄｔｈ",
     "中国队以3比1战胜对手，获得冠军。" * 12,
     "mixed 文本 with English words and 数字 12345 ...",
@@ -137,6 +133,22 @@ def start_triton(root: Path, name: str = "triton", *, repository: Path | None = 
     )
     server.start()
     return server
+
+
+def cli_env(server: LocalTriton, root: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
+    """The environment that points the library (this process, via ``monkeypatch``) and ``seqcls``
+    CLI subprocesses (the returned dict) at ``server``, a home and an MLflow sqlite store under ``root``."""
+    values = {
+        "SEQCLS_HOME": str(root / "home"),
+        "SEQCLS_TRITON_REPOSITORY": str(server.config.repository),
+        "SEQCLS_TRITON_GRPC": server.config.grpc_url,
+        "SEQCLS_TRITON_HTTP": server.config.http_url,
+        "SEQCLS_TRITON_METRICS": server.config.metrics_url,
+        "SEQCLS_MLFLOW_TRACKING_URI": f"sqlite:///{root / 'mlflow.db'}",
+    }
+    for key, value in values.items():
+        monkeypatch.setenv(key, value)
+    return {**os.environ, **values, "PYTHONUNBUFFERED": "1"}
 
 
 def settings_for(server, home: Path, source: Path | None = None):

@@ -10,7 +10,6 @@ answers compared with the validated ones over gRPC.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -22,7 +21,7 @@ import pytest
 from seqcls.checkpoint import resolve_checkpoint
 from seqcls.errors import CheckpointError, GateError
 from seqcls.localtriton import LocalTriton
-from tests.conftest import start_triton
+from tests.conftest import cli_env, start_triton
 
 pytest.importorskip("torch", reason="the torch extra (make setup-torch) is not installed")
 
@@ -155,18 +154,13 @@ def test_gate_passes_with_the_graph_and_tokenizer_the_model_takes(
 
 @pytest.mark.slow
 def test_gate_fails_on_perturbed_onnx_weights(hf_checkpoints_src: dict[str, Path]) -> None:
-    from seqcls.checkpoint import sha256_file
     from seqcls.steps import run_release
     from seqcls.steps.validate import validate
-    from tests.test_release_core import _perturb
+    from tests.test_release_core import perturb_converted
 
     release = _release(hf_checkpoints_src["deberta-v2"], "hfperturbed")
     run_release(release, until="convert")
-    onnx_path = release.workspace.root / "onnx" / "model.onnx"
-    _perturb(onnx_path, 0.5)
-    manifest = release.workspace.read()  # as a conversion bug would have recorded it
-    manifest["steps"]["convert"]["outputs"]["onnx/model.onnx"] = sha256_file(onnx_path)
-    release.workspace.write(manifest)
+    perturb_converted(release)
     with pytest.raises(GateError) as info:
         validate(release)
     msg = str(info.value)
@@ -211,17 +205,7 @@ def triton(root: Path) -> Iterator[LocalTriton]:
 
 @pytest.fixture
 def env(triton: LocalTriton, root: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
-    values = {
-        "SEQCLS_HOME": str(root / "home"),
-        "SEQCLS_TRITON_REPOSITORY": str(triton.config.repository),
-        "SEQCLS_TRITON_GRPC": triton.config.grpc_url,
-        "SEQCLS_TRITON_HTTP": triton.config.http_url,
-        "SEQCLS_TRITON_METRICS": triton.config.metrics_url,
-        "SEQCLS_MLFLOW_TRACKING_URI": f"sqlite:///{root / 'mlflow.db'}",
-    }
-    for key, value in values.items():
-        monkeypatch.setenv(key, value)
-    return {**os.environ, **values, "PYTHONUNBUFFERED": "1"}
+    return cli_env(triton, root, monkeypatch)
 
 
 @pytest.mark.slow

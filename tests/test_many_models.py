@@ -8,7 +8,6 @@ Triton versions and MLflow aliases are watched for any change.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -25,7 +24,7 @@ from seqcls.settings import PROJECT_ROOT, Settings
 from seqcls.status import status
 from seqcls.steps import run_release
 from seqcls.workspace import open_release
-from tests.conftest import start_triton
+from tests.conftest import cli_env, start_triton
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
@@ -44,17 +43,7 @@ def triton(root: Path) -> Iterator[LocalTriton]:
 
 @pytest.fixture
 def env(triton: LocalTriton, root: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
-    values = {
-        "SEQCLS_HOME": str(root / "home"),
-        "SEQCLS_TRITON_REPOSITORY": str(triton.config.repository),
-        "SEQCLS_TRITON_GRPC": triton.config.grpc_url,
-        "SEQCLS_TRITON_HTTP": triton.config.http_url,
-        "SEQCLS_TRITON_METRICS": triton.config.metrics_url,
-        "SEQCLS_MLFLOW_TRACKING_URI": f"sqlite:///{root / 'mlflow.db'}",
-    }
-    for key, value in values.items():
-        monkeypatch.setenv(key, value)
-    return {**os.environ, **values, "PYTHONUNBUFFERED": "1"}
+    return cli_env(triton, root, monkeypatch)
 
 
 ARTIFACT = PROJECT_ROOT / "var" / "test-artifacts" / "many-models.json"

@@ -116,17 +116,22 @@ def _perturb(onnx_path: Path, scale: float) -> None:
     onnx.save(model, str(onnx_path))
 
 
-def test_gate_fails_on_perturbed_onnx(tiny_checkpoint: Path) -> None:
-    release = open_release(tiny_checkpoint)
-    run_release(release, until="convert")
-    onnx_path = release.workspace.root / "onnx" / "model.onnx"
-    _perturb(onnx_path, 0.5)
-    # record the damaged file as the convert output so validate uses it (a conversion bug)
+def perturb_converted(release, scale: float = 0.5) -> None:
+    """Perturb the converted ONNX weights and record the damaged file as convert's output, so
+    validate uses it — what a conversion bug would leave."""
     from seqcls.checkpoint import sha256_file
 
+    onnx_path = release.workspace.root / "onnx" / "model.onnx"
+    _perturb(onnx_path, scale)
     manifest = release.workspace.read()
     manifest["steps"]["convert"]["outputs"]["onnx/model.onnx"] = sha256_file(onnx_path)
     release.workspace.write(manifest)
+
+
+def test_gate_fails_on_perturbed_onnx(tiny_checkpoint: Path) -> None:
+    release = open_release(tiny_checkpoint)
+    run_release(release, until="convert")
+    perturb_converted(release)
     from seqcls.steps.validate import validate
 
     with pytest.raises(GateError) as info:

@@ -73,6 +73,15 @@ def build_vocab(texts: Iterable[str], *, min_count: int = 1, extra: Iterable[str
     return vocab
 
 
+def pad_vocab(vocab: list[str], vocab_size: int | None) -> list[str]:
+    """``vocab`` padded with ``[unusedN]`` tokens (never produced by the tokenizer) to ``vocab_size``."""
+    if vocab_size is None:
+        return vocab
+    if vocab_size < len(vocab):
+        raise ValueError(f"vocab_size={vocab_size} is smaller than the corpus vocabulary ({len(vocab)} tokens)")
+    return vocab + [f"[unused{i}]" for i in range(vocab_size - len(vocab))]
+
+
 def _basic_split(text: str) -> list[str]:
     """Whitespace + punctuation + CJK split, as BERT's basic tokenizer does (accents stripped)."""
     text = "".join(c for c in unicodedata.normalize("NFD", text) if unicodedata.category(c) != "Mn")
@@ -146,10 +155,7 @@ def build_tiny_checkpoint(
 
     paddle.seed(seed)
     vocab = build_vocab(corpus)
-    if vocab_size is not None:
-        if vocab_size < len(vocab):
-            raise ValueError(f"vocab_size={vocab_size} is smaller than the corpus vocabulary ({len(vocab)} tokens)")
-        vocab += [f"[unused{i}]" for i in range(vocab_size - len(vocab))]
+    vocab = pad_vocab(vocab, vocab_size)
     config = ErnieConfig(
         vocab_size=len(vocab),
         hidden_size=hidden_size,

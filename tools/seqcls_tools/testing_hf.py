@@ -16,7 +16,7 @@ import logging
 from collections.abc import Sequence
 from pathlib import Path
 
-from seqcls_tools.testing import TINY_CORPUS, TINY_LABELS, build_vocab
+from seqcls_tools.testing import TINY_CORPUS, TINY_LABELS, build_vocab, pad_vocab
 
 log = logging.getLogger(__name__)
 
@@ -95,11 +95,7 @@ def build_tiny_hf_checkpoint(
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(seed)
-    vocab = build_vocab(corpus)
-    if vocab_size is not None:
-        if vocab_size < len(vocab):
-            raise ValueError(f"vocab_size={vocab_size} is smaller than the corpus vocabulary ({len(vocab)} tokens)")
-        vocab += [f"[unused{i}]" for i in range(vocab_size - len(vocab))]
+    vocab = pad_vocab(build_vocab(corpus), vocab_size)
     config = _config(
         architecture,
         vocab_size=len(vocab),
