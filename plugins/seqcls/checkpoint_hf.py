@@ -16,15 +16,9 @@ from seqcls.errors import CheckpointError
 
 #: Tokenizer files a ``transformers`` checkpoint may carry (fingerprinted when present): the fast
 #: tokenizer's ``tokenizer.json`` (what Triton serves) and the slow tokenizer's vocabulary.
-HF_TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "spm.model", "sentencepiece.bpe.model", "tokenizer.model")
-HF_MODEL_FILES = (
-    *MODEL_FILES,
-    "tokenizer.json",
-    "spm.model",
-    "sentencepiece.bpe.model",
-    "tokenizer.model",
-    "added_tokens.json",
-)
+SLOW_TOKENIZER_FILES = ("vocab.txt", "spm.model", "sentencepiece.bpe.model", "tokenizer.model")
+HF_TOKENIZER_FILES = ("tokenizer.json", *SLOW_TOKENIZER_FILES)
+HF_MODEL_FILES = (*MODEL_FILES, *(n for n in HF_TOKENIZER_FILES if n not in MODEL_FILES), "added_tokens.json")
 #: What ``transformers`` would read instead of (or besides) ``model.safetensors``: pickles.
 HF_PICKLE_WEIGHTS = ("pytorch_model.bin", "tf_model.h5", "flax_model.msgpack")
 
@@ -91,7 +85,7 @@ def read_tokenizer(root: Path, config: dict) -> tuple[bool, int]:
     if not present:
         raise CheckpointError(
             f"{root}: no tokenizer — expected tokenizer.json (a fast tokenizer's save_pretrained) or the slow "
-            f"tokenizer's vocabulary ({', '.join(HF_TOKENIZER_FILES[1:])})."
+            f"tokenizer's vocabulary ({', '.join(SLOW_TOKENIZER_FILES)})."
         )
     vocab_size = int(config.get("vocab_size", 0)) or None
     size = 0

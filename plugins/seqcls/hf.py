@@ -23,7 +23,6 @@ which would put the wrapped model in training mode (dropout on) for the eager re
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections.abc import Sequence
@@ -33,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from seqcls.checkpoint import Checkpoint
+from seqcls.checkpoint_hf import SLOW_TOKENIZER_FILES
 from seqcls.errors import CheckpointError, ConversionError, InputError
 
 log = logging.getLogger(__name__)
@@ -193,9 +193,7 @@ def reference_ids(ckpt: Checkpoint, texts: Sequence[str], max_length: int) -> tu
     the fast one. Returns the ids and which tokenizer gave them."""
     from transformers import AutoTokenizer
 
-    slow_files = [
-        n for n in ("vocab.txt", "spm.model", "sentencepiece.bpe.model", "tokenizer.model") if (ckpt.path / n).is_file()
-    ]
+    slow_files = [n for n in SLOW_TOKENIZER_FILES if (ckpt.path / n).is_file()]
     tok = None
     if slow_files:
         try:
@@ -226,10 +224,3 @@ def eager_logits(model, ids: Sequence[Sequence[int]], names: Sequence[str], pad_
         for feed in parity.feeds(ids, names, pad_id):
             out.append(model(**{k: torch.from_numpy(v) for k, v in feed.items()}).logits.float().numpy())
     return np.concatenate(out).astype(np.float32)
-
-
-def tokenizer_facts(tokenizer_file: Path) -> dict[str, Any]:
-    """What the served ``tokenizer.json`` says without torch: its vocabulary size."""
-    data = json.loads(Path(tokenizer_file).read_text(encoding="utf-8"))
-    vocab = data.get("model", {}).get("vocab", {})
-    return {"vocab_size": len(vocab)}

@@ -78,10 +78,11 @@ def compare_ids(texts: Sequence[str], ref: Sequence[Sequence[int]], got: Sequenc
     return out
 
 
-def batches(ids: Sequence[Sequence[int]], size: int = BATCH):
-    text_mod = shipped.text()  # same cached module object the release loaded
+def feeds(ids: Sequence[Sequence[int]], names: Sequence[str], pad_id: int = 0, size: int = BATCH):
+    """Batches of ``{input name: [N, L] int64}`` for a graph taking ``names`` (the serving padding)."""
+    text_mod = shipped.text()
     for start in range(0, len(ids), size):
-        yield text_mod.pad(ids[start : start + size], strategy="longest")
+        yield text_mod.model_feeds(ids[start : start + size], names, strategy="longest", pad_id=pad_id)
 
 
 def paddle_logits(static_dir: Path, ids: Sequence[Sequence[int]], threads: int = 2) -> np.ndarray:
@@ -95,12 +96,11 @@ def paddle_logits(static_dir: Path, ids: Sequence[Sequence[int]], threads: int =
     predictor = paddle_infer.create_predictor(cfg)
     names = predictor.get_input_names()
     out = []
-    for input_ids, type_ids in batches(ids):
-        feeds = dict(zip(shipped.contract().MODEL_INPUTS, (input_ids, type_ids), strict=True))
+    for feed in feeds(ids, shipped.contract().MODEL_INPUTS):
         for name in names:
             handle = predictor.get_input_handle(name)
-            handle.reshape(list(feeds[name].shape))
-            handle.copy_from_cpu(feeds[name])
+            handle.reshape(list(feed[name].shape))
+            handle.copy_from_cpu(feed[name])
         predictor.run()
         out.append(predictor.get_output_handle(predictor.get_output_names()[0]).copy_to_cpu())
     return np.concatenate(out).astype(np.float32)
@@ -131,13 +131,6 @@ def ort_session(onnx_path: Path, providers: list[str], threads: int = 2):
     opts.intra_op_num_threads = threads
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     return ort.InferenceSession(str(onnx_path), sess_options=opts, providers=providers)
-
-
-def feeds(ids: Sequence[Sequence[int]], names: Sequence[str], pad_id: int = 0, size: int = BATCH):
-    """Batches of ``{input name: [N, L] int64}`` for a graph taking ``names`` (the serving padding)."""
-    text_mod = shipped.text()
-    for start in range(0, len(ids), size):
-        yield text_mod.model_feeds(ids[start : start + size], names, strategy="longest", pad_id=pad_id)
 
 
 def ort_logits(session, ids: Sequence[Sequence[int]], pad_id: int = 0) -> np.ndarray:

@@ -53,6 +53,11 @@ OUT_DIR = OUT_DIRS[STEP]
 EXACT_PROFILES = ("fp32", "fp32-fused")  # gated on numbers; others (int8) on decision agreement
 
 
+def reference_runtime(release: Release) -> str:
+    """What the served graph is compared with: the training framework's own runtime."""
+    return "PyTorch" if release.checkpoint.is_transformers else "Paddle"
+
+
 def golden_texts(release: Release) -> tuple[list[str], str]:
     if release.checkpoint.golden_texts:
         return list(release.checkpoint.golden_texts), "checkpoint golden.txt"
@@ -229,8 +234,9 @@ def run_gate(release: Release, texts: list[str], source: str, out: Path) -> tupl
         report.tokenizer["passed"] and report.decisions["passed"] and (report.numeric["passed"] or not exact)
     )
     report.save(out)
-    source = "PyTorch" if ckpt.is_transformers else "Paddle"
-    title = f"{cfg.model_name} {ckpt.short_fingerprint}: {source} vs ONNX Runtime ({report.provider})"
+    title = (
+        f"{cfg.model_name} {ckpt.short_fingerprint}: {reference_runtime(release)} vs ONNX Runtime ({report.provider})"
+    )
     parity.plot(out / "plot.png", p_ref, p_got, l_ref, l_got, title)
     if not report.passed:
         raise GateError(failure_paragraph(release, report, str(release.workspace.path(f"failed/{STEP}"))))
@@ -279,7 +285,7 @@ def failure_paragraph(release: Release, report: ParityReport, where: str) -> str
     dc = report.decisions
     if dc and not dc.get("passed", True):
         first = next((c for c in dc["changes"] if not c["near_threshold"]), dc["changes"][0] if dc["changes"] else None)
-        ref = "PyTorch" if release.checkpoint.is_transformers else "Paddle"
+        ref = reference_runtime(release)
         detail = f" (first: #{first['index']} {ref} {first['paddle']} vs ORT {first['onnxruntime']})" if first else ""
         parts.append(
             f"{dc['changed']} label sets changed, {dc['changed_not_near_threshold']} not near a "
