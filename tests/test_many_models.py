@@ -232,3 +232,29 @@ def test_the_readme_curl_call_answers_what_grpc_answers(
     assert answer["model_name"] == "seqcls" and outputs["predictions"]["shape"] == [1, 1]
     assert json.loads(outputs["predictions"]["data"][0]) == preds[0]
     assert outputs["probabilities"]["data"] == pytest.approx([float(p) for p in probs[0]], abs=1e-6)
+
+
+def test_layout_calibration_times_throwaway_copies_that_no_client_reaches(
+    env: dict[str, str], triton: LocalTriton, tiny_checkpoint_b_src: Path
+) -> None:
+    settings = Settings.from_env()
+    if _aliases(settings, "beta")["champion"] is None:  # run alone: release beta first
+        run_release(open_release(tiny_checkpoint_b_src, ReleaseConfig(model_name="beta"), settings))
+    repo = Path(env["SEQCLS_TRITON_REPOSITORY"])
+    files_before = sorted(str(p.relative_to(repo)) for p in repo.rglob("*") if "__pycache__" not in p.parts)
+    served_before = _of(_ready(triton), "beta")
+    texts, labels = _expected(settings, tiny_checkpoint_b_src, "beta")
+    cmd = [sys.executable, "-m", "seqcls.cli", "calibrate-layout", "--model-name", "beta", "--cores", "2"]
+    shown = subprocess.run([*cmd, "--seconds", "1", "--json"], env=env, capture_output=True, text=True, timeout=300)
+    assert shown.returncode == 0, shown.stderr[-3000:]
+    cal = json.loads(shown.stdout)
+    assert [t["layout"] for t in cal["trials"]] == ["1x2", "2x1"] and cal["version"] == 1
+    assert all(t["requests"] > 0 and t["failed"] == 0 for t in cal["trials"]), cal["trials"]
+    assert cal["chosen"] in ("1x2", "2x1") and cal["setting"] == f"SEQCLS_SERVING_LAYOUT={cal['chosen']}"
+    ready = _ready(triton)
+    assert not [m for m in ready if ".layout-" in m], ready  # the throwaway models are gone again
+    assert _of(ready, "beta") == served_before and _answers(settings, "beta", texts) == labels
+    files_after = sorted(str(p.relative_to(repo)) for p in repo.rglob("*") if "__pycache__" not in p.parts)
+    assert files_after == files_before, "calibration wrote into the model repository"
+    bad = subprocess.run([*cmd, "--layouts", "1x2,2by1"], env=env, capture_output=True, text=True, timeout=300)
+    assert bad.returncode == 1 and "layout '2by1'" in bad.stderr, bad.stderr[-1000:]

@@ -21,7 +21,7 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from seqcls.errors import SeqclsError
+from seqcls.errors import InputError, SeqclsError
 
 log = logging.getLogger("seqcls")
 
@@ -170,6 +170,25 @@ def _cmd_rollback(args: argparse.Namespace) -> tuple[int, Printer]:
     )
 
 
+def _cmd_calibrate_layout(args: argparse.Namespace) -> tuple[int, Printer]:
+    from seqcls.serving.calibrate import calibrate_layout
+
+    low, _, high = args.lengths.partition("-")
+    if not (low.isdigit() and high.isdigit()):
+        raise InputError(f"--lengths {args.lengths!r}: expected MIN-MAX tokens, e.g. 16-64")
+    layouts = [x.strip() for x in args.layouts.split(",")] if args.layouts else None
+    cal = calibrate_layout(
+        _ops_settings(args),
+        args.model_name,
+        layouts=layouts,
+        cores=args.cores,
+        clients=args.clients,
+        seconds=args.seconds,
+        lengths=(int(low), int(high)),
+    )
+    return 0, lambda: print(json.dumps(cal.to_dict(), indent=2) if args.json else "\n".join(cal.lines()))
+
+
 def _cmd_checkpoint(args: argparse.Namespace) -> tuple[int, Printer]:
     """``mark-complete DIR``: the training job's last step; ``latest [ROOT]``: what 'latest' resolves to."""
     from seqcls.completion import find_latest, mark_complete, read_marker
@@ -292,6 +311,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--reason", default="broken by an operator")
     _add_ops_args(p)
     p.set_defaults(func=_cmd_lease)
+    p = sub.add_parser(
+        "calibrate-layout",
+        help="time each instances x threads layout of a model's candidate (else served) version on the target "
+        "Triton, as a throwaway model no client is routed to; prints the SEQCLS_SERVING_LAYOUT to set",
+    )
+    p.add_argument("--model-name", default="seqcls")
+    p.add_argument("--layouts", default=None, help="comma-separated IxT (default: every split of --cores)")
+    p.add_argument("--cores", type=int, default=None, help="the Triton host's cores (default: this host's)")
+    p.add_argument("--clients", type=int, default=8, help="concurrent single-text clients (default 8)")
+    p.add_argument("--seconds", type=float, default=5.0, help="per layout and phase (default 5)")
+    p.add_argument("--lengths", default="16-64", help="token lengths of the synthetic texts (default 16-64)")
+    _add_ops_args(p)
+    p.set_defaults(func=_cmd_calibrate_layout)
     p = sub.add_parser("release", help=f"run every step in order ({' → '.join(ORDER)}), skipping those already done")
     _add_release_args(p)
     p.add_argument("--until", choices=list(ORDER), default=None, help="stop after this step")
