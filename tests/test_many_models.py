@@ -18,6 +18,7 @@ import pytest
 from seqcls.config import ReleaseConfig
 from seqcls.errors import InputError
 from seqcls.localtriton import LocalTriton
+from seqcls.serving.calibrate import TRIAL_SUFFIX, _trial_config, loaded_models
 from seqcls.serving.client import TritonOps, endpoints_from_settings
 from seqcls.serving.names import CLASSIC, names_for
 from seqcls.settings import PROJECT_ROOT, Settings
@@ -244,6 +245,16 @@ def test_layout_calibration_times_throwaway_copies_that_no_client_reaches(
     files_before = sorted(str(p.relative_to(repo)) for p in repo.rglob("*") if "__pycache__" not in p.parts)
     served_before = _of(_ready(triton), "beta")
     texts, labels = _expected(settings, tiny_checkpoint_b_src, "beta")
+    ops = TritonOps(endpoints_from_settings(settings)[0])
+    vdir, stale = repo / "beta_model" / "1", f"beta_model{TRIAL_SUFFIX}3x1"
+    ops.client.load_model(  # a trial as a killed calibration leaves it
+        stale,
+        config=_trial_config((vdir / "config.snapshot.pbtxt").read_text(encoding="utf-8"), stale, "3x1"),
+        files={f"file:1/{f.name}": f.read_bytes() for f in vdir.iterdir() if f.is_file()},
+    )
+    assert stale in loaded_models(ops) and stale not in _ready(triton)  # override loads are not in the index
+    groups = ops.client.get_model_config(stale, as_json=True)["config"]["instance_group"]
+    assert [g["count"] for g in groups] == [3], groups  # the trial's layout is what Triton runs
     cmd = [sys.executable, "-m", "seqcls.cli", "calibrate-layout", "--model-name", "beta", "--cores", "2"]
     shown = subprocess.run([*cmd, "--seconds", "1", "--json"], env=env, capture_output=True, text=True, timeout=300)
     assert shown.returncode == 0, shown.stderr[-3000:]
@@ -252,7 +263,7 @@ def test_layout_calibration_times_throwaway_copies_that_no_client_reaches(
     assert all(t["requests"] > 0 and t["failed"] == 0 for t in cal["trials"]), cal["trials"]
     assert cal["chosen"] in ("1x2", "2x1") and cal["setting"] == f"SEQCLS_SERVING_LAYOUT={cal['chosen']}"
     ready = _ready(triton)
-    assert not [m for m in ready if ".layout-" in m], ready  # the throwaway models are gone again
+    assert not [m for m in loaded_models(ops) if ".layout-" in m]  # the throwaway models (and the stale one) are gone
     assert _of(ready, "beta") == served_before and _answers(settings, "beta", texts) == labels
     files_after = sorted(str(p.relative_to(repo)) for p in repo.rglob("*") if "__pycache__" not in p.parts)
     assert files_after == files_before, "calibration wrote into the model repository"

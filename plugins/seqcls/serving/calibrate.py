@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from seqcls.errors import InputError, ServingError
-from seqcls.serving.client import TritonOps, endpoints_from_settings
+from seqcls.serving.client import TritonOps, endpoints_from_settings, retrying
 from seqcls.serving.names import names_for
 from seqcls.serving.repository import SNAPSHOT, parse_config
 from seqcls.serving.state import current_state
@@ -190,14 +190,15 @@ def trial(op: TritonOps, repo: Path, model: str, version: int, layout: str, batc
     files = {f"file:1/{p.name}": p.read_bytes() for p in sorted(vdir.iterdir()) if p.is_file()}
     config = _trial_config((vdir / SNAPSHOT).read_text(encoding="utf-8"), name, layout)
     t0 = time.perf_counter()
-    op.client.load_model(name, config=config, files=files, client_timeout=op.timeout)
+    where = f"layout trial {name!r} on {op.endpoint.grpc}"
+    retrying(f"load {where}", lambda: op.client.load_model(name, config=config, files=files, client_timeout=op.timeout))
     loaded = time.perf_counter() - t0
     try:
         _drive(op, name, batches, 1, min(1.0, seconds / 3))  # warm-up: first runs allocate
         many = _drive(op, name, batches, clients, seconds)
         one = _drive(op, name, batches, 1, seconds)
     finally:
-        op.client.unload_model(name)
+        op.unload(name)
     result = LayoutTrial(
         layout=layout,
         sentences_per_s=round(many["n"] / many["seconds"], 1),
@@ -216,6 +217,25 @@ def trial(op: TritonOps, repo: Path, model: str, version: int, layout: str, batc
         loaded,
     )
     return result
+
+
+def loaded_models(op: TritonOps) -> set[str]:
+    """Every model Triton has loaded, including ones loaded with override files (statistics API)."""
+    stats = retrying(
+        f"statistics on {op.endpoint.grpc}",
+        lambda: op.client.get_inference_statistics(as_json=True, client_timeout=op.request_timeout),
+    )
+    return {m["name"] for m in stats.get("model_stats", [])}
+
+
+def _unload_stale(op: TritonOps, model: str) -> None:
+    """Trials a killed calibration left loaded (they hold memory and cores) are unloaded first.
+
+    A model loaded with override files is not in the repository index; the statistics list it."""
+    for name in sorted(loaded_models(op)):
+        if name.startswith(f"{model}{TRIAL_SUFFIX}") and op.ready(name):
+            log.warning("unloading %s, left loaded by an earlier calibration", name)
+            op.unload(name)
 
 
 def calibrate_layout(
@@ -246,6 +266,7 @@ def calibrate_layout(
         raise InputError(f"lengths {lengths[0]}-{lengths[1]}: expected 1 <= MIN <= MAX")
     op = TritonOps(endpoints_from_settings(settings)[0])
     op.require_live()
+    _unload_stale(op, names.model)
     release = json.loads((repo / names.model / str(version) / "release.json").read_text(encoding="utf-8"))
     inputs = list(release.get("model_inputs") or ["input_ids", "token_type_ids"])
     batches = _requests(inputs, _vocab_size(repo / names.tokenizer / str(version)), lengths)
@@ -260,4 +281,4 @@ def calibrate_layout(
     return cal
 
 
-__all__ = ["LayoutCalibration", "LayoutTrial", "calibrate_layout", "candidate_layouts", "choose"]
+__all__ = ["LayoutCalibration", "LayoutTrial", "calibrate_layout", "candidate_layouts", "choose", "loaded_models"]
