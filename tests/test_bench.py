@@ -90,6 +90,11 @@ def test_bench_quick_cli(tmp_path: Path) -> None:
         assert entry["median_8c_sentences_per_s"] > 0 and entry["median_1c_p95_ms"] > 0
     keys = {r["key"] for r in results["ratios"]}
     assert {"exact_vs_classic", "fastest_vs_classic", "tokenizer_rss_mb", "hot_reload_failed"} <= keys
+    assert any(k.startswith("multi_text_vs_single[") for k in keys)
+    assert any(k.startswith("every_concurrency_vs_classic[") for k in keys)
+    for r in results["ratios"]:
+        if r["key"].startswith(("multi_text_vs_single[", "every_concurrency_vs_classic[")):
+            assert r["value"] and r["baseline"] and r["ratio"] == round(r["value"] / r["baseline"], 2), r
 
     md = (out / "results.md").read_text()
     table = [line for line in md.splitlines() if line.startswith("| ")]

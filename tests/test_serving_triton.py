@@ -13,7 +13,7 @@ import pytest
 
 from seqcls.errors import ServingError, SmokeError
 from seqcls.localtriton import LocalTriton
-from seqcls.serving.names import COMPOSING, ENSEMBLE, MODELS
+from seqcls.serving.names import CLASSIC, COMPOSING, ENSEMBLE, MODELS
 from seqcls.serving.repository import Repository
 from seqcls.settings import PROJECT_ROOT, Settings
 from seqcls.steps import run_release
@@ -55,10 +55,48 @@ def test_publish_reload_smoke_and_rerun(server: LocalTriton, tiny_checkpoint: Pa
     preds, probs = infer(_client(server), [expected["items"][0]["text"]])
     assert sorted(p["label"] for p in preds[0]) == sorted(expected["items"][0]["labels"])
     np.testing.assert_allclose(probs[0], expected["items"][0]["probabilities"], atol=1e-5)
+    _assert_requests_of_different_lengths_share_runs(server)
     # a re-run changes nothing and says so
     again = {r.step: r for r in run_release(open_release(tiny_checkpoint, settings=settings))}
     assert again["export"].status == "skipped" and again["publish"].summary["reused"]
     assert again["reload"].summary["already_serving"]
+
+
+def _model_counts(client) -> tuple[int, int]:
+    stats = client.get_inference_statistics(CLASSIC.model, "1").model_stats[0]
+    return stats.inference_count, stats.execution_count
+
+
+def _assert_requests_of_different_lengths_share_runs(server: LocalTriton) -> None:
+    """Concurrent single-text requests of 8 different lengths are merged by the model's dynamic batcher
+    (ragged batching: the python model takes every request at its own shape), each answered exactly as
+    alone. Without ragged batching Triton merges only equal shapes, so these would never share a run,
+    and on 2 cores its batcher thread spun a third of a core waiting for the busy instance."""
+    client = _client(server)
+    base = "球队在决赛中夺冠公司宣布裁员"
+    texts = [base[: 3 + k] for k in range(8)]  # 8 token lengths: one client each, never two alike queued
+    alone = {t: infer(client, [t]) for t in texts}
+    infer0, exec0 = _model_counts(client)
+    mismatches: list[str] = []
+
+    def send(text: str) -> None:
+        own = _client(server)
+        for _ in range(25):
+            preds, probs = infer(own, [text])
+            if preds != alone[text][0] or not np.array_equal(probs, alone[text][1]):
+                mismatches.append(text)
+
+    threads = [threading.Thread(target=send, args=(t,)) for t in texts]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    infer1, exec1 = _model_counts(client)
+    assert not mismatches, f"answers changed when batched with other lengths: {sorted(set(mismatches))}"
+    assert infer1 - infer0 == 200
+    assert exec1 - exec0 < 0.8 * (infer1 - infer0), (
+        f"{infer1 - infer0} inferences took {exec1 - exec0} executions: different lengths were not merged"
+    )
 
 
 def test_hot_reload_under_load_then_rollback(
