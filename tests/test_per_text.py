@@ -204,3 +204,42 @@ def test_per_text_on_real_hf_graphs_with_an_attention_mask(
         np.testing.assert_allclose(got, ref, atol=gate.atol, rtol=gate.rtol)
     hostile = request(**{**{n: feeds[n][:1] for n in inputs}, "attention_mask": np.full((1, 14), 3)})
     assert "attention_mask must be 0 or 1" in served["per-text"].execute([hostile])[0].error.message()
+
+
+@pytest.mark.slow
+def test_a_dynamically_quantised_graph_answers_each_text_as_alone(tiny_onnx: Path, real_model, tmp_path: Path) -> None:
+    """Dynamic INT8 computes each activation's range over the whole run, so texts sharing a run move
+    each other's logits: ``per-text`` must then run every row alone (the validated answers are each
+    text alone), for the rows of one request and those of a dynamic batch's other requests alike."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    from seqcls_tools.bench.per_text import load_model, logits_of, request
+
+    int8 = tmp_path / "int8" / "model.onnx"
+    int8.parent.mkdir()
+    quantize_dynamic(tiny_onnx, int8, weight_type=QuantType.QInt8)
+    rng = np.random.default_rng(7)
+    ids = rng.integers(5, 40, size=(6, 9))  # six texts of one length: per-text's equal-length group
+    ids[:, 0], ids[:, -1] = 1, 2
+    types = np.zeros_like(ids)
+
+    def answers(model) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        rows = [
+            model.execute([request(input_ids=ids[i : i + 1], token_type_ids=types[i : i + 1])])[0] for i in range(6)
+        ]
+        together = model.execute([request(input_ids=ids, token_type_ids=types)])[0]
+        two = [
+            request(input_ids=ids[:2], token_type_ids=types[:2]),
+            request(input_ids=ids[2:], token_type_ids=types[2:]),
+        ]
+        across = np.concatenate([logits_of(r) for r in model.execute(two)])
+        return np.concatenate([logits_of(r) for r in rows]), logits_of(together), across
+
+    alone, together, across = answers(real_model("per-text"))  # fp32: one shared run, float rounding only
+    np.testing.assert_allclose(together, alone, atol=1e-5)
+    np.testing.assert_allclose(across, alone, atol=1e-5)
+    alone, together, across = answers(load_model(int8, tmp_path, batching="per-text", threads=1))
+    assert np.array_equal(together, alone) and np.array_equal(across, alone), (
+        f"int8 rows moved by their neighbours: max |Δ| {np.abs(together - alone).max():.3g} in one request, "
+        f"{np.abs(across - alone).max():.3g} across requests"
+    )

@@ -303,3 +303,9 @@ def test_int8_profile_release_smokes_on_decision_agreement(
     assert results["promote"].status == "ok"
     served = Repository.from_settings(settings_for(server, home), "seqcls").root / "seqcls_model" / "1" / "model.onnx"
     assert served.stat().st_size < (release.workspace.path("onnx/model.onnx")).stat().st_size  # int8 weights
+    # batched answers are the validated (alone) ones: texts of one length never share an int8 run
+    texts = ["公司宣布裁员", "球队决赛夺冠", "油价大幅上涨", "新品正式发布"]
+    client = _client(server)
+    _, together = infer(client, texts)
+    alone = np.concatenate([infer(client, [t])[1] for t in texts])
+    assert np.array_equal(together, alone), f"max |Δp| {np.abs(together - alone).max():.3g}"

@@ -14,7 +14,9 @@ padded tokens:
 - ``per-text`` (CPU default): every text (row) runs unpadded, at its own length — the ``attention_mask`` sum
   (up to its last 1) when the graph takes a mask, else up to its last id that is not ``pad_id``
   (the tokenizer pads on the right; ``[SEP]`` is never the pad). Rows of one length, from any
-  request of the batch, share a run (no padding); the logits go back to each request in order.
+  request of the batch, share a run (no padding); the logits go back to each request in order —
+  unless the graph quantises dynamically (``int8``: activation ranges computed per run, so
+  neighbours move a row's logits): then every row runs alone, as the parity gate validated it.
 
 The inputs are declared ``allow_ragged_batch``: a dynamic batch may hold requests of any lengths,
 since every strategy above takes each request at its own shape. Without it Triton merges only
@@ -53,8 +55,15 @@ assert set(_LEVELS) == set(contract.GRAPH_LEVELS), "graph level names drifted fr
 assert "per-text" in STRATEGIES, "per-text batching missing from seqcls_contract.BATCHINGS"
 _EMBED_LAYER_NORM = ("EmbedLayerNormalization", "QEmbedLayerNormalization")  # ORT's BERT fusion (+ int8)
 _PASS_THROUGH = ("Cast", "Identity")  # index tensors torch.onnx may route an input through
+#: ops that compute a quantisation range at run time over the whole input: rows sharing a run move each other
+_RUN_TIME_RANGES = ("DynamicQuantizeLinear", "DynamicQuantizeMatMul", "DynamicQuantizeLSTM")
 _IDS, _TYPES, _MASK = contract.MODEL_INPUT_NAMES
 _DTYPES = {"tensor(int64)": np.int64, "tensor(int32)": np.int32}
+
+
+def batch_dependent(graph):
+    """Whether a row's logits depend on the rows run with it (dynamic quantisation: ``int8``)."""
+    return any(node.op_type in _RUN_TIME_RANGES for node in graph.node)
 
 
 def embedding_limits(model_file):
@@ -69,7 +78,7 @@ def embedding_limits(model_file):
     """
     import onnx
 
-    graph = onnx.load(model_file, load_external_data=False).graph
+    graph = onnx.load(model_file, load_external_data=False).graph if isinstance(model_file, str) else model_file
     dims = {t.name: list(t.dims) for t in graph.initializer}
     inputs = {i.name for i in graph.input} & set(contract.MODEL_INPUT_NAMES)
     producer = {out: node for node in graph.node for out in node.output}
@@ -122,7 +131,7 @@ class TritonPythonModel:
         self.batching = backend.param(config, "batching", "per-request")
         if self.batching not in STRATEGIES:
             raise pb_utils.TritonModelException(f"batching={self.batching!r}; expected one of {STRATEGIES}")
-        #: per-text only: rows of one length share an ORT run (False: strictly one run per row)
+        #: per-text only: rows of one length share an ORT run (False: strictly one run per row; set from the graph)
         self.group_equal_lengths = True
         self.pad_id = int(backend.param(config, "pad_id", "0"))
         model_file = os.path.join(version_dir, backend.param(config, "model_file", "model.onnx"))
@@ -157,10 +166,15 @@ class TritonPythonModel:
             with open(release_file, encoding="utf-8") as fh:
                 release = json.load(fh)
         try:
-            graph = embedding_limits(model_file)
+            import onnx
+
+            loaded = onnx.load(model_file, load_external_data=False).graph
+            graph = embedding_limits(loaded)
+            # a validated answer is each text alone: where neighbours move logits, rows never share a run
+            self.group_equal_lengths = not batch_dependent(loaded)
         except Exception:  # no onnx module, an unusual graph: release.json's figures, ORT errors caught anyway
             backend.log_unexpected("seqcls_model: reading the embedding tables")
-            graph = {}
+            graph, self.group_equal_lengths = {}, False  # unknown graph: the exact way
         self.vocab_size = graph.get(_IDS, release.get("vocab_size"))
         self.type_vocab_size = graph.get(_TYPES, release.get("type_vocab_size"))
         self.max_positions = graph.get("positions", release.get("max_position_embeddings", release.get("max_length")))
