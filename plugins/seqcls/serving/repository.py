@@ -64,7 +64,7 @@ class ServingOptions:
     device: str = "cpu"
     max_batch_size: int = 64
     dynamic_batching: bool = True
-    max_queue_delay_us: int = 1000
+    max_queue_delay_us: int = 0  # CPU: requests merge while the one instance is busy; a delay only adds latency
     padding: str = "longest"
     buckets: tuple[int, ...] = DEFAULT_BUCKETS
     batching: str = "per-text"
