@@ -43,6 +43,11 @@ def test_every_profile_renders_and_parses(options: ServingOptions) -> None:
     assert model.max_batch_size == options.max_batch_size
     assert list(model.version_policy.specific.versions) == [3]
     assert model.HasField("dynamic_batching") == options.dynamic_batching
+    # ragged batches for the python model only (it takes each request at its own shape); the native
+    # backend would concatenate them into one flat tensor
+    assert {i.allow_ragged_batch for i in model.input} == {options.runtime == "python-onnxruntime"}
+    delay = model.dynamic_batching.max_queue_delay_microseconds
+    assert delay == (2000 if options.device == "gpu" else 0) or not options.dynamic_batching
     if options.runtime == "onnxruntime":
         assert model.backend == "onnxruntime" and list(model.output[0].dims) == [7]
         assert model.instance_group[0].kind == (2 if options.device == "cpu" else 1)  # KIND_CPU=2, KIND_GPU=1
