@@ -18,9 +18,12 @@ BUILD_LOCK := requirements-build.lock
 STAMP := $(VENV)/.seqcls-installed-$(shell cat $(BUILD_LOCK) $(LOCK) pyproject.toml 2>/dev/null | sha256sum | cut -c1-12)
 TORCH_LOCK := requirements-torch.lock
 TORCH_STAMP := $(VENV)/.seqcls-torch-installed-$(shell cat $(LOCK) $(TORCH_LOCK) 2>/dev/null | sha256sum | cut -c1-12)
+PERF_LOCK := requirements-perf.lock
+PERF_DIR := $(VENV)/perf-analyzer
+PERF_STAMP := $(PERF_DIR)/.installed-$(shell cat $(PERF_LOCK) 2>/dev/null | sha256sum | cut -c1-12)
 PYTEST_ARGS ?=
 
-.PHONY: setup setup-torch system-deps lock demo test lint clean-demo airflow-ui bench
+.PHONY: setup setup-torch setup-perf system-deps lock demo test lint clean-demo airflow-ui bench
 
 setup: $(STAMP)
 
@@ -32,6 +35,15 @@ $(TORCH_STAMP): $(LOCK) $(TORCH_LOCK)
 	$(VENV)/bin/pip install --quiet --require-hashes --no-deps -r $(TORCH_LOCK)
 	$(VENV)/bin/pip check
 	@rm -f $(VENV)/.seqcls-torch-installed-*
+	@touch $@
+
+# perf_analyzer (Triton's load generator, for the benchmark) beside the venv, not in it: two wheels
+# --no-deps into $(PERF_DIR), hash-checked (~5 s, 45 MB); see requirements-perf.txt.
+setup-perf: setup $(PERF_STAMP)
+
+$(PERF_STAMP): $(PERF_LOCK)
+	rm -rf $(PERF_DIR)
+	$(VENV)/bin/pip install --quiet --require-hashes --no-deps --target $(PERF_DIR) -r $(PERF_LOCK)
 	@touch $@
 
 $(STAMP): $(BUILD_LOCK) $(LOCK) pyproject.toml
@@ -71,6 +83,7 @@ lock:
 	$(PYTHON) -c 'import sys, tomllib; print("pip", *tomllib.load(open("pyproject.toml", "rb"))["build-system"]["requires"], *sys.argv[1:], sep="\n")' \
 	  $(SDIST_BUILD_REQUIRES) | $(UV_COMPILE) - -o $(BUILD_LOCK)
 	$(UV_COMPILE) --find-links $(TORCH_FIND_LINKS) requirements-torch.txt -c $(LOCK) -o $(TORCH_LOCK)
+	$(UV_COMPILE) --no-deps requirements-perf.txt -o $(PERF_LOCK)
 
 system-deps:
 	@bash scripts/system-deps.sh
@@ -85,11 +98,11 @@ airflow-ui: setup
 	.venv/bin/seqcls airflow-ui
 
 # The serving benchmark (see README: Performance); QUICK=1 for the seconds-long harness check.
-bench: setup
+bench: setup-perf
 	.venv/bin/seqcls bench $(if $(QUICK),--quick,)
 
 # The test suite CI runs (.ci/run calls exactly this): lint, then every test tier.
-test: setup-torch
+test: setup-torch setup-perf
 	$(VENV)/bin/ruff check .
 	$(PY) -m pytest $(PYTEST_ARGS)
 

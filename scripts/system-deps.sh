@@ -3,12 +3,14 @@
 #   libpython3.11  — the tritonserver python backend stub links against it
 #   docker-compose — validates docker-compose.airflow.yml without a Docker engine (tests)
 #   chromium       — the Airflow UI test drives a real headless browser
+#   libb64-0d      — perf_analyzer (the benchmark's load generator, requirements-perf.txt) links it
 set -euo pipefail
 need=()
 python3.11 -c 'import sysconfig,sys; sys.exit(0 if sysconfig.get_config_var("Py_ENABLE_SHARED") else 1)' 2>/dev/null \
   || ldconfig -p 2>/dev/null | grep -q 'libpython3\.11\.so' || need+=(libpython3.11)
 command -v docker-compose >/dev/null 2>&1 || need+=(docker-compose)
 command -v chromium >/dev/null 2>&1 || need+=(chromium)
+ldconfig -p 2>/dev/null | grep -q 'libb64\.so\.0d' || need+=(libb64-0d)
 [ ${#need[@]} -eq 0 ] && exit 0
 if [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then
   echo "system-deps: installing ${need[*]} (apt-get)" >&2

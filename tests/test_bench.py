@@ -88,6 +88,15 @@ def test_bench_quick_cli(tmp_path: Path) -> None:
     assert "classic" in h2h and len(h2h) >= 2
     for entry in h2h.values():
         assert entry["median_8c_sentences_per_s"] > 0 and entry["median_1c_p95_ms"] > 0
+    # perf_analyzer (installed by `make test`: make setup-perf + scripts/system-deps.sh) drove every cell too
+    assert results["head_to_head"]["perf_analyzer"], "no perf_analyzer: run `make setup-perf`"
+    for name, entry in h2h.items():
+        pa = entry["perf_analyzer"]
+        assert len(pa) == 2 * results["head_to_head"]["rounds"] and not [c for c in pa if "error" in c], (name, pa)
+        assert all(c["sentences_per_s"] > 0 and c["p95_ms"] > 0 and c["client_cores"] >= 0 for c in pa), pa
+        assert entry["pa_median_8c_sentences_per_s"] > 0
+    headline = next(r for r in results["ratios"] if r["key"] == "exact_vs_classic")
+    assert "perf_analyzer" in headline["what"] and headline["python_client"]["value"] > 0, headline
     keys = {r["key"] for r in results["ratios"]}
     assert {"exact_vs_classic", "fastest_vs_classic", "tokenizer_rss_mb", "hot_reload_failed"} <= keys
     assert any(k.startswith("multi_text_vs_single[") for k in keys)

@@ -26,6 +26,7 @@ LOCK = ROOT / "requirements.lock"
 BUILD_LOCK = ROOT / "requirements-build.lock"
 TORCH_REQUIREMENTS = ROOT / "requirements-torch.txt"
 TORCH_LOCK = ROOT / "requirements-torch.lock"
+PERF_LOCK = ROOT / "requirements-perf.lock"
 PYPROJECT = ROOT / "pyproject.toml"
 MAKEFILE = ROOT / "Makefile"
 REGEN = "run `make lock` (see Makefile) and commit the lock files"
@@ -122,7 +123,7 @@ def test_requirements_txt_is_top_level_exact_pins() -> None:
         _pinned_version(req)
 
 
-@pytest.mark.parametrize("path", [LOCK, BUILD_LOCK, TORCH_LOCK], ids=lambda p: p.name)
+@pytest.mark.parametrize("path", [LOCK, BUILD_LOCK, TORCH_LOCK, PERF_LOCK], ids=lambda p: p.name)
 def test_every_lock_entry_is_pinned_and_hashed(path: Path) -> None:
     unhashed = [name for name, entry in _lock(path).items() if not entry.hashes]
     assert not unhashed, f"{path.name}: no --hash for {unhashed}; {REGEN}"
@@ -217,10 +218,21 @@ def test_torch_lock_is_the_cpu_build_on_top_of_the_main_lock(
 
 def test_make_test_installs_the_torch_extra_and_demo_does_not() -> None:
     text = MAKEFILE.read_text(encoding="utf-8")
-    assert re.search(r"^test: setup-torch$", text, re.M), "make test must install the torch extra (CI tests it)"
+    assert re.search(r"^test: setup-torch setup-perf$", text, re.M), (
+        "make test must install the torch extra and perf_analyzer (CI tests both)"
+    )
     assert re.search(r"^demo: setup$", text, re.M), "make demo is PaddleNLP-only: no torch"
     recipe = re.search(r"^\$\(TORCH_STAMP\):(.*?)\n\n", text, re.S | re.M)
     assert recipe and "--require-hashes --no-deps -r $(TORCH_LOCK)" in recipe.group(1), "torch extra from its lock only"
+
+
+def test_perf_analyzer_is_two_hashed_wheels_beside_the_venv() -> None:
+    """perf_analyzer's wheels never enter the venv (tritonclient 2.41 would replace the locked one)."""
+    pins = {name: str(_pinned_version(req)) for name, req in _top_level(ROOT / "requirements-perf.txt").items()}
+    assert pins == {"tritonclient": "2.41.0", "nvidia-cuda-runtime-cu12": "12.9.79"}, pins
+    assert {n: str(e.version) for n, e in _lock(PERF_LOCK).items()} == pins, REGEN
+    recipe = re.search(r"^\$\(PERF_STAMP\):(.*?)\n\n", MAKEFILE.read_text(encoding="utf-8"), re.S | re.M)
+    assert recipe and "--require-hashes --no-deps --target $(PERF_DIR) -r $(PERF_LOCK)" in recipe.group(1)
 
 
 def test_every_top_level_pin_is_declared_in_pyproject() -> None:

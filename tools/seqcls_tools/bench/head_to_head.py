@@ -1,4 +1,5 @@
-"""Head-to-head: every contender's server up at once, the headline cells interleaved over a few rounds.
+"""Head-to-head: every contender's server up at once, the headline cells interleaved over a few rounds,
+each cell driven by perf_analyzer (Triton's load generator, when installed) and by the Python client.
 
 Slow changes in the machine's other load hit all contenders alike, so the ratios use these medians
 rather than the sequential measurements of the serving matrix.
@@ -8,10 +9,12 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import tempfile
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from seqcls_tools.bench.perf_analyzer import find_binary, input_data, pa_cell
 from seqcls_tools.bench.plan import CLIENTS, Budget, ServingConfig
 from seqcls_tools.bench.profiles import bench_release, bench_settings, serve_release
 from seqcls_tools.bench.serving import BenchServer, cell, warm_up
@@ -40,13 +43,27 @@ def _start_all(
     return servers
 
 
-def _interleaved_rounds(servers: dict[str, Any], texts: list[str], budget: Budget, configs: dict[str, Any]) -> None:
-    """A B C D, A B C D, ...: 8 clients then 1 client per round; cells appended to ``configs[name]``."""
+def _interleaved_rounds(
+    servers: dict[str, Any], texts: list[str], budget: Budget, configs: dict[str, Any], pa: Path | None, tmp: Path
+) -> None:
+    """A B C D, A B C D, ...: 8 clients then 1 client per round, each cell by perf_analyzer (when
+    installed) and then the Python client; cells appended to ``configs[name]``."""
     cell_budget = replace(budget, cell_seconds=budget.h2h_seconds)
+    data = input_data(texts, tmp / "texts.json") if pa else None
     offset = 0
     for r in range(budget.h2h_rounds):
         for clients in (max(CLIENTS), 1):
             for name, server in servers.items():
+                if pa and data:
+                    pa_result = {"round": r, **pa_cell(pa, server, clients, budget.h2h_seconds / 2, data, tmp)}
+                    configs[name]["perf_analyzer"].append(pa_result)
+                    log.info(
+                        "bench: head-to-head round %d %-22s %d client(s), perf_analyzer: %s",
+                        r + 1,
+                        name,
+                        clients,
+                        pa_result,
+                    )
                 result = cell(server, texts, clients, 1, cell_budget, offset)
                 offset += result["texts"] + 3
                 result["round"] = r
@@ -68,6 +85,9 @@ def _medians(entry: dict[str, Any]) -> None:
         values = [c[key] for c in entry["cells"] if c["clients"] == clients and c.get(key) is not None]
         entry[f"median_{clients}c_{key}"] = round(float(np.median(values)), 2) if values else None
         entry[f"all_{clients}c_{key}"] = values
+    for clients, key in ((max(CLIENTS), "sentences_per_s"), (1, "p95_ms"), (max(CLIENTS), "client_cores")):
+        values = [c[key] for c in entry.get("perf_analyzer", []) if c["clients"] == clients and c.get(key) is not None]
+        entry[f"pa_median_{clients}c_{key}"] = round(float(np.median(values)), 2) if values else None
 
 
 def head_to_head(
@@ -76,12 +96,16 @@ def head_to_head(
     """The headline cells again, with every contender's server up at once and the cells
     interleaved (A B C D, A B C D, ...), so slow changes in the machine's other load hit all of
     them alike. Idle servers use no CPU. Ratios are computed from the medians of these rounds."""
+    pa = find_binary()
     out: dict[str, Any] = {"rounds": budget.h2h_rounds, "seconds_per_cell": budget.h2h_seconds, "configs": {}}
-    with contextlib.ExitStack() as stack:
+    out["perf_analyzer"] = str(pa) if pa else None
+    if not pa:
+        log.warning("bench: no perf_analyzer (make setup-perf) — the head-to-head is the Python client's alone")
+    with contextlib.ExitStack() as stack, tempfile.TemporaryDirectory(prefix="seqcls-h2h-") as tmp:
         servers = _start_all(stack, plan, checkpoint, home, work, texts, budget, keep)
-        out["configs"] = {name: {"cells": []} for name in servers}
+        out["configs"] = {name: {"cells": [], "perf_analyzer": []} for name in servers}
         log.info("bench: head-to-head — %s up, %d interleaved rounds", ", ".join(servers), budget.h2h_rounds)
-        _interleaved_rounds(servers, texts, budget, out["configs"])
+        _interleaved_rounds(servers, texts, budget, out["configs"], pa, Path(tmp))
     for entry in out["configs"].values():
         _medians(entry)
     return out

@@ -107,6 +107,20 @@ def _head_to_head(results: dict[str, Any]) -> list[str]:
             f"{_fmt(e.get('median_1c_p95_ms'))} | {', '.join(_fmt(x) for x in e.get('all_1c_p95_ms', []))} | "
             f"{_fmt(e.get(f'median_{top}c_cpu_ms_per_sentence'))} |"
         )
+    if h2h.get("perf_analyzer"):
+        lines += [
+            "",
+            f"The same cells by perf_analyzer ({h2h['perf_analyzer']}; the headline ratios use these), "
+            "with its own CPU:",
+            "",
+            f"| profile | {top} clients sentences/s (median) | 1 client p95 ms (median) | client cores at {top} |",
+            "|---|---:|---:|---:|",
+        ]
+        for name, e in h2h["configs"].items():
+            lines.append(
+                f"| {name} | {_fmt(e.get(f'pa_median_{top}c_sentences_per_s'))} | "
+                f"{_fmt(e.get('pa_median_1c_p95_ms'))} | {_fmt(e.get(f'pa_median_{top}c_client_cores'))} |"
+            )
     return lines
 
 
@@ -288,6 +302,9 @@ def ratio_lines(items: list[dict[str, Any]], *, markdown: bool = False) -> list[
         m = r.get("matrix") or {}
         if m.get("ratio") is not None and "matrix" not in r["what"]:
             line += f"; in the matrix run: {_fmt(m.get('value'))} vs {_fmt(m.get('baseline'))} → {m['ratio']}x"
+        py = r.get("python_client") or {}
+        if py.get("ratio") is not None:
+            line += f"; Python client: {_fmt(py.get('value'))} vs {_fmt(py.get('baseline'))} → {py['ratio']}x"
         if r.get("note"):
             line += f" — NOTE: {r['note']}"
         out.append(f"- {line}" if markdown else line)

@@ -66,21 +66,34 @@ class _Measured:
         self.classic = self.configs.get("classic")
         self.top = max(results.get("meta", {}).get("clients", [8]))
         self.h2h = (results.get("head_to_head") or {}).get("configs", {})
+        #: perf_analyzer's medians drive the headline when it ran (the Python client's stay beside them)
+        self.pa = "" if self.h2h.get("classic", {}).get(f"pa_median_{self.top}c_sentences_per_s") is None else "pa_"
         self.source = "interleaved head-to-head, median" if "classic" in self.h2h else "matrix"
+        if self.source != "matrix":
+            self.source = ("perf_analyzer, " if self.pa else "Python client, ") + self.source
 
-    def throughput(self, name: str | None) -> float | None:
+    def throughput(self, name: str | None, client: str | None = None) -> float | None:
         if not name:
             return None
         if self.source != "matrix":
-            return self.h2h.get(name, {}).get(f"median_{self.top}c_sentences_per_s")
+            prefix = self.pa if client is None else client
+            return self.h2h.get(name, {}).get(f"{prefix}median_{self.top}c_sentences_per_s")
         return cell_value(self.configs.get(name), self.top, 1, "sentences_per_s")
 
-    def p95_1(self, name: str | None) -> float | None:
+    def p95_1(self, name: str | None, client: str | None = None) -> float | None:
         if not name:
             return None
         if self.source != "matrix":
-            return self.h2h.get(name, {}).get("median_1c_p95_ms")
+            return self.h2h.get(name, {}).get(f"{self.pa if client is None else client}median_1c_p95_ms")
         return cell_value(self.configs.get(name), 1, 1, "p95_ms")
+
+    def python_client(self, name: str | None, p95: bool = False) -> dict[str, Any] | None:
+        """The Python client's head-to-head figure beside perf_analyzer's headline one."""
+        if not name or not self.pa:
+            return None
+        value = self.p95_1(name, "") if p95 else self.throughput(name, "")
+        base = self.p95_1("classic", "") if p95 else self.throughput("classic", "")
+        return {"value": value, "baseline": base, "ratio": round(value / base, 2) if value and base else None}
 
     def matrix(self, name: str | None, key: str = "sentences_per_s") -> float | None:
         """``key`` at the top client count, single-text requests, from the serving matrix."""
@@ -125,6 +138,7 @@ def _vs_classic(m: _Measured, key: str, exact: bool, label: str) -> dict[str, An
             "baseline": matrix_base,
             "ratio": round(matrix / matrix_base, 2) if matrix and matrix_base else None,
         },
+        "python_client": m.python_client(name),
         "note": _smoke_note(m.configs[name]) if name else None,
     }
 
@@ -140,6 +154,7 @@ def _p95(m: _Measured, name: str) -> dict[str, Any]:
         "ratio": round(p95 / base_p95, 2) if p95 and base_p95 else None,
         "target": "<= 1.0",
         "passed": p95 is not None and base_p95 is not None and p95 <= base_p95,
+        "python_client": m.python_client(name, p95=True),
     }
 
 
