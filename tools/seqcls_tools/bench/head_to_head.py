@@ -49,7 +49,7 @@ def _interleaved_rounds(
     """A B C D, A B C D, ...: 8 clients then 1 client per round, each cell by perf_analyzer (when
     installed) and then the Python client; cells appended to ``configs[name]``."""
     cell_budget = replace(budget, cell_seconds=budget.h2h_seconds)
-    data = input_data(texts, tmp / "texts.json") if pa else None
+    data = input_data(texts, tmp / "texts.json", max(CLIENTS)) if pa else None
     offset = 0
     for r in range(budget.h2h_rounds):
         for clients in (max(CLIENTS), 1):

@@ -50,11 +50,16 @@ def find_binary(given: str | None = None) -> Path | None:
     return path
 
 
-def input_data(texts: list[str], path: Path) -> Path:
-    """perf_analyzer's ``--input-data``: one single-text request per entry, sent in turn."""
-    data = [{"TEXT": {"content": [t], "shape": [1]}} for t in texts]
-    path.write_text(json.dumps({"data": data}, ensure_ascii=False), encoding="utf-8")
-    return path
+def input_data(texts: list[str], path: Path, clients: int = 1) -> list[Path]:
+    """perf_analyzer's ``--input-data``, one file per client: single-text requests sent in turn, the
+    k-th client's list rotated by ``k / clients`` of the texts so no two send the same text at once."""
+    files = []
+    for k in range(clients):
+        shift = k * len(texts) // max(clients, 1)
+        data = [{"TEXT": {"content": [t], "shape": [1]}} for t in texts[shift:] + texts[:shift]]
+        files.append(path.with_name(f"{path.stem}-{k}{path.suffix}"))
+        files[-1].write_text(json.dumps({"data": data}, ensure_ascii=False), encoding="utf-8")
+    return files
 
 
 def _children_cpu() -> float:
@@ -62,31 +67,39 @@ def _children_cpu() -> float:
     return r.ru_utime + r.ru_stime
 
 
-def pa_cell(binary: Path, server, clients: int, window_seconds: float, data: Path, work: Path) -> dict[str, Any]:
-    """One perf_analyzer run at ``clients`` concurrent single-text requests (three windows of
-    ``window_seconds``): its rate and latencies, its own CPU and the server's (Triton + stubs);
-    ``error`` instead when it failed."""
-    out = work / f"pa-{clients}.csv"
-    cmd = [str(binary), "-m", ENSEMBLE, "-i", "grpc", "-u", server.config.grpc_url]
-    cmd += ["--concurrency-range", f"{clients}:{clients}", "--input-data", str(data), "-f", str(out)]
-    cmd += ["--measurement-interval", str(max(int(window_seconds * 1000), 100))]
-    # three windows, always accepted: the interleaved rounds and their medians deal with the noise
-    cmd += ["--stability-percentage", "1000", "--max-trials", "3"]
+def pa_cell(binary: Path, server, clients: int, window_seconds: float, data: list[Path], work: Path) -> dict[str, Any]:
+    """``clients`` perf_analyzer processes at concurrency 1 each (three windows of ``window_seconds``),
+    each with its own rotation of the texts (``data``: :func:`input_data`): one process at concurrency
+    N sends the same text from several contexts at once here (tritonclient 2.41's build), which the
+    server merges into one run — a stream no user sends. Rate: the processes' sum; p50/p95: the
+    largest; the processes' own CPU and the server's (Triton + stubs); ``error`` when one failed."""
+    cmds, outs = [], []
+    for k in range(clients):
+        outs.append(work / f"pa-{clients}-{k}.csv")
+        cmd = [str(binary), "-m", ENSEMBLE, "-i", "grpc", "-u", server.config.grpc_url, "--concurrency-range", "1:1"]
+        cmd += ["--input-data", str(data[k % len(data)]), "-f", str(outs[-1])]
+        cmd += ["--measurement-interval", str(max(int(window_seconds * 1000), 100))]
+        # three windows, always accepted: the interleaved rounds and their medians deal with the noise
+        cmds.append([*cmd, "--stability-percentage", "1000", "--max-trials", "3"])
     pid = server.status().pid
     snap0, cpu0 = measure.ProcessSnapshot.take(pid), _children_cpu()
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=window_seconds * 6 + 60, env=_env(binary))
+    procs = [
+        subprocess.Popen(c, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=_env(binary)) for c in cmds
+    ]
+    logs = [p.communicate(timeout=window_seconds * 6 + 60)[0] for p in procs]
     cpu1, snap1 = _children_cpu(), measure.ProcessSnapshot.take(pid)
     wall = snap1.taken - snap0.taken
-    if proc.returncode != 0 or not out.is_file():
-        return {"clients": clients, "error": (proc.stderr or proc.stdout).strip()[-400:]}
-    row = next(csv.DictReader(out.open(encoding="utf-8")))
+    failed = [log for p, log, out in zip(procs, logs, outs, strict=True) if p.returncode != 0 or not out.is_file()]
+    if failed:
+        return {"clients": clients, "error": failed[0].strip()[-400:]}
+    rows = [next(csv.DictReader(out.open(encoding="utf-8"))) for out in outs]
     cores = measure.cpu_between(snap0, snap1)
-    rate, client = float(row["Inferences/Second"]), (cpu1 - cpu0) / max(wall, 1e-9)
+    rate, client = sum(float(r["Inferences/Second"]) for r in rows), (cpu1 - cpu0) / max(wall, 1e-9)
     return {
         "clients": clients,
         "sentences_per_s": round(rate, 2),
-        "p50_ms": round(float(row["p50 latency"]) / 1000, 2),
-        "p95_ms": round(float(row["p95 latency"]) / 1000, 2),
+        "p50_ms": round(max(float(r["p50 latency"]) for r in rows) / 1000, 2),
+        "p95_ms": round(max(float(r["p95 latency"]) for r in rows) / 1000, 2),
         # perf_analyzer's CPU over its whole run (stabilising windows included) / the run's wall time
         "client_cores": round(client, 3),
         "server_cores": cores["total"],
