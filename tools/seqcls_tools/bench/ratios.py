@@ -158,37 +158,33 @@ def _p95(m: _Measured, name: str) -> dict[str, Any]:
     }
 
 
-def _served_vs_inprocess(m: _Measured, name: str) -> dict[str, Any]:
-    served = m.matrix(name)
-    limit = m.configs[name].get("inprocess", {}).get("batch1", {}).get("sentences_per_s")
-    ratio = round(served / limit, 2) if served and limit else None
+def _at_least(target: str, key: str, what: str, name: str, value: float | None, base: float | None) -> dict[str, Any]:
+    """A ratio ``value / base`` that must reach ``TARGETS[target]``."""
+    ratio = round(value / base, 2) if value and base else None
     return {
-        "key": f"served_vs_inprocess[{name}]",
-        "what": f"{name}: served ({m.top} clients x 1 text) vs in-process limit (batch 1, same thread layout)",
+        "key": key,
+        "what": what,
         "config": name,
-        "value": served,
-        "baseline": limit,
+        "value": value,
+        "baseline": base,
         "ratio": ratio,
-        "target": TARGETS["served_vs_inprocess"],
-        "passed": ratio is not None and ratio >= TARGETS["served_vs_inprocess"],
+        "target": TARGETS[target],
+        "passed": ratio is not None and ratio >= TARGETS[target],
     }
+
+
+def _served_vs_inprocess(m: _Measured, name: str) -> dict[str, Any]:
+    limit = m.configs[name].get("inprocess", {}).get("batch1", {}).get("sentences_per_s")
+    what = f"{name}: served ({m.top} clients x 1 text) vs in-process limit (batch 1, same thread layout)"
+    return _at_least("served_vs_inprocess", f"served_vs_inprocess[{name}]", what, name, m.matrix(name), limit)
 
 
 def _multi_text(m: _Measured, name: str) -> dict[str, Any]:
     """Served per-sentence rate of multi-text requests against single-text ones, same clients."""
     per = max((c["texts_per_request"] for c in m.configs[name].get("cells", [])), default=1)
-    multi, single = cell_value(m.configs[name], m.top, per, "sentences_per_s"), m.matrix(name)
-    ratio = round(multi / single, 2) if multi and single and per > 1 else None
-    return {
-        "key": f"multi_text_vs_single[{name}]",
-        "what": f"{name}: served sentences/s, {m.top} clients x {per} texts vs {m.top} clients x 1 text (matrix)",
-        "config": name,
-        "value": multi,
-        "baseline": single,
-        "ratio": ratio,
-        "target": TARGETS["multi_text_vs_single"],
-        "passed": ratio is not None and ratio >= TARGETS["multi_text_vs_single"],
-    }
+    multi = cell_value(m.configs[name], m.top, per, "sentences_per_s") if per > 1 else None
+    what = f"{name}: served sentences/s, {m.top} clients x {per} texts vs {m.top} clients x 1 text (matrix)"
+    return _at_least("multi_text_vs_single", f"multi_text_vs_single[{name}]", what, name, multi, m.matrix(name))
 
 
 def _every_concurrency(m: _Measured, name: str) -> dict[str, Any]:
@@ -200,18 +196,11 @@ def _every_concurrency(m: _Measured, name: str) -> dict[str, Any]:
     ]
     pairs = [(k, v, b) for k, v, b in pairs if v and b]
     worst = min(pairs, key=lambda p: p[1] / p[2]) if pairs else None
-    ratio = round(worst[1] / worst[2], 2) if worst else None
-    return {
-        "key": f"every_concurrency_vs_classic[{name}]",
-        "what": f"{name}: worst single-text cell vs classic's at the same clients"
-        + (f" ({worst[0]} clients), sentences/s (matrix)" if worst else " (matrix)"),
-        "config": name,
-        "value": worst[1] if worst else None,
-        "baseline": worst[2] if worst else None,
-        "ratio": ratio,
-        "target": TARGETS["every_concurrency_vs_classic"],
-        "passed": ratio is not None and ratio >= TARGETS["every_concurrency_vs_classic"],
-    }
+    what = f"{name}: worst single-text cell vs classic's at the same clients" + (
+        f" ({worst[0]} clients), sentences/s (matrix)" if worst else " (matrix)"
+    )
+    key = f"every_concurrency_vs_classic[{name}]"
+    return _at_least("every_concurrency_vs_classic", key, what, name, *(worst[1:] if worst else (None, None)))
 
 
 def _cpu_per_sentence(m: _Measured, name: str) -> dict[str, Any]:
