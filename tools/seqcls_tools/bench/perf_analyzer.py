@@ -68,7 +68,7 @@ def _children_cpu() -> float:
 
 
 def pa_cell(binary: Path, server, clients: int, window_seconds: float, data: list[Path], work: Path) -> dict[str, Any]:
-    """``clients`` perf_analyzer processes at concurrency 1 each (three windows of ``window_seconds``),
+    """``clients`` perf_analyzer processes at concurrency 1 each (three windows of ``window_seconds``, ≥ 1 s),
     each with its own rotation of the texts (``data``: :func:`input_data`): one process at concurrency
     N sends the same text from several contexts at once here (tritonclient 2.41's build), which the
     server merges into one run — a stream no user sends. Rate: the processes' sum; p50/p95: the
@@ -78,15 +78,16 @@ def pa_cell(binary: Path, server, clients: int, window_seconds: float, data: lis
         outs.append(work / f"pa-{clients}-{k}.csv")
         cmd = [str(binary), "-m", ENSEMBLE, "-i", "grpc", "-u", server.config.grpc_url, "--concurrency-range", "1:1"]
         cmd += ["--input-data", str(data[k % len(data)]), "-f", str(outs[-1])]
-        cmd += ["--measurement-interval", str(max(int(window_seconds * 1000), 100))]
-        # three windows, always accepted: the interleaved rounds and their medians deal with the noise
-        cmds.append([*cmd, "--stability-percentage", "1000", "--max-trials", "3"])
+        cmd += ["--measurement-interval", str(max(int(window_seconds * 1000), 1000))]
+        # three windows, any spread accepted (the interleaved rounds' medians deal with the noise); a
+        # window with no answer at all (a short one on a busy machine) never counts, so more trials
+        cmds.append([*cmd, "--stability-percentage", "1000", "--max-trials", "6"])
     pid = server.status().pid
     snap0, cpu0 = measure.ProcessSnapshot.take(pid), _children_cpu()
     procs = [
         subprocess.Popen(c, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=_env(binary)) for c in cmds
     ]
-    logs = [p.communicate(timeout=window_seconds * 6 + 60)[0] for p in procs]
+    logs = [p.communicate(timeout=max(window_seconds, 1.0) * 8 + 60)[0] for p in procs]
     cpu1, snap1 = _children_cpu(), measure.ProcessSnapshot.take(pid)
     wall = snap1.taken - snap0.taken
     failed = [log for p, log, out in zip(procs, logs, outs, strict=True) if p.returncode != 0 or not out.is_file()]
