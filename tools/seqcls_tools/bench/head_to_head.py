@@ -54,7 +54,7 @@ def _interleaved_rounds(
     for r in range(budget.h2h_rounds):
         for clients in (max(CLIENTS), 1):
             for name, server in servers.items():
-                if pa and data:
+                if pa and data is not None:
                     pa_result = {"round": r, **pa_cell(pa, server, clients, budget.h2h_seconds / 2, data, tmp)}
                     configs[name]["perf_analyzer"].append(pa_result)
                     log.info(
@@ -81,13 +81,14 @@ def _interleaved_rounds(
 def _medians(entry: dict[str, Any]) -> None:
     import numpy as np
 
+    def median(cells: list[dict[str, Any]], clients: int, key: str) -> tuple[float | None, list[float]]:
+        values = [c[key] for c in cells if c["clients"] == clients and c.get(key) is not None]
+        return (round(float(np.median(values)), 2) if values else None), values
+
     for clients, key in ((max(CLIENTS), "sentences_per_s"), (1, "p95_ms"), (max(CLIENTS), "cpu_ms_per_sentence")):
-        values = [c[key] for c in entry["cells"] if c["clients"] == clients and c.get(key) is not None]
-        entry[f"median_{clients}c_{key}"] = round(float(np.median(values)), 2) if values else None
-        entry[f"all_{clients}c_{key}"] = values
+        entry[f"median_{clients}c_{key}"], entry[f"all_{clients}c_{key}"] = median(entry["cells"], clients, key)
     for clients, key in ((max(CLIENTS), "sentences_per_s"), (1, "p95_ms"), (max(CLIENTS), "client_cores")):
-        values = [c[key] for c in entry.get("perf_analyzer", []) if c["clients"] == clients and c.get(key) is not None]
-        entry[f"pa_median_{clients}c_{key}"] = round(float(np.median(values)), 2) if values else None
+        entry[f"pa_median_{clients}c_{key}"], _ = median(entry.get("perf_analyzer", []), clients, key)
 
 
 def head_to_head(

@@ -28,8 +28,8 @@ DEFAULT_DIR = Path(sys.prefix) / "perf-analyzer"
 
 def _env(binary: Path) -> dict[str, str]:
     """The binary's environment: the CUDA runtime library of its install directory on the loader path."""
-    libs = [str(p) for p in (binary.parent.parent / "nvidia" / "cuda_runtime" / "lib",) if p.is_dir()]
-    return {**os.environ, "LD_LIBRARY_PATH": os.pathsep.join([*libs, os.environ.get("LD_LIBRARY_PATH", "")])}
+    lib = binary.parent.parent / "nvidia" / "cuda_runtime" / "lib"
+    return {**os.environ, "LD_LIBRARY_PATH": os.pathsep.join([str(lib), os.environ.get("LD_LIBRARY_PATH", "")])}
 
 
 def find_binary(given: str | None = None) -> Path | None:
@@ -39,7 +39,7 @@ def find_binary(given: str | None = None) -> Path | None:
     path = Path(name) if name else DEFAULT_DIR / "bin" / "perf_analyzer"
     if not path.is_file():
         if name:
-            raise InputError(f"perf_analyzer {path}: no such file (SEQCLS_PERF_ANALYZER / --perf-analyzer)")
+            raise InputError(f"perf_analyzer {path}: no such file (SEQCLS_PERF_ANALYZER)")
         return None
     proc = subprocess.run([str(path), "--version"], capture_output=True, text=True, timeout=30, env=_env(path))
     if "error while loading shared libraries" in proc.stderr:
