@@ -2,7 +2,7 @@
 # seqcls_release — a trained ERNIE classifier to Triton, recorded in MLflow
 
 One DAG per model of the **models file** (`SEQCLS_MODELS_FILE`, else `seqcls-models.yaml` beside
-this file; see `seqcls.airflow.models`): `seqcls_release` for the default model `seqcls`,
+this file; see `seqcls.airflow.models_file`): `seqcls_release` for the default model `seqcls`,
 `seqcls_release__<model>` for the others, each with its own schedule, checkpoints root,
 release-param defaults and Connections. Without a models file: the one DAG `seqcls_release` for
 `SEQCLS_MODEL_NAME`, scheduled by `SEQCLS_SCHEDULE`, as before.
@@ -80,7 +80,7 @@ from airflow.sdk.exceptions import AirflowTimetableInvalid
 
 from seqcls.airflow import RESOLVE_TASK, ROLLBACK_ON
 from seqcls.airflow.assets import champion_asset, checkpoints_asset
-from seqcls.airflow.models import ASSET_SCHEDULE, ModelSpec, release_models
+from seqcls.airflow.models_file import ASSET_SCHEDULE, ModelSpec, release_models
 from seqcls.airflow.params import dag_params
 from seqcls.errors import InputError
 from seqcls.settings import Settings
@@ -188,7 +188,7 @@ def release_tasks(model_name: str, checkpoints_root: str = "") -> None:
         from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
         from seqcls.airflow import LATEST, champion_skip_reason, config_from_params, connected, locate_checkpoint
-        from seqcls.airflow.models import dag_id_for
+        from seqcls.airflow.models_file import dag_id_for
         from seqcls.errors import InputError
         from seqcls.workspace import open_release
 

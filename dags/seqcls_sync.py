@@ -13,8 +13,8 @@ release runs skip when the checkpoint already is champion).
 The run fails (and says which endpoint or registry call) when an endpoint is still unreachable,
 so a dead replica is visible in the grid. Without a models file: every model of the
 `triton_default` repository, mirrored to `mlflow_default`. With one (the release DAGs' file, see
-`seqcls.airflow.models`): every repository its models' `triton_conn_id`s name, each model's
-champion mirrored through its own `mlflow_conn_id` (`seqcls.airflow.models.sync_groups`). A
+`seqcls.airflow.models_file`): every repository its models' `triton_conn_id`s name, each model's
+champion mirrored through its own `mlflow_conn_id` (`seqcls.airflow.models_file.sync_groups`). A
 models file that does not parse fails the release DAGs, not this one: recovery then falls back
 to the default Connections.
 """
@@ -27,7 +27,7 @@ from pathlib import Path
 
 from airflow.sdk import dag, task
 
-from seqcls.airflow.models import release_models, sync_groups
+from seqcls.airflow.models_file import release_models, sync_groups
 from seqcls.errors import InputError
 
 SYNC_EVERY = timedelta(minutes=5)

@@ -92,7 +92,7 @@ def open_workspace(args: argparse.Namespace, params: dict):
     """The release the tasks will use, found the same way the tasks find it (bad input fails here): under
     the DAG's checkpoints root (its model's in the models file, else SEQCLS_CHECKPOINTS_ROOT)."""
     from seqcls.airflow import config_from_params, locate_checkpoint, settings_from_params
-    from seqcls.airflow.models import release_models
+    from seqcls.airflow.models_file import release_models
     from seqcls.workspace import open_release
 
     spec = next((s for s in release_models(ROOT / "dags") if s.dag_id == DAG_ID), None)

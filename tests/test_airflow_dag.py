@@ -132,7 +132,7 @@ def _champion_events(uri: str) -> list[dict]:
 
 
 def _champion(model: str = "seqcls"):
-    from seqcls.registry import CHAMPION, _alias, client
+    from seqcls.registry.ledger import CHAMPION, _alias, client
     from seqcls.settings import Settings
 
     return _alias(client(Settings.from_env()), model, CHAMPION)
@@ -173,7 +173,7 @@ def test_params_map_to_release_config_and_name_the_bad_one(tmp_path: Path) -> No
 def test_a_checkpoint_must_resolve_under_the_model_root(tmp_path: Path) -> None:
     """Issue 13: whoever triggers a run picks a checkpoint *under* the deployment's root, never any path."""
     from seqcls.airflow import LATEST, config_from_params, locate_checkpoint, settings_from_params
-    from seqcls.completion import mark_complete
+    from seqcls.checkpoints.completion import mark_complete
     from seqcls.errors import InputError
     from tests.test_completion import _checkpoint
 
@@ -264,7 +264,7 @@ def test_mlflow_credentials_come_from_connection_fields_masked_and_scoped(monkey
     from seqcls.airflow import connected
     from seqcls.airflow.hooks import MlflowHook, TritonHook
     from seqcls.errors import InputError
-    from seqcls.registry import tracking_uri
+    from seqcls.registry.ledger import tracking_uri
     from seqcls.settings import MLFLOW_CREDENTIAL_VARS, Settings
 
     conns = {
@@ -421,7 +421,7 @@ def test_release_skip_then_smoke_failure_rolls_back(
     settings = Settings.from_env(triton_repository=triton.config.repository)
     assert Repository.from_settings(settings, "seqcls").serving_version() == 1
     champion = _champion()
-    from seqcls.checkpoint import resolve_checkpoint
+    from seqcls.checkpoints.checkpoint import resolve_checkpoint
 
     fp_a = resolve_checkpoint(ckpt_a).fingerprint
     assert champion is not None and int(champion.version) == 1 and champion.tags["fingerprint"] == fp_a
@@ -547,7 +547,7 @@ def test_parity_failure_in_external_python_registers_and_publishes_nothing(
     text = "".join(capfd.readouterr())
     assert "Executing cmd: " + sys.executable in text  # really ran in the external interpreter
     assert "tokenizer ids differ on" in text
-    from seqcls.registry import client
+    from seqcls.registry.ledger import client
     from seqcls.settings import Settings
 
     assert client(Settings.from_env()).search_registered_models() == []

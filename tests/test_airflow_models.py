@@ -1,6 +1,6 @@
 """Several models, one DAG each, from one models file; the champion Asset; alpha and beta in parallel.
 
-- the models file (``seqcls.airflow.models``): schema, strict validation, errors naming the file,
+- the models file (``seqcls.airflow.models_file``): schema, strict validation, errors naming the file,
   the model and the key; the DAGs parsed from it (ids, schedules, Params defaults, outlets);
 - the champion Asset: a consumer DAG scheduled on ``seqcls://models/<model>/champion`` is queued
   by a producer run's event and the scheduler's own asset-triggered run creation makes its run,
@@ -59,7 +59,7 @@ def _bag(monkeypatch: pytest.MonkeyPatch, models_file: Path | str | None, folder
 
 
 def test_models_file_schema_and_dag_ids(tmp_path: Path) -> None:
-    from seqcls.airflow.models import dag_id_for, load_models
+    from seqcls.airflow.models_file import dag_id_for, load_models
 
     path = _write(
         tmp_path / "models.yaml",
@@ -142,7 +142,7 @@ def test_models_file_schema_and_dag_ids(tmp_path: Path) -> None:
     ],
 )
 def test_models_file_errors_name_the_file_model_and_key(tmp_path: Path, text: str, expected: str) -> None:
-    from seqcls.airflow.models import load_models
+    from seqcls.airflow.models_file import load_models
     from seqcls.errors import InputError
 
     path = tmp_path / "seqcls-models.yaml"
@@ -153,7 +153,7 @@ def test_models_file_errors_name_the_file_model_and_key(tmp_path: Path, text: st
 
 
 def test_models_file_location(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from seqcls.airflow.models import models_file, release_models
+    from seqcls.airflow.models_file import models_file, release_models
     from seqcls.errors import InputError
 
     monkeypatch.delenv("SEQCLS_MODELS_FILE", raising=False)
@@ -273,7 +273,7 @@ def test_a_bad_models_file_fails_the_parse_naming_file_model_and_field(
 
 
 def test_sync_follows_the_models_file_connections(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from seqcls.airflow.models import load_models, release_models, sync_groups
+    from seqcls.airflow.models_file import load_models, release_models, sync_groups
 
     default = {"triton_conn_id": "triton_default", "mlflow_conn_id": "mlflow_default"}
     monkeypatch.setenv("SEQCLS_MODELS_FILE", "none")
@@ -529,7 +529,7 @@ def test_alpha_and_beta_release_concurrently_through_airflow(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from seqcls.checkpoint import resolve_checkpoint
+    from seqcls.checkpoints.checkpoint import resolve_checkpoint
     from seqcls.serving.names import CLASSIC, names_for
 
     # alpha's checkpoints under $SEQCLS_CHECKPOINTS_ROOT/alpha (the default), beta's in a root of its own

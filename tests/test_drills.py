@@ -184,7 +184,7 @@ def _when(condition, action, *, timeout: float = 300.0) -> threading.Thread:
 
 
 def _champion(settings: Settings) -> int | None:
-    from seqcls.registry import CHAMPION, alias_version
+    from seqcls.registry.ledger import CHAMPION, alias_version
 
     return alias_version(settings, "seqcls", CHAMPION)
 
@@ -568,7 +568,7 @@ def mlflow_drill(drill: Drill, mlflow_server: MlflowServer, monkeypatch: pytest.
         monkeypatch.setenv(key, value)
     drill.env.update(fast, SEQCLS_MLFLOW_TRACKING_URI=mlflow_server.url)
     drill.settings = Settings.from_env()
-    from seqcls.registry import client
+    from seqcls.registry.ledger import client
 
     c = client(drill.settings)
     for rm in c.search_registered_models():

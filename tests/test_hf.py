@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from seqcls.checkpoint import resolve_checkpoint
+from seqcls.checkpoints.checkpoint import resolve_checkpoint
 from seqcls.errors import CheckpointError, GateError
 from seqcls.localtriton import LocalTriton
 from tests.conftest import cli_env, start_triton
@@ -262,7 +262,7 @@ def test_release_end_to_end_on_triton(
     )
     assert (repo / names_for(model).tokenizer / "1" / "tokenizer.json").is_file()
     # the registry records the framework, and status agrees
-    from seqcls.registry import CHAMPION, _alias, client
+    from seqcls.registry.ledger import CHAMPION, _alias, client
 
     champion = _alias(client(settings), model, CHAMPION)
     assert champion is not None and champion.tags["framework"] == "transformers"

@@ -97,7 +97,7 @@ def test_toposort_sees_what_subgraphs_read() -> None:
     import onnx
     from onnx import TensorProto, helper
 
-    from seqcls.fusion import outer_scope_inputs, toposort
+    from seqcls.profiles.fusion import outer_scope_inputs, toposort
 
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])
     out = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])

@@ -18,7 +18,7 @@ import pytest
 from seqcls.config import ReleaseConfig
 from seqcls.errors import InputError
 from seqcls.localtriton import LocalTriton
-from seqcls.serving.calibrate import TRIAL_SUFFIX, _trial_config, loaded_models
+from seqcls.serving.layout import TRIAL_SUFFIX, _trial_config, loaded_models
 from seqcls.serving.client import TritonOps, endpoints_from_settings
 from seqcls.serving.names import CLASSIC, names_for
 from seqcls.settings import PROJECT_ROOT, Settings
@@ -89,7 +89,7 @@ def _answers(settings: Settings, model: str, texts: list[str]) -> list[list[str]
 
 
 def _aliases(settings: Settings, model: str) -> dict[str, int | None]:
-    from seqcls.registry import CANDIDATE, CHAMPION, PREVIOUS, alias_version
+    from seqcls.registry.ledger import CANDIDATE, CHAMPION, PREVIOUS, alias_version
 
     return {a: alias_version(settings, model, a) for a in (CHAMPION, PREVIOUS, CANDIDATE)}
 
@@ -179,7 +179,7 @@ def test_two_models_release_concurrently_and_roll_back_alone(
 def test_same_checkpoint_with_another_threshold_is_another_registry_version(
     env: dict[str, str], triton: LocalTriton, tiny_checkpoint_src: Path
 ) -> None:
-    from seqcls.registry import client
+    from seqcls.registry.ledger import client
 
     settings = Settings.from_env()
     runs = [

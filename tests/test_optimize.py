@@ -10,8 +10,8 @@ import pytest
 
 from seqcls.config import ReleaseConfig
 from seqcls.errors import ConversionError
-from seqcls.golden import DEFAULT_GOLDEN_TEXTS
-from seqcls.optimize import INT8_MARGIN
+from seqcls.checkpoints.golden import DEFAULT_GOLDEN_TEXTS
+from seqcls.profiles.optimize import INT8_MARGIN
 from seqcls.steps import run_release
 from seqcls.workspace import open_release
 
@@ -90,7 +90,7 @@ def test_int8_is_gated_on_decision_agreement(tiny_checkpoint: Path) -> None:
 
 
 def test_optimize_rejects_bad_input(tmp_path: Path) -> None:
-    from seqcls.optimize import optimize_onnx
+    from seqcls.profiles.optimize import optimize_onnx
 
     with pytest.raises(ConversionError, match="unknown profile"):
         optimize_onnx(tmp_path / "x.onnx", tmp_path / "y.onnx", "fp16", num_heads=2, hidden_size=32)
@@ -106,7 +106,7 @@ def _tiny_onnx_then(tmp_path: Path, *, num_heads: int, hidden_size: int) -> None
     import onnx
     from onnx import TensorProto, helper
 
-    from seqcls.optimize import optimize_onnx
+    from seqcls.profiles.optimize import optimize_onnx
 
     graph = helper.make_graph(
         [helper.make_node("Identity", ["input_ids"], ["logits"])],
@@ -186,7 +186,7 @@ def _with_inputs(src: Path, dst: Path, names: tuple[str, ...]) -> Path:
 
 
 def _calibration(release, **kwargs):
-    from seqcls.optimize import Calibration
+    from seqcls.profiles.optimize import Calibration
 
     ckpt = release.checkpoint
     return Calibration(DEFAULT_GOLDEN_TEXTS, "built-in golden set", ckpt.vocab_file, ckpt.do_lower_case, 128, **kwargs)
@@ -203,7 +203,7 @@ def test_optimize_uses_the_graphs_own_inputs(tiny_onnx, tmp_path: Path, names: t
     import numpy as np
     import onnxruntime as ort
 
-    from seqcls.optimize import optimize_onnx
+    from seqcls.profiles.optimize import optimize_onnx
 
     release, model = tiny_onnx
     src = _with_inputs(model, tmp_path / "hf.onnx", names)
@@ -235,7 +235,7 @@ def test_optimize_uses_the_graphs_own_inputs(tiny_onnx, tmp_path: Path, names: t
 def test_contract_check_names_unknown_or_changed_inputs(tiny_onnx, tmp_path: Path) -> None:
     import onnx
 
-    from seqcls.profile_checks import check_contract, graph_inputs
+    from seqcls.profiles.checks import check_contract, graph_inputs
 
     _, model_path = tiny_onnx
     model = onnx.load(str(model_path), load_external_data=False)
@@ -251,7 +251,7 @@ def test_contract_check_names_unknown_or_changed_inputs(tiny_onnx, tmp_path: Pat
 
 @pytest.fixture(scope="module")
 def tiny_fused(tiny_onnx, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from seqcls.optimize import optimize_onnx
+    from seqcls.profiles.optimize import optimize_onnx
 
     _, model = tiny_onnx
     out = tmp_path_factory.mktemp("fused") / "fused.onnx"
@@ -262,7 +262,7 @@ def tiny_fused(tiny_onnx, tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_int8_recipe_keeps_the_named_roles_fp32(tiny_fused: Path, tmp_path: Path) -> None:
     import onnx
 
-    from seqcls.optimize import Int8Recipe, node_roles, quantize_int8
+    from seqcls.profiles.optimize import Int8Recipe, node_roles, quantize_int8
 
     roles = node_roles(onnx.load(str(tiny_fused), load_external_data=False))
     assert len(roles["attention"]) == 2 and len(roles["ffn_out"]) == 2 and len(roles["ffn_in"]) == 2
@@ -282,7 +282,7 @@ def test_int8_profile_moves_fewer_decisions_than_the_old_recipe(tiny_onnx, tiny_
     stays closer to fp32 than the pre-issue-16 one (which quantized the embedding tables too)."""
     import onnx
 
-    from seqcls.optimize import INT8, INT8_V1, decision_agreement, graph_inputs, quantize_int8
+    from seqcls.profiles.optimize import INT8, INT8_V1, decision_agreement, graph_inputs, quantize_int8
 
     release, _ = tiny_onnx
     feeds = _calibration(release).batches(graph_inputs(onnx.load(str(tiny_fused), load_external_data=False)))
@@ -299,11 +299,11 @@ def test_int8_profile_moves_fewer_decisions_than_the_old_recipe(tiny_onnx, tiny_
 def test_int8_falls_back_to_more_fp32_when_decisions_move(tiny_onnx, tmp_path: Path, caplog) -> None:
     """A recipe that misses the gate's minimum + margin on the calibration texts is replaced by
     the next of INT8_FALLBACKS; every attempt is reported."""
-    from seqcls.optimize import INT8, INT8_FALLBACKS, optimize_onnx
+    from seqcls.profiles.optimize import INT8, INT8_FALLBACKS, optimize_onnx
 
     release, model = tiny_onnx
     unreachable = _calibration(release, min_agreement=1.0)  # target 1.001: no recipe reaches it
-    with caplog.at_level("WARNING", logger="seqcls.quantize"):
+    with caplog.at_level("WARNING", logger="seqcls.profiles.quantize"):
         report = optimize_onnx(model, tmp_path / "q.onnx", "int8", num_heads=2, hidden_size=32, calibration=unreachable)
     q = report["quantization"]
     assert [a["recipe"] for a in q["attempts"]] == [INT8.name, *(r.name for r in INT8_FALLBACKS)]
@@ -319,7 +319,7 @@ def test_fusion_left_layernorm_keeps_the_model_valid(tiny_onnx, tmp_path: Path) 
     import onnx
     from onnx import helper, numpy_helper
 
-    from seqcls.optimize import optimize_onnx
+    from seqcls.profiles.optimize import optimize_onnx
 
     _, model_path = tiny_onnx
     model = onnx.load(str(model_path))

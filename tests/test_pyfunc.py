@@ -24,11 +24,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from seqcls import registry
+from seqcls.registry.ledger import ledger as registry
 from seqcls.config import ReleaseConfig
 from seqcls.errors import GateError
 from seqcls.records import Expected, Registered, served_onnx
-from seqcls.runs import log_parity_evidence
+from seqcls.registry.runs import log_parity_evidence
 from seqcls.settings import Settings
 from seqcls.steps import run_release
 from seqcls.steps.register import register
@@ -214,7 +214,7 @@ def test_parity_evidence_for_a_passed_gate_is_on_the_registered_run(tiny_checkpo
     run_id = release.workspace.step("validate")["mlflow_run_id"]
     c = registry.client(release.settings)
     run = c.get_run(run_id)
-    assert run.data.tags["seqcls.parity"] == "passed" and run.data.tags["seqcls.outcome"] == "validated"
+    assert run.data.tags["seqcls.gates.parity"] == "passed" and run.data.tags["seqcls.outcome"] == "validated"
     assert run.data.tags["release_key"] == registry.release_key(release)
     assert run.data.metrics["decisions.agreement"] == 1.0 and run.data.params["atol"] == str(release.config.atol)
     assert {"report.json", "plot.png", "expected.json"} <= _artifact_names(c, run_id, "parity")
@@ -248,7 +248,7 @@ def test_parity_evidence_for_a_failed_gate(tiny_checkpoint: Path) -> None:
     assert record["status"] == "failed"
     c = registry.client(release.settings)
     run = c.get_run(record["mlflow_run_id"])
-    assert run.data.tags["seqcls.parity"] == "failed" and run.data.tags["seqcls.outcome"] == "gate_failed"
+    assert run.data.tags["seqcls.gates.parity"] == "failed" and run.data.tags["seqcls.outcome"] == "gate_failed"
     assert run.info.status == "FAILED" and "Parity gate failed" in run.data.tags["seqcls.gate_error"]
     assert run.data.metrics["tokenizer.mismatched"] > 0
     assert {"report.json", "plot.png"} == _artifact_names(c, run.info.run_id, "parity")

@@ -19,11 +19,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from seqcls import registry
+from seqcls.registry.ledger import ledger as registry
 from seqcls.config import FIELDS, ReleaseConfig
 from seqcls.errors import GateError, RegistryError, StepOrderError
 from seqcls.records import Expected, Registered
-from seqcls.registry import CHAMPION
+from seqcls.registry.ledger import CHAMPION
 from seqcls.settings import Settings
 from seqcls.steps import run_release
 from seqcls.steps.promote import promote

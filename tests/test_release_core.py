@@ -119,7 +119,7 @@ def _perturb(onnx_path: Path, scale: float) -> None:
 def perturb_converted(release, scale: float = 0.5) -> None:
     """Perturb the converted ONNX weights and record the damaged file as convert's output, so
     validate uses it — what a conversion bug would leave."""
-    from seqcls.checkpoint import sha256_file
+    from seqcls.checkpoints.checkpoint import sha256_file
 
     onnx_path = release.workspace.root / "onnx" / "model.onnx"
     _perturb(onnx_path, scale)

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from seqcls.checkpoint import resolve_checkpoint
+from seqcls.checkpoints.checkpoint import resolve_checkpoint
 from seqcls.errors import CheckpointError
-from seqcls.safeload import ALLOWED_GLOBALS, scan_pickle
+from seqcls.checkpoints.safeload import ALLOWED_GLOBALS, scan_pickle
 
 pytestmark = pytest.mark.slow  # the session fixture builds a real (tiny) paddle checkpoint
 
@@ -277,7 +277,7 @@ def test_unsafe_opt_in_is_off_by_default_and_logged_loudly(
     monkeypatch.setenv("SEQCLS_ALLOW_UNSAFE_PICKLE", "1")
     with pytest.raises(CheckpointError):
         scan_pickle(weights)  # the machine permits, the release does not ask
-    with caplog.at_level("WARNING", logger="seqcls.safeload"):
+    with caplog.at_level("WARNING", logger="seqcls.checkpoints.safeload"):
         scan_pickle(weights, allow_unsafe=True)  # skipped: nothing is loaded here, so still nothing runs
     assert any("UNSAFE" in r.getMessage() and str(weights) in r.getMessage() for r in caplog.records)
     assert not marker.exists()

@@ -95,7 +95,7 @@ def test_a_release_leaks_no_credential(
     monkeypatch: pytest.MonkeyPatch,
     capfd: pytest.CaptureFixture[str],
 ) -> None:
-    import seqcls.registry as registry
+    import seqcls.registry.ledger as registry
     from seqcls.airflow import TRITON_URL_KEY
     from seqcls.airflow.plugin import MlflowModelVersionLink, TritonModelLink
     from seqcls.settings import MLFLOW_CREDENTIAL_VARS, Settings

@@ -33,7 +33,7 @@ def test_a_bad_layout_names_the_variable(monkeypatch: pytest.MonkeyPatch, bad: s
 
 
 def test_candidate_layouts_are_every_split_of_the_cores() -> None:
-    from seqcls.serving.calibrate import candidate_layouts
+    from seqcls.serving.layout import candidate_layouts
 
     assert candidate_layouts(1) == ["1x1"]
     assert candidate_layouts(2) == ["1x2", "2x1"]
@@ -43,14 +43,14 @@ def test_candidate_layouts_are_every_split_of_the_cores() -> None:
 
 
 def _trial(layout: str, rate: float, p95: float, failed: int = 0):
-    from seqcls.serving.calibrate import LayoutTrial
+    from seqcls.serving.layout import LayoutTrial
 
     return LayoutTrial(layout, rate, p95, requests=100, failed=failed, load_seconds=0.1)
 
 
 def test_the_choice_is_the_fastest_layout_that_does_not_cost_a_lone_request_its_latency() -> None:
     from seqcls.errors import ServingError
-    from seqcls.serving.calibrate import choose
+    from seqcls.serving.layout import choose
 
     # the 2-core figures: 2x1 ~5 % more throughput, 1.65x the p95 of a lone request
     pick, why = choose([_trial("1x2", 49.4, 28.0), _trial("2x1", 52.0, 50.5)])
@@ -64,7 +64,7 @@ def test_the_choice_is_the_fastest_layout_that_does_not_cost_a_lone_request_its_
 
 
 def test_a_trial_config_is_the_version_s_own_renamed_and_re_laid_out() -> None:
-    from seqcls.serving.calibrate import _trial_config
+    from seqcls.serving.layout import _trial_config
 
     options = ServingOptions.from_settings(Settings.from_env())
     snapshot = render_config(PROJECT_ROOT / "model_repository", "seqcls_model", options, version=3, num_labels=7)

@@ -4,7 +4,7 @@ fails on probabilities.
 The bug this guards: the old fixed ``prob_atol=1e-5`` rejected models the logit tolerance
 accepted (a fresh tiny checkpoint with 23 labels failed validate with logits max |Δ| 4.2e-05 <
 atol 1e-4, because probabilities differed by 1.05e-05). Sigmoid's slope is at most 1/4, so the
-probability bound is derived, ``(atol + rtol·|x|)/4`` (:mod:`seqcls.parity`).
+probability bound is derived, ``(atol + rtol·|x|)/4`` (:mod:`seqcls.gates.parity`).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from seqcls.parity import Tolerance, numeric_report
+from seqcls.gates.parity import Tolerance, numeric_report
 from seqcls.serving import shipped
 
 GATE = Tolerance(1e-4, 1e-3)  # ReleaseConfig's defaults

@@ -171,7 +171,7 @@ def _cmd_rollback(args: argparse.Namespace) -> tuple[int, Printer]:
 
 
 def _cmd_calibrate_layout(args: argparse.Namespace) -> tuple[int, Printer]:
-    from seqcls.serving.calibrate import calibrate_layout
+    from seqcls.serving.layout import calibrate_layout
 
     low, _, high = args.lengths.partition("-")
     if not (low.isdigit() and high.isdigit()):
@@ -191,7 +191,7 @@ def _cmd_calibrate_layout(args: argparse.Namespace) -> tuple[int, Printer]:
 
 def _cmd_checkpoint(args: argparse.Namespace) -> tuple[int, Printer]:
     """``mark-complete DIR``: the training job's last step; ``latest [ROOT]``: what 'latest' resolves to."""
-    from seqcls.completion import find_latest, mark_complete, read_marker
+    from seqcls.checkpoints.completion import find_latest, mark_complete, read_marker
     from seqcls.errors import InputError
     from seqcls.settings import Settings
 

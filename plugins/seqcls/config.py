@@ -183,7 +183,7 @@ class ReleaseConfig:
     Parity defaults (``atol``/``rtol`` on logits) were chosen from measurement: CPU Paddle vs
     ONNX Runtime differ by ≤ 1e-7 on typical logits and ≤ 1e-4 on large ones, so 1e-4 + 1e-3·|x|
     flags real conversion bugs (which move logits by ≥ 1e-2) while tolerating float reordering;
-    probabilities follow from it (see :mod:`seqcls.parity`); a GPU provider is allowed 10× more.
+    probabilities follow from it (see :mod:`seqcls.gates.parity`); a GPU provider is allowed 10× more.
     """
 
     model_name: str = DEFAULT_MODEL_NAME

@@ -213,7 +213,7 @@ class Published:
 class Registered:
     """The MLflow model version a release registered (or found already registered).
 
-    ``release_key``: the serving configuration the version stands for (``seqcls.registry.release_key``;
+    ``release_key``: the serving configuration the version stands for (``seqcls.registry.ledger.release_key``;
     None in records written before release keys).
     """
 

@@ -308,7 +308,7 @@ def dag_schedule() -> str:
 
 
 def dag_models_file() -> str:
-    """The raw ``SEQCLS_MODELS_FILE`` value (``seqcls.airflow.models`` resolves it: unset = ``seqcls-models.yaml``
+    """The raw ``SEQCLS_MODELS_FILE`` value (``seqcls.airflow.models_file`` resolves it: unset = ``seqcls-models.yaml``
     beside the DAG file if it exists, ``none`` = no file: one DAG for ``SEQCLS_MODEL_NAME``)."""
     return os.environ.get(ENV_MODELS_FILE, "")
 
@@ -321,7 +321,7 @@ ENV_ALLOW_UNSAFE_PICKLE = "SEQCLS_ALLOW_UNSAFE_PICKLE"  # 1: load .pdparams pick
 
 
 def allow_unsafe_pickle() -> bool:
-    """``SEQCLS_ALLOW_UNSAFE_PICKLE=1``: skip :func:`seqcls.safeload.scan_pickle` (default off, never advised)."""
+    """``SEQCLS_ALLOW_UNSAFE_PICKLE=1``: skip :func:`seqcls.checkpoints.safeload.scan_pickle` (default off, never advised)."""
     return os.environ.get(ENV_ALLOW_UNSAFE_PICKLE, "").strip().lower() in ("1", "true", "yes", "on")
 
 

@@ -68,7 +68,7 @@ class ModelStatus:
 
 def _registry(settings: Settings, model_name: str, fingerprint: str | None, key: str | None) -> dict[str, Any]:
     """Champion and candidate, and ``expected``: the version that stands for what is served."""
-    from seqcls.registry import CANDIDATE, CHAMPION, _alias, client, registered_version
+    from seqcls.registry.ledger import CANDIDATE, CHAMPION, _alias, client, registered_version
 
     try:
         c = client(settings)

@@ -96,7 +96,7 @@ def _abandon_orphan(repo: Repository, model: str, endpoints) -> int | None:
 
 
 def _mirror(settings: Settings, state: ServingState) -> dict[str, Any]:
-    from seqcls.registry import mirror_champion
+    from seqcls.registry.ledger import mirror_champion
 
     if state.serving is None:
         return {"skipped": "nothing is served"}

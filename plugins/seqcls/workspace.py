@@ -24,10 +24,10 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from seqcls.checkpoint import Checkpoint, resolve_checkpoint, sha256_file
+from seqcls.checkpoints.checkpoint import Checkpoint, resolve_checkpoint, sha256_file
 from seqcls.config import ReleaseConfig
 from seqcls.errors import SeqclsError, StepOrderError
-from seqcls.locking import held
+from seqcls.files import held
 from seqcls.settings import Settings
 
 log = logging.getLogger(__name__)

@@ -170,7 +170,7 @@ def run_task_step(
 def sync_task(params, groups: list[dict[str, Any]] | None = None) -> list[dict]:
     """The seqcls_sync DAG's task: ``seqcls sync`` with the Connections; fails naming what did not converge.
 
-    ``groups`` (from the models file, :func:`seqcls.airflow.models.sync_groups`): per Connection
+    ``groups`` (from the models file, :func:`seqcls.airflow.models_file.sync_groups`): per Connection
     pair, the models to sync through it (``models`` None = every model of that repository).
     """
     from seqcls.errors import ServingError
@@ -263,7 +263,7 @@ def report(
 def champion_skip_reason(release, *, model_name: str) -> str | None:
     """Why a run need not release: this checkpoint, with this serving configuration, already is the
     MLflow champion (else None). Same checkpoint with other thresholds is a new release."""
-    from seqcls.registry import champion_fingerprint, champion_release_key, release_key
+    from seqcls.registry.ledger import champion_fingerprint, champion_release_key, release_key
 
     champion = champion_fingerprint(release.settings, model_name)
     if champion_release_key(release.settings, model_name) == release_key(release):
@@ -295,7 +295,7 @@ def triton_model_url(settings: Settings, model_name: str, version: int | None) -
 def mlflow_version_url(settings: Settings, model_name: str, version: int | None) -> str | None:
     if not version:
         return None
-    from seqcls.registry import model_version_url
+    from seqcls.registry.ledger import model_version_url
 
     return model_version_url(settings, model_name, version)
 

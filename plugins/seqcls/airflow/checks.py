@@ -93,7 +93,7 @@ def check_triton(
 
 def check_mlflow(settings: Settings, credentials: Mapping[str, str | None]) -> tuple[bool, str]:
     """One registry call against the settings' tracking URI with ``credentials`` (MLflow's variables)."""
-    from seqcls.registry import client, tracking_uri
+    from seqcls.registry.ledger import client, tracking_uri
 
     uri = tracking_uri(settings)
     with scoped_environ({**MLFLOW_FAIL_FAST, **credentials}):

@@ -250,7 +250,7 @@ class MlflowHook(_SeqclsHook):
     @cached_property
     def client(self):
         """An ``MlflowClient``; use it inside ``scoped_environ(hook.credentials_env())`` when MLflow needs them."""
-        from seqcls.registry import client
+        from seqcls.registry.ledger import client
 
         return client(Settings.from_env(mlflow_tracking_uri=self.tracking_uri))
 

@@ -70,13 +70,13 @@ def confine(path: Path, root: Path, *, param: str, given: str) -> Path:
 def locate_checkpoint(value: str | None, settings: Settings, *, param: str = "checkpoint") -> Path:
     """The ``checkpoint`` param as a directory under the checkpoints root (resolved): absolute, relative to
     the root, or ``latest`` (the checkpoint there its training job marked complete last, see
-    ``seqcls.completion``). Anything resolving outside the root is refused, naming ``param``."""
+    ``seqcls.checkpoints.completion``). Anything resolving outside the root is refused, naming ``param``."""
     text = (value or "").strip()
     if not text:
         raise InputError(f"{param} is empty: give a checkpoint directory under the checkpoints root, or 'latest'")
     root = Path(settings.checkpoints_root or ".")
     if text == LATEST:
-        from seqcls.completion import find_latest
+        from seqcls.checkpoints.completion import find_latest
 
         found = find_latest(root)
         try:

@@ -66,7 +66,7 @@ def lease_context(ctx: LeaseContext) -> Iterator[None]:
 def release_owner(release) -> str:
     """``release:<model>:<fingerprint16>:<release_key8>``: the same checkpoint released with other
     thresholds is another release (another owner, so the lease keeps the two apart)."""
-    from seqcls.registry import release_key
+    from seqcls.registry.ledger import release_key
 
     cfg, fp = release.config, release.checkpoint.fingerprint
     return f"release:{cfg.model_name}:{fp[:16]}:{release_key(release)[:8]}"

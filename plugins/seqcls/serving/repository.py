@@ -24,7 +24,7 @@ from string import Template
 from typing import Any
 
 from seqcls.errors import InputError, ServingError
-from seqcls.locking import held
+from seqcls.files import held
 from seqcls.serving import shipped
 from seqcls.serving.names import CLASSIC, ServingNames, names_for
 from seqcls.settings import DEVICES, RUNTIMES, Settings
@@ -302,7 +302,7 @@ class Repository:
 
     def damaged_files(self, version: int) -> list[str]:
         """Files of ``version`` missing or changed since publish (hashes in each ``release.json``)."""
-        from seqcls.checkpoint import sha256_file
+        from seqcls.checkpoints.checkpoint import sha256_file
 
         problems = []
         keys = set()

@@ -5,7 +5,7 @@ an empty file; a missing params file silently exports a model without weights; i
 tries to ``pip install`` at conversion time). So this step pins down its environment and then
 checks the result itself: non-empty, ``onnx.checker`` full check, input names/dtypes/ranks, one
 float output whose last dimension is the number of labels. A transformers checkpoint arrives here
-already in ONNX (PyTorch's exporter, :mod:`seqcls.hf`): the same rename, checks and profiles.
+already in ONNX (PyTorch's exporter, :mod:`seqcls.frameworks.transformers`): the same rename, checks and profiles.
 """
 
 from __future__ import annotations
@@ -145,7 +145,7 @@ def calibration(release: Release):
     tokenizer Triton serves (:func:`~seqcls.records.serving_tokenizer`: the checkpoint's
     ``vocab.txt`` rebuilt for PaddleNLP, the exported ``tokenizer.json`` for transformers) and
     padded with its pad id."""
-    from seqcls.calibration import Calibration
+    from seqcls.profiles.calibration import Calibration
     from seqcls.records import serving_tokenizer
     from seqcls.steps.validate import golden_texts
 
@@ -222,7 +222,7 @@ def convert(release: Release) -> StepResult:
             f"{facts['renamed_from']!r} → {OUTPUT_NAME!r}, checker passed"
         )
         if cfg.profile != "fp32":
-            from seqcls.optimize import optimize_onnx
+            from seqcls.profiles.optimize import optimize_onnx
 
             config = json.loads((release.checkpoint.path / "config.json").read_text(encoding="utf-8"))
             log.info("convert: applying serving profile %s → %s", cfg.profile, SERVED_FILE)

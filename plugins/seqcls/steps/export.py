@@ -3,7 +3,7 @@
 Paddle 3 writes the PIR format (``float32.json`` + ``float32.pdiparams``); older exports are
 ``float32.pdmodel``. :func:`static_model_files` reads either, so convert/validate accept both.
 A Hugging Face ``transformers`` checkpoint is exported by PyTorch straight to ONNX
-(``static/model.onnx``, :mod:`seqcls.hf`) together with the ``tokenizer.json`` Triton will serve;
+(``static/model.onnx``, :mod:`seqcls.frameworks.transformers`) together with the ``tokenizer.json`` Triton will serve;
 convert then verifies and optimises it like paddle2onnx's output.
 """
 
@@ -15,7 +15,7 @@ from pathlib import Path
 
 from seqcls.errors import CheckpointError, ConversionError
 from seqcls.records import OUT_DIRS
-from seqcls.safeload import scan_pickle
+from seqcls.checkpoints.safeload import scan_pickle
 from seqcls.serving import shipped
 from seqcls.workspace import Release, StepResult
 
@@ -127,8 +127,7 @@ HF_ONNX = "model.onnx"
 
 def export_transformers(release: Release) -> StepResult:
     """Export a transformers checkpoint to ``<workspace>/static/model.onnx`` + ``tokenizer.json``."""
-    from seqcls import hf
-
+    from seqcls.frameworks import transformers as hf
     hf.require_torch()
     ckpt, cfg = release.checkpoint, release.config
     inputs = {"fingerprint": ckpt.fingerprint, "format": "torch-onnx", "opset": cfg.opset, "framework": ckpt.framework}

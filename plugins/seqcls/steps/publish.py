@@ -19,10 +19,10 @@ from pathlib import Path
 from typing import Any
 
 from seqcls import faults
-from seqcls.checkpoint import sha256_file
+from seqcls.checkpoints.checkpoint import sha256_file
 from seqcls.errors import ServingError
 from seqcls.records import OUT_DIRS, Expected, Published, model_inputs, served_onnx, serving_tokenizer
-from seqcls.registry import release_key
+from seqcls.registry.ledger import release_key
 from seqcls.serving import control, shipped
 from seqcls.serving.names import MODEL, POSTPROCESS, TOKENIZER, ServingNames
 from seqcls.serving.repository import (

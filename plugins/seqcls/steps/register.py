@@ -1,17 +1,17 @@
 """Step 4 — register: the validated release as an MLflow model version with lineage, alias ``candidate``.
 
 One run per release attempt in experiment ``seqcls-<model>`` — the run validate opened with the
-parity evidence (:mod:`seqcls.runs`), else a new one — with params, every parity figure as a
-metric and artifacts: the **pyfunc model** (:mod:`seqcls.pyfunc`: texts → label names and
+parity evidence (:mod:`seqcls.registry.runs`), else a new one — with params, every parity figure as a
+metric and artifacts: the **pyfunc model** (:mod:`seqcls.registry.pyfunc`: texts → label names and
 probabilities, what Triton answers, with the served ONNX graph, ``vocab.txt``, the version's
 ``release.json`` and Triton's own tokenizer/decision files as code), the static Paddle model,
 tokenizer and label files, parity report + plot; then a model version tagged with lineage and
 alias ``candidate``. One version per (fingerprint, serving configuration): the version is tagged
-with :func:`seqcls.registry.release_key` and a readable ``serving_config`` JSON, and Airflow
+with :func:`seqcls.registry.ledger.release_key` and a readable ``serving_config`` JSON, and Airflow
 retries and re-runs with the same key return it; the same checkpoint with another threshold,
 profile, opset, max_length or hierarchy is another version. Versions registered before release
 keys (no ``release_key`` tag) are never reused: their serving configuration is not recorded.
-MLflow access shared with promote/rollback lives in :mod:`seqcls.registry`.
+MLflow access shared with promote/rollback lives in :mod:`seqcls.registry.ledger`.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from seqcls import runs
+from seqcls.registry.ledger import runs
 from seqcls.errors import StepOrderError
 from seqcls.records import (
     OUT_DIRS,
@@ -35,7 +35,7 @@ from seqcls.records import (
     serving_tokenizer,
     static_dir,
 )
-from seqcls.registry import (
+from seqcls.registry.ledger import (
     CANDIDATE,
     RELEASE_KEY_TAG,
     SERVING_CONFIG_TAG,
@@ -128,7 +128,7 @@ def pyfunc_signature():
 
 
 def log_pyfunc(release: Release):
-    """Log :mod:`seqcls.pyfunc` as code with this release's artifacts (in the active run); the ModelInfo."""
+    """Log :mod:`seqcls.registry.pyfunc` as code with this release's artifacts (in the active run); the ModelInfo."""
     import mlflow
     import pandas as pd
 

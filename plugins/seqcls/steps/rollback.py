@@ -40,7 +40,7 @@ OUT_DIR = OUT_DIRS[STEP]
 
 def rollback_model(settings: Settings, model_name: str, *, reason: str = "", by: str = "") -> dict[str, Any]:
     """Serve the recorded previous version of ``model_name`` again; champion follows. Under its own lease."""
-    from seqcls.registry import mirror_champion
+    from seqcls.registry.ledger import mirror_champion
     from seqcls.sync import served_release_key
 
     repo = Repository.from_settings(settings, model_name)
@@ -151,7 +151,7 @@ def rollback(
     if result.summary.get("rolled_back"):
         ws.mark("publish", failed_version=version, rolled_back=True, rollback_reason=reason)
     if "registry" not in result.summary:  # an attempt undone: only what it changed in MLflow (never champion)
-        from seqcls.registry import undo
+        from seqcls.registry.ledger import undo
 
         result.summary["registry"] = _registry(lambda: undo(release, reason=reason, champion=False))
         ws.mark(STEP, summary=result.summary)

@@ -26,11 +26,11 @@ from typing import Any
 
 import numpy as np
 
-from seqcls import parity
-from seqcls.checkpoint import sha256_file
+from seqcls.gates import parity
+from seqcls.checkpoints.checkpoint import sha256_file
 from seqcls.errors import GateError, InputError
-from seqcls.golden import DEFAULT_GOLDEN_TEXTS
-from seqcls.parity import Tolerance
+from seqcls.checkpoints.golden import DEFAULT_GOLDEN_TEXTS
+from seqcls.gates.parity import Tolerance
 from seqcls.records import (
     OUT_DIRS,
     Expected,
@@ -41,7 +41,7 @@ from seqcls.records import (
     serving_tokenizer,
     static_dir,
 )
-from seqcls.runs import log_parity_evidence
+from seqcls.registry.runs import log_parity_evidence
 from seqcls.serving import shipped
 from seqcls.steps import require
 from seqcls.workspace import Release, StepResult
@@ -119,8 +119,7 @@ def onnx_session(release: Release) -> tuple[Any, str, Tolerance]:
 
 def check_tokenizer(release: Release, texts: Sequence[str]) -> tuple[dict[str, Any], list[list[int]]]:
     if release.checkpoint.is_transformers:
-        from seqcls import hf
-
+        from seqcls.frameworks import transformers as hf
         ref_ids, reference = hf.reference_ids(release.checkpoint, texts, release.config.max_length)
     else:
         ref_ids, reference = (
@@ -148,8 +147,7 @@ def check_numbers(
     """Paddle Inference (PyTorch eager) vs ONNX Runtime on the same (serving) ids: conversion isolated."""
     pad_id = serving_tokenizer(release).pad_id
     if release.checkpoint.is_transformers:
-        from seqcls import hf
-
+        from seqcls.frameworks import transformers as hf
         model, _ = hf.load_model(release.checkpoint)
         l_ref = hf.eager_logits(model, ids, model_inputs(release.workspace), pad_id)
     else:

@@ -3,10 +3,10 @@
 For each seed the bench's model (``--spec medium``: the ERNIE-3.0-medium shape of
 :mod:`.model`, corpus and 64 golden texts as the full bench builds them) goes through the
 release core up to ``convert`` (profile ``fp32``), is fused once (``fp32-fused``) and quantized
-with every candidate :class:`~seqcls.quantize.Int8Recipe` — the static ones calibrated on the
+with every candidate :class:`~seqcls.profiles.quantize.Int8Recipe` — the static ones calibrated on the
 golden texts, tokenized by the serving tokenizer, as ``convert`` does. Each candidate is scored
 as the gate scores it (Paddle Inference on the static model vs ONNX Runtime on the candidate,
-golden texts in batches of 16, :func:`seqcls.parity.decision_report`): decision agreement,
+golden texts in batches of 16, :func:`seqcls.gates.parity.decision_report`): decision agreement,
 changed label sets, max |Δprob|; and on ``--held-out`` other corpus texts (never calibrated on).
 Speed: in-process sentences/s (serving tokenizer → pad → ORT, one thread) of fp32, fp32-fused
 and each candidate, single texts and batches of 8, rounds interleaved, on the first seed.
@@ -34,13 +34,13 @@ from typing import Any
 
 import numpy as np
 
-from seqcls.calibration import Calibration
-from seqcls.profile_checks import graph_inputs
-from seqcls.quantize import INT8, INT8_V1, Int8Recipe, quantize_int8
+from seqcls.profiles.calibration import Calibration
+from seqcls.profiles.checks import graph_inputs
+from seqcls.profiles.quantize import INT8, INT8_V1, Int8Recipe, quantize_int8
 
 log = logging.getLogger("seqcls_tools.bench.int8_study")
 
-#: The candidates (the current profile :data:`~seqcls.quantize.INT8` is added if not among them).
+#: The candidates (the current profile :data:`~seqcls.profiles.quantize.INT8` is added if not among them).
 CANDIDATES: tuple[Int8Recipe, ...] = (
     INT8_V1,
     Int8Recipe("dynamic", op_types=("MatMul", "Attention")),
@@ -81,7 +81,7 @@ class Scorer:
     """The gate's comparison for one checkpoint: Paddle Inference logits once, candidates against them."""
 
     def __init__(self, release, texts: list[str]):
-        from seqcls import parity
+        from seqcls.gates import parity
         from seqcls.records import static_dir
         from seqcls.serving import shipped
         from seqcls.steps.validate import serving_ids
@@ -95,8 +95,8 @@ class Scorer:
         self.p_ref = self.decide.sigmoid(parity.paddle_logits(static_dir(release.workspace), self.ids))
 
     def score(self, model: Path) -> dict[str, Any]:
-        from seqcls import parity
-        from seqcls.profile_checks import feeds_for
+        from seqcls.gates import parity
+        from seqcls.profiles.checks import feeds_for
         from seqcls.serving import shipped
 
         text_mod = shipped.text()
@@ -123,7 +123,7 @@ class Scorer:
 
 def speed(models: dict[str, Path], release, texts: list[str], seconds: float, rounds: int) -> dict[str, Any]:
     """In-process sentences/s per model: tokenize → pad → ORT (one thread), 1 and 8 texts per run."""
-    from seqcls.profile_checks import feeds_for
+    from seqcls.profiles.checks import feeds_for
     from seqcls.serving import shipped
 
     text_mod = shipped.text()
@@ -168,7 +168,7 @@ def study_checkpoint(
     """Candidates on one checkpoint: scores on golden / held-out texts (+ models for the speed run)."""
     import onnx
 
-    from seqcls.optimize import optimize_onnx
+    from seqcls.profiles.optimize import optimize_onnx
     from seqcls.records import fp32_onnx
     from seqcls.steps import run_release
     from seqcls.steps.validate import golden_texts

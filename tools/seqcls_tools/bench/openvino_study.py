@@ -41,7 +41,7 @@ Runner = Callable[[Sequence[np.ndarray]], list[np.ndarray]]
 
 
 def _feeds(names: Sequence[str], ids: np.ndarray) -> dict[str, np.ndarray]:
-    from seqcls.profile_checks import feeds_for
+    from seqcls.profiles.checks import feeds_for
 
     return feeds_for(names, ids[None, :], [len(ids)])
 
@@ -123,8 +123,8 @@ def timed(runners: dict[str, Runner], seqs: Sequence[np.ndarray], rounds: int) -
 
 
 def main(argv: list[str] | None = None) -> None:
-    from seqcls import parity
-    from seqcls.optimize import optimize_onnx
+    from seqcls.gates import parity
+    from seqcls.profiles.optimize import optimize_onnx
     from seqcls.records import fp32_onnx, static_dir
     from seqcls.steps import run_release
     from seqcls.steps.validate import serving_ids

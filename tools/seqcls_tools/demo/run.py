@@ -111,7 +111,7 @@ def ensure_checkpoint(settings: Settings, *, quick: bool = False) -> tuple[Path,
     if (ckpt / "config.json").is_file() and (ckpt / "label.txt").is_file():
         metrics = ckpt / "metrics.json"
         log.info("demo: reusing the trained checkpoint %s", ckpt)
-        from seqcls.completion import mark_complete, read_marker
+        from seqcls.checkpoints.completion import mark_complete, read_marker
 
         if read_marker(ckpt) is None:  # trained before completion markers existed
             mark_complete(ckpt, run="seqcls_tools.demo (trained before completion markers)")
@@ -131,7 +131,7 @@ def ensure_checkpoint(settings: Settings, *, quick: bool = False) -> tuple[Path,
 
 def run_demo(*, keep_servers: bool = False, quick: bool = False, timeout: float = 1800) -> DemoResult:
     """Release the demo checkpoint through the Airflow DAG and report what Triton serves."""
-    from seqcls import registry
+    from seqcls.registry.ledger import ledger as registry
     from seqcls.localtriton import LocalTriton, TritonServerConfig
     from seqcls.serving.client import TritonOps, endpoints_from_settings
     from seqcls.serving.repository import Repository

@@ -17,7 +17,7 @@ import numpy as np
 
 from seqcls.config import ReleaseConfig
 from seqcls.errors import ConversionError
-from seqcls.fusion import constants, scalar
+from seqcls.profiles.fusion import constants, scalar
 from seqcls.serving import shipped
 
 #: Self-check tolerance for ``fp32-fused`` — the parity gate's defaults.

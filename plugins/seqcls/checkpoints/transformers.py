@@ -1,6 +1,6 @@
 """The checks a Hugging Face ``transformers`` checkpoint gets up front, besides the common ones.
 
-:mod:`seqcls.checkpoint` detects the framework (``config.json``'s ``transformers_version``) and
+:mod:`seqcls.checkpoints.checkpoint` detects the framework (``config.json``'s ``transformers_version``) and
 calls these: a multi-label ``*ForSequenceClassification`` (sigmoid per label), weights from
 ``model.safetensors`` only (``pytorch_model.bin`` is a pickle), and a tokenizer Triton can serve
 (``tokenizer.json``, or the slow tokenizer's vocabulary it is converted from at export) whose ids
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from seqcls.checkpoint import MODEL_FILES, _read_vocab, read_json
+from seqcls.checkpoints.checkpoint import MODEL_FILES, _read_vocab, read_json
 from seqcls.errors import CheckpointError
 
 #: Tokenizer files a ``transformers`` checkpoint may carry (fingerprinted when present): the fast

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from seqcls.config import ReleaseConfig
-from seqcls.profile_checks import feeds_for
+from seqcls.profiles.checks import feeds_for
 from seqcls.serving import shipped
 
 log = logging.getLogger(__name__)

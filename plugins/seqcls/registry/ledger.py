@@ -85,7 +85,7 @@ def client(settings: Settings):
     # Two releases (of two models) starting at once on a fresh mlflow.db would both run MLflow's
     # schema migrations and one would fail ("Online migration expected to match one row"): create
     # and migrate the stores (the client's constructor and first registry call do) under a file lock.
-    from seqcls.locking import held
+    from seqcls.files import held
 
     db = Path(uri[len("sqlite:///") :])
     with held(db.with_name(db.name + ".seqcls-init.lock"), timeout=300, what="MLflow set-up", error=RegistryError):

@@ -8,7 +8,7 @@ when such a checkpoint is released (a Paddle-only user never imports them). Noth
 checkpoint executes code or reaches beyond it: weights from ``model.safetensors`` only,
 ``trust_remote_code=False`` (an ``auto_map`` in ``config.json`` is never imported), local files
 only, and ``tokenizer_config.json`` may not name files outside the directory (checked up front,
-:mod:`seqcls.checkpoint_hf`).
+:mod:`seqcls.checkpoints.transformers`).
 
 Exporter: ``torch.onnx.export(..., dynamo=False)`` (TorchScript tracing) with ``dynamic_axes`` for
 batch and sequence. Why not the dynamo exporter: it needs ``onnxscript`` (one more dependency),
@@ -31,8 +31,8 @@ from typing import Any
 
 import numpy as np
 
-from seqcls.checkpoint import Checkpoint
-from seqcls.checkpoint_hf import SLOW_TOKENIZER_FILES
+from seqcls.checkpoints.checkpoint import Checkpoint
+from seqcls.checkpoints.transformers import SLOW_TOKENIZER_FILES
 from seqcls.errors import CheckpointError, ConversionError, InputError
 
 log = logging.getLogger(__name__)
@@ -217,8 +217,7 @@ def eager_logits(model, ids: Sequence[Sequence[int]], names: Sequence[str], pad_
     """PyTorch eager logits on the serving ids, batched and padded as ONNX Runtime is fed."""
     import torch
 
-    from seqcls import parity
-
+    from seqcls.gates import parity
     out = []
     with torch.inference_mode():
         for feed in parity.feeds(ids, names, pad_id):

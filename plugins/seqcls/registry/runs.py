@@ -3,7 +3,7 @@
 Every gate that ran leaves a run in experiment ``seqcls-<model>`` — passed or failed — holding
 the gate's report and plot (``parity/report.json``, ``parity/plot.png``; ``expected.json`` when it
 passed), its figures as metrics, the release parameters as params and the tags
-``seqcls.parity=passed|failed``, ``fingerprint``, ``release_key`` and ``seqcls.workspace``; the run
+``seqcls.gates.parity=passed|failed``, ``fingerprint``, ``release_key`` and ``seqcls.workspace``; the run
 id is recorded in the manifest's ``validate`` record (``mlflow_run_id``), so the evidence is one
 click from the task. A failed gate's run is ``FAILED`` with ``seqcls.outcome=gate_failed`` and
 the gate's message in ``seqcls.gate_error``; a passed gate's run waits with
@@ -31,7 +31,7 @@ from seqcls.workspace import Release
 log = logging.getLogger(__name__)
 
 VALIDATE_STEP = "validate"
-PARITY_TAG = "seqcls.parity"
+PARITY_TAG = "seqcls.gates.parity"
 OUTCOME_TAG = "seqcls.outcome"
 GATE_ERROR_TAG = "seqcls.gate_error"
 RUN_ID_KEY = "mlflow_run_id"  # in the manifest's validate record
@@ -64,7 +64,7 @@ def open_run(c, release: Release, report: ParityReport | None, key: str, *, pari
     """A new run of this release (tags, params, the report's metrics); returns its id."""
     from mlflow.entities import Metric, Param
 
-    from seqcls.registry import RELEASE_KEY_TAG, _experiment
+    from seqcls.registry.ledger import RELEASE_KEY_TAG, _experiment
 
     ws, cfg, ckpt = release.workspace, release.config, release.checkpoint
     run = c.create_run(
@@ -99,7 +99,7 @@ def _report(directory: Path) -> ParityReport | None:
 
 
 def _log_evidence(release: Release, outcome: str) -> str:
-    from seqcls.registry import client, release_key
+    from seqcls.registry.ledger import client, release_key
 
     ws = release.workspace
     passed = outcome == "passed"
@@ -122,7 +122,7 @@ def _log_evidence(release: Release, outcome: str) -> str:
 
 
 def log_parity_evidence(release: Release, outcome: str) -> str | None:
-    """Log the gate's report and plot to a new MLflow run tagged ``seqcls.parity=<outcome>``.
+    """Log the gate's report and plot to a new MLflow run tagged ``seqcls.gates.parity=<outcome>``.
 
     Call it after validate's ``run_step`` returned a fresh result (``outcome="passed"``: files in
     ``parity/``) or raised :class:`~seqcls.errors.GateError` (``"failed"``: files in
@@ -145,7 +145,7 @@ def adopt_run(c, validate_record: dict[str, Any], key: str) -> str | None:
     """The run validate opened for this gate, if no registration took it yet and it is for ``key``."""
     from mlflow.exceptions import MlflowException
 
-    from seqcls.registry import RELEASE_KEY_TAG
+    from seqcls.registry.ledger import RELEASE_KEY_TAG
 
     run_id = validate_record.get(RUN_ID_KEY)
     if not run_id:

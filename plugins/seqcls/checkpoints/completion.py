@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-from seqcls.checkpoint import directory_fingerprint, inside_checkpoint, read_json, resolve_checkpoint
+from seqcls.checkpoints.checkpoint import directory_fingerprint, inside_checkpoint, read_json, resolve_checkpoint
 from seqcls.errors import CheckpointError, InputError
 from seqcls.serving.state import atomic_write_text
 
@@ -32,7 +32,7 @@ log = logging.getLogger(__name__)
 MARKER_FILE = "SEQCLS_DONE.json"
 HOW_TO_MARK = (
     f"the training job writes {MARKER_FILE} last, once every file of the checkpoint is saved: "
-    "python -c 'from seqcls.completion import mark_complete; mark_complete(\"<checkpoint dir>\")'"
+    "python -c 'from seqcls.checkpoints.completion import mark_complete; mark_complete(\"<checkpoint dir>\")'"
 )
 _FINGERPRINT = re.compile(r"[0-9a-f]{64}")
 

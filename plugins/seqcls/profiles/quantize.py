@@ -2,7 +2,7 @@
 
 :func:`quantize_checked` quantizes the fused model with the recipe :data:`INT8` (see there: which
 ops, which stay fp32) and then measures it on the release's golden texts (``convert`` passes
-them as a :class:`~seqcls.calibration.Calibration`, tokenized by the serving tokenizer; static
+them as a :class:`~seqcls.profiles.calibration.Calibration`, tokenized by the serving tokenizer; static
 recipes also take their activation ranges from them): when its label decisions agree with the
 fused fp32 model less than the gate's ``min_decision_agreement`` + :data:`INT8_MARGIN`, the next
 recipe of :data:`INT8_FALLBACKS` (more layers in fp32) replaces it. Every attempt is reported;
@@ -23,12 +23,12 @@ from typing import Any
 
 import numpy as np
 
-from seqcls.calibration import Calibration, CalibrationReader, calibration_feeds
+from seqcls.profiles.calibration import Calibration, CalibrationReader, calibration_feeds
 from seqcls.config import ReleaseConfig
 from seqcls.errors import ConversionError
-from seqcls.fusion import toposort
-from seqcls.node_roles import node_roles
-from seqcls.profile_checks import check_contract, decision_agreement
+from seqcls.profiles.fusion import toposort
+from seqcls.profiles.node_roles import node_roles
+from seqcls.profiles.checks import check_contract, decision_agreement
 
 log = logging.getLogger(__name__)
 

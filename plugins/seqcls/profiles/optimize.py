@@ -2,18 +2,18 @@
 
 ``convert`` calls :func:`optimize_onnx` for every profile except ``fp32``; the result is
 ``onnx/served.onnx``, the file that is validated and served. The graph rewrites and ORT's BERT
-fusions live in :mod:`seqcls.fusion` (why paddle2onnx's graph needs them is explained there).
+fusions live in :mod:`seqcls.profiles.fusion` (why paddle2onnx's graph needs them is explained there).
 
-After fusion a self-check (:mod:`seqcls.profile_checks`) runs the source and the fused model on
+After fusion a self-check (:mod:`seqcls.profiles.checks`) runs the source and the fused model on
 synthetic padded batches; ``fp32-fused`` must stay within the exact-parity tolerance (|Δ| ≤ atol
 + rtol·|x|, the gate's defaults in :class:`~seqcls.config.ReleaseConfig`) or the conversion
-fails here with the figures. ``int8`` then quantizes the fused model (:mod:`seqcls.quantize`:
-the recipes, the check on the golden texts of :mod:`seqcls.calibration`, the fallbacks).
+fails here with the figures. ``int8`` then quantizes the fused model (:mod:`seqcls.profiles.quantize`:
+the recipes, the check on the golden texts of :mod:`seqcls.profiles.calibration`, the fallbacks).
 
-The modules, by responsibility: :mod:`seqcls.profile_checks` (the graph's I/O contract,
-synthetic batches, self-check, decision agreement), :mod:`seqcls.calibration` (the golden texts
-as serving feeds them), :mod:`seqcls.node_roles` (which nodes a recipe keeps fp32),
-:mod:`seqcls.quantize` (INT8 recipes and the checked ladder). Their public names are also
+The modules, by responsibility: :mod:`seqcls.profiles.checks` (the graph's I/O contract,
+synthetic batches, self-check, decision agreement), :mod:`seqcls.profiles.calibration` (the golden texts
+as serving feeds them), :mod:`seqcls.profiles.node_roles` (which nodes a recipe keeps fp32),
+:mod:`seqcls.profiles.quantize` (INT8 recipes and the checked ladder). Their public names are also
 importable from here.
 """
 
@@ -29,11 +29,11 @@ from typing import Any
 
 import numpy as np
 
-from seqcls.calibration import CALIBRATION_BATCH, Calibration
+from seqcls.profiles.calibration import CALIBRATION_BATCH, Calibration
 from seqcls.errors import ConversionError
-from seqcls.fusion import fuse_bert, prepare_for_fusion, raise_opset_for_layernorm
-from seqcls.node_roles import head_nodes, node_roles
-from seqcls.profile_checks import (
+from seqcls.profiles.fusion import fuse_bert, prepare_for_fusion, raise_opset_for_layernorm
+from seqcls.profiles.node_roles import head_nodes, node_roles
+from seqcls.profiles.checks import (
     SELF_CHECK_ATOL,
     SELF_CHECK_RTOL,
     check_contract,
@@ -43,7 +43,7 @@ from seqcls.profile_checks import (
     self_check,
     synthetic_batches,
 )
-from seqcls.quantize import (
+from seqcls.profiles.quantize import (
     INT8,
     INT8_FALLBACKS,
     INT8_MARGIN,

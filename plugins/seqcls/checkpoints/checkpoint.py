@@ -12,7 +12,7 @@ message naming the file, instead of minutes later inside an export. Text files m
 CRLF line endings, and the label and golden files with a UTF-8 byte-order mark; every file read
 from the directory must be in it (a symlink resolving outside the checkpoint is refused).
 Which checkpoint ``latest`` is — the one its training job marked complete last — is
-:mod:`seqcls.completion`.
+:mod:`seqcls.checkpoints.completion`.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from seqcls.errors import CheckpointError
-from seqcls.safeload import check_weight_file, scan_pickle
+from seqcls.checkpoints.safeload import check_weight_file, scan_pickle
 
 log = logging.getLogger(__name__)
 
@@ -194,7 +194,7 @@ def _checkpoint_root(path: str | Path) -> Path:
 
 def _refuse_outside_links(root: Path, *, skip: frozenset[str] = frozenset()) -> None:
     """Every file seqcls reads from the checkpoint must be in it (a symlink to ``../x`` outside is refused)."""
-    from seqcls.checkpoint_hf import HF_MODEL_FILES
+    from seqcls.checkpoints.transformers import HF_MODEL_FILES
 
     for name in (*HF_MODEL_FILES, *WEIGHT_FILES, GOLDEN_FILE):
         if name not in skip:
@@ -254,7 +254,7 @@ def _weights_path(root: Path) -> Path:
 
 def _find_weights(root: Path, allow_unsafe_pickle: bool = False, framework: str = "paddle") -> Path:
     if framework == "transformers":
-        from seqcls.checkpoint_hf import refuse_other_weights
+        from seqcls.checkpoints.transformers import refuse_other_weights
 
         refuse_other_weights(root)
     weights = _weights_path(root)
@@ -316,7 +316,7 @@ def _hash_model_files(
 ) -> tuple[dict[str, str], str]:
     """sha256 of every model-defining file present, and the fingerprint over them."""
     files: dict[str, str] = {}
-    from seqcls.checkpoint_hf import HF_MODEL_FILES
+    from seqcls.checkpoints.transformers import HF_MODEL_FILES
 
     for name in HF_MODEL_FILES if framework == "transformers" else MODEL_FILES:
         p = label_path if name == LABEL_FILE else root / name
@@ -335,8 +335,7 @@ def resolve_checkpoint(
     allow_unsafe_pickle: bool = False,
 ) -> Checkpoint:
     """Validate a checkpoint directory and fingerprint it (sha256 over the model-defining files)."""
-    from seqcls import checkpoint_hf
-
+    from seqcls.checkpoints import transformers as checkpoint_hf
     root = _checkpoint_root(path)
     given = ((LABEL_FILE, label_file), (GOLDEN_FILE, golden_file))  # files given explicitly may live anywhere
     _refuse_outside_links(root, skip=frozenset(name for name, file in given if file))

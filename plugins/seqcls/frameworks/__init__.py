@@ -1,0 +1,1 @@
+"""Framework adapters: what differs between a PaddleNLP and a Hugging Face transformers checkpoint."""

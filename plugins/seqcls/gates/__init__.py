@@ -1,0 +1,1 @@
+"""Gates: the numbers a release must pass before it is registered (parity today)."""
