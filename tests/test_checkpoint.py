@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from seqcls.checkpoints.checkpoint import directory_fingerprint, resolve_checkpoint
 from seqcls.checkpoints.completion import find_latest, mark_complete, read_marker
+from seqcls.checkpoints.resolve import directory_fingerprint, resolve_checkpoint
 from seqcls.errors import CheckpointError
 
 pytestmark = pytest.mark.slow  # the session fixture builds a real (tiny) paddle checkpoint

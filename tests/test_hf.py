@@ -13,15 +13,15 @@ import json
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from seqcls.checkpoints.checkpoint import resolve_checkpoint
+from seqcls.checkpoints.resolve import resolve_checkpoint
 from seqcls.errors import CheckpointError, GateError
+from seqcls.frameworks import TRANSFORMERS, for_checkpoint
 from seqcls.localtriton import LocalTriton
-from tests.conftest import cli_env, start_triton
+from tests.helpers.triton import module_triton
 
 pytest.importorskip("torch", reason="the torch extra (make setup-torch) is not installed")
 
@@ -49,7 +49,7 @@ def _edit_json(path: Path, **changes: object) -> None:
 @pytest.mark.parametrize("arch", ["deberta-v2", "bert"])
 def test_transformers_checkpoint_is_detected_and_fingerprinted(hf_checkpoints_src: dict[str, Path], arch: str) -> None:
     ckpt = resolve_checkpoint(hf_checkpoints_src[arch])
-    assert ckpt.framework == "transformers" and ckpt.is_transformers
+    assert ckpt.framework == "transformers" and for_checkpoint(ckpt) is TRANSFORMERS
     assert (
         ckpt.architecture
         == {"deberta-v2": "DebertaV2ForSequenceClassification", "bert": "BertForSequenceClassification"}[arch]
@@ -156,7 +156,7 @@ def test_gate_passes_with_the_graph_and_tokenizer_the_model_takes(
 def test_gate_fails_on_perturbed_onnx_weights(hf_checkpoints_src: dict[str, Path]) -> None:
     from seqcls.steps import run_release
     from seqcls.steps.validate import validate
-    from tests.test_release_core import perturb_converted
+    from tests.helpers.checkpoints import perturb_converted
 
     release = _release(hf_checkpoints_src["deberta-v2"], "hfperturbed")
     run_release(release, until="convert")
@@ -191,21 +191,7 @@ def test_gate_fails_on_a_tokenizer_file_edited_after_training(
 # ----------------------------------------------------------------------------- integration: real Triton
 
 
-@pytest.fixture(scope="module")
-def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("hf-release")
-
-
-@pytest.fixture(scope="module")
-def triton(root: Path) -> Iterator[LocalTriton]:
-    server = start_triton(root)
-    yield server
-    server.stop()
-
-
-@pytest.fixture
-def env(triton: LocalTriton, root: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
-    return cli_env(triton, root, monkeypatch)
+root, triton, env = module_triton("hf-release")
 
 
 @pytest.mark.slow
@@ -262,9 +248,9 @@ def test_release_end_to_end_on_triton(
     )
     assert (repo / names_for(model).tokenizer / "1" / "tokenizer.json").is_file()
     # the registry records the framework, and status agrees
-    from seqcls.registry.ledger import CHAMPION, _alias, client
+    from seqcls.registry.ledger import CHAMPION, aliased_version, client
 
-    champion = _alias(client(settings), model, CHAMPION)
+    champion = aliased_version(client(settings), model, CHAMPION)
     assert champion is not None and champion.tags["framework"] == "transformers"
     assert champion.tags["version.torch"].startswith("2.")
     # the registered MLflow model answers the same from text (tokenizer.json + attention_mask inside)

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from seqcls.checkpoints.checkpoint import resolve_checkpoint
-from seqcls.errors import CheckpointError
+from seqcls.checkpoints.resolve import resolve_checkpoint
 from seqcls.checkpoints.safeload import ALLOWED_GLOBALS, scan_pickle
+from seqcls.errors import CheckpointError
 
 pytestmark = pytest.mark.slow  # the session fixture builds a real (tiny) paddle checkpoint
 

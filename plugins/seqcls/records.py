@@ -13,6 +13,8 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, TypeVar
 
+from seqcls.frameworks import ServingTokenizer, for_checkpoint
+from seqcls.serving import shipped
 from seqcls.workspace import Release, Workspace
 
 # --- layout: the directory each step owns, and the files other steps read ---------------------
@@ -54,45 +56,13 @@ def served_onnx(ws: Workspace) -> Path:
     return ws.path(summary.get("served_file") or summary.get("model_file") or MODEL_ONNX)
 
 
-@dataclass(frozen=True)
-class ServingTokenizer:
-    """The tokenizer Triton's ``tokenizer`` model runs for this release, and its facts.
-
-    PaddleNLP checkpoints: ``vocab.txt`` (a WordPiece rebuilt to match PaddleNLP, ``seqcls_text.
-    build_tokenizer``); transformers checkpoints: the ``tokenizer.json`` export wrote.
-    """
-
-    file: Path
-    kind: str  # "wordpiece" (vocab.txt) | "tokenizer.json"
-    pad_id: int
-    do_lower_case: bool
-
-    def build(self, text_mod, max_length: int):
-        """The ``tokenizers`` object the server builds from this file (``text_mod``: the shipped seqcls_text)."""
-        if self.kind == "tokenizer.json":
-            return text_mod.load_tokenizer(self.file, max_length=max_length)
-        return text_mod.build_tokenizer(self.file, lowercase=self.do_lower_case, max_length=max_length)
-
-
 def serving_tokenizer(release: Release) -> ServingTokenizer:
-    ckpt = release.checkpoint
-    if ckpt.is_transformers:
-        summary = release.workspace.require("export")["summary"]
-        return ServingTokenizer(
-            release.workspace.path(summary["tokenizer_file"]),
-            "tokenizer.json",
-            int(summary.get("pad_id", 0)),
-            ckpt.do_lower_case,
-        )
-    vocab = ckpt.vocab_file.read_text(encoding="utf-8").splitlines()
-    pad_id = vocab.index("[PAD]") if "[PAD]" in vocab else 0
-    return ServingTokenizer(ckpt.vocab_file, "wordpiece", pad_id, ckpt.do_lower_case)
+    """The tokenizer Triton's ``tokenizer`` model runs for this release (the framework adapter knows which file)."""
+    return for_checkpoint(release.checkpoint).serving_tokenizer(release.checkpoint, release.workspace)
 
 
 def model_inputs(ws: Workspace) -> list[str]:
     """The id tensors the served graph takes (convert recorded them; older records: the Paddle pair)."""
-    from seqcls.serving import shipped
-
     summary = ws.require("convert")["summary"]
     return list(summary.get("inputs") or shipped.contract().MODEL_INPUTS)
 
@@ -213,7 +183,7 @@ class Published:
 class Registered:
     """The MLflow model version a release registered (or found already registered).
 
-    ``release_key``: the serving configuration the version stands for (``seqcls.registry.ledger.release_key``;
+    ``release_key``: the serving configuration the version stands for (``seqcls.serving.release.release_key``;
     None in records written before release keys).
     """
 

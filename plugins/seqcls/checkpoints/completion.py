@@ -23,9 +23,10 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-from seqcls.checkpoints.checkpoint import directory_fingerprint, inside_checkpoint, read_json, resolve_checkpoint
+from seqcls.checkpoints.checkpoint import inside_checkpoint, read_json
+from seqcls.checkpoints.resolve import directory_fingerprint, resolve_checkpoint
 from seqcls.errors import CheckpointError, InputError
-from seqcls.serving.state import atomic_write_text
+from seqcls.files import atomic_write
 
 log = logging.getLogger(__name__)
 
@@ -98,7 +99,7 @@ def mark_complete(path: str | Path, run: str | None = None, *, completed_at: dat
         raise InputError(f"completed_at {when.isoformat()} has no timezone; pass an aware datetime (e.g. in UTC).")
     ckpt = resolve_checkpoint(path)
     done = Completion(ckpt.path, when, ckpt.fingerprint, run)
-    atomic_write_text(done.marker, done.to_json())
+    atomic_write(done.marker, done.to_json())
     fp = ckpt.short_fingerprint
     log.info("checkpoint %s marked complete at %s (fingerprint %s)", ckpt.path, when.isoformat(), fp)
     return done

@@ -3,9 +3,13 @@
 Varied on purpose — the parity gate is only as good as the inputs it sees: Chinese, English,
 mixed scripts, digits, punctuation (full- and half-width), emoji, accents, a single character,
 whitespace oddities and texts far longer than any ``max_length`` (truncation must agree too).
+:func:`golden_texts` is the one choice between a checkpoint's own and these (validate gates on
+them and records the answers smoke expects, convert calibrates ``int8`` on them).
 """
 
 from __future__ import annotations
+
+from seqcls.checkpoints.checkpoint import Checkpoint
 
 _ZH = (
     "某科技公司宣布裁员百分之十，涉及研发和销售部门。",
@@ -84,3 +88,10 @@ _LONG = (
 )
 
 DEFAULT_GOLDEN_TEXTS: tuple[str, ...] = _ZH + _EN + _MIXED + _EDGE + _LONG
+
+
+def golden_texts(ckpt: Checkpoint) -> tuple[list[str], str]:
+    """The texts a release of ``ckpt`` is gated on, and where they come from."""
+    if ckpt.golden_texts:
+        return list(ckpt.golden_texts), "checkpoint golden.txt"
+    return list(DEFAULT_GOLDEN_TEXTS), "built-in golden set"

@@ -1,5 +1,5 @@
-"""The Hugging Face PyTorch side of a release: load (safetensors only), export to ONNX, the eager
-reference the parity gate compares against, and the tokenizer Triton serves.
+"""The Hugging Face PyTorch side of a release: the checkpoint's checks, load (safetensors only),
+export to ONNX, the eager reference the parity gate compares against, and the tokenizer Triton serves.
 
 Everything after the ONNX file — parity gate, registry, ensemble, smoke, rollback, DAG — is the
 same for both frameworks; this module holds what differs for a ``transformers`` checkpoint.
@@ -7,8 +7,12 @@ same for both frameworks; this module holds what differs for a ``transformers`` 
 when such a checkpoint is released (a Paddle-only user never imports them). Nothing read from the
 checkpoint executes code or reaches beyond it: weights from ``model.safetensors`` only,
 ``trust_remote_code=False`` (an ``auto_map`` in ``config.json`` is never imported), local files
-only, and ``tokenizer_config.json`` may not name files outside the directory (checked up front,
-:mod:`seqcls.checkpoints.transformers`).
+only, and ``tokenizer_config.json`` may not name files outside the directory (checked up front).
+
+Checked up front, cheaply (no torch import), besides the common checks: a multi-label
+``*ForSequenceClassification`` (sigmoid per label), weights from ``model.safetensors`` only
+(``pytorch_model.bin`` is a pickle), and a tokenizer Triton can serve (``tokenizer.json``, or the
+slow tokenizer's vocabulary it is converted from at export) whose ids fit the embedding table.
 
 Exporter: ``torch.onnx.export(..., dynamo=False)`` (TorchScript tracing) with ``dynamic_axes`` for
 batch and sequence. Why not the dynamo exporter: it needs ``onnxscript`` (one more dependency),
@@ -23,17 +27,23 @@ which would put the wrapped model in training mode (dropout on) for the eager re
 
 from __future__ import annotations
 
+import inspect
 import logging
 import time
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from seqcls.checkpoints.checkpoint import Checkpoint
-from seqcls.checkpoints.transformers import SLOW_TOKENIZER_FILES
+from seqcls.checkpoints.checkpoint import MODEL_FILES, Checkpoint, find_weights, read_json, read_vocab
+from seqcls.config import ReleaseConfig
 from seqcls.errors import CheckpointError, ConversionError, InputError
+from seqcls.frameworks.common import Intake, Records, ServingTokenizer
+from seqcls.gates.runtime import feeds
+from seqcls.serving import shipped
+from seqcls.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +52,106 @@ EXTRA = "torch"
 TOKENIZER_JSON = "tokenizer.json"
 #: Example texts the graph is traced with (two lengths, so no length is baked in by accident).
 TRACE_TEXTS = ("某科技公司宣布裁员百分之十，涉及研发部门。", "球队夺冠")
+#: The ONNX file the export step writes (convert verifies it like paddle2onnx's output).
+ONNX_FILE = "model.onnx"
+
+# ----------------------------------------------------------------------------- checkpoint checks
+
+#: Tokenizer files a ``transformers`` checkpoint may carry (fingerprinted when present): the fast
+#: tokenizer's ``tokenizer.json`` (what Triton serves) and the slow tokenizer's vocabulary.
+SLOW_TOKENIZER_FILES = ("vocab.txt", "spm.model", "sentencepiece.bpe.model", "tokenizer.model")
+HF_TOKENIZER_FILES = ("tokenizer.json", *SLOW_TOKENIZER_FILES)
+HF_MODEL_FILES = (*MODEL_FILES, *(n for n in HF_TOKENIZER_FILES if n not in MODEL_FILES), "added_tokens.json")
+#: What ``transformers`` would read instead of (or besides) ``model.safetensors``: pickles.
+HF_PICKLE_WEIGHTS = ("pytorch_model.bin", "tf_model.h5", "flax_model.msgpack")
+
+
+def check_config(config: dict, path: Path) -> None:
+    """A ``transformers`` classifier seqcls can serve: multi-label (sigmoid per label), known architecture."""
+    arch = config.get("architectures") or []
+    if not arch:
+        raise CheckpointError(
+            f"{path}: no architectures; save the model with save_pretrained (it records e.g. "
+            "BertForSequenceClassification)."
+        )
+    problem = config.get("problem_type")
+    if problem != "multi_label_classification":
+        raise CheckpointError(
+            f"{path}: problem_type is {problem!r}; seqcls serves multi-label classifiers (a sigmoid per label, "
+            "thresholded) — train with problem_type='multi_label_classification' (the model then uses "
+            "BCEWithLogitsLoss) or set it in config.json if that is how the model was trained."
+        )
+
+
+def refuse_other_weights(root: Path) -> None:
+    """Weights transformers could read besides ``model.safetensors`` are refused (pickles, Paddle's)."""
+    pickles = [n for n in HF_PICKLE_WEIGHTS if (root / n).exists() or (root / n).is_symlink()]
+    if pickles:
+        raise CheckpointError(
+            f"{root / pickles[0]}: seqcls releases transformers checkpoints from model.safetensors only "
+            f"({pickles[0]} is read by pickle, which can run code); re-save with "
+            "save_pretrained(..., safe_serialization=True) and remove it."
+        )
+    if (root / "model_state.pdparams").exists():
+        raise CheckpointError(
+            f"{root / 'model_state.pdparams'}: a PaddlePaddle weights file in a transformers checkpoint "
+            "(config.json has transformers_version); keep model.safetensors only."
+        )
+
+
+def refuse_outside_files(root: Path, tok_cfg: dict) -> None:
+    """transformers passes a ``*_file`` key of ``tokenizer_config.json`` (``vocab_file``,
+    ``tokenizer_file``, ``merges_file``...) to the tokenizer as it is, so a config naming
+    ``/elsewhere/vocab.txt`` makes it read that file instead of the checkpoint's. Only files
+    inside the checkpoint directory are allowed (``save_pretrained`` writes none of these keys)."""
+    for key, value in tok_cfg.items():
+        if not key.endswith("_file") or value is None:
+            continue
+        target = (root / str(value)).resolve() if isinstance(value, str) else None
+        if target is None or not target.is_relative_to(root):
+            raise CheckpointError(
+                f"{root / 'tokenizer_config.json'}: {key} names {value!r}, outside the checkpoint {root}; "
+                f"transformers would read it instead of the checkpoint's own file — remove the {key} key "
+                "(save_pretrained does not write it)."
+            )
+
+
+def read_tokenizer(root: Path, config: dict) -> tuple[bool, int]:
+    """``(do_lower_case, vocabulary size)`` of a transformers checkpoint's tokenizer, cheaply checked.
+
+    The Triton tokenizer serves ``tokenizer.json`` (built from the slow tokenizer's files at export
+    when the checkpoint has none); the parity gate proves it gives the ids ``transformers`` does.
+    """
+    tok_cfg = read_json(root / "tokenizer_config.json", "save_pretrained writes the tokenizer config there")
+    refuse_outside_files(root, tok_cfg)
+    present = [n for n in HF_TOKENIZER_FILES if (root / n).is_file()]
+    if not present:
+        raise CheckpointError(
+            f"{root}: no tokenizer — expected tokenizer.json (a fast tokenizer's save_pretrained) or the slow "
+            f"tokenizer's vocabulary ({', '.join(SLOW_TOKENIZER_FILES)})."
+        )
+    vocab_size = int(config.get("vocab_size", 0)) or None
+    size = 0
+    if (root / "tokenizer.json").is_file():
+        data = read_json(root / "tokenizer.json", "a fast tokenizer's save_pretrained writes it")
+        model = data.get("model")
+        if not isinstance(model, dict) or "vocab" not in model:
+            raise CheckpointError(f"{root / 'tokenizer.json'}: no model.vocab; is this a tokenizers file?")
+        vocab = model["vocab"]
+        ids = vocab.values() if isinstance(vocab, dict) else range(len(vocab))
+        added = [t.get("id", 0) for t in data.get("added_tokens") or [] if isinstance(t, dict)]
+        size = max([*ids, *added], default=-1) + 1
+    elif (root / "vocab.txt").is_file():
+        size = len(read_vocab(root, config))
+    if vocab_size is not None and size > vocab_size:
+        raise CheckpointError(
+            f"{root / present[0]}: ids up to {size - 1} but config.json vocab_size is {vocab_size}; ids past the "
+            "embedding table would crash the model — use the tokenizer it was trained with."
+        )
+    return bool(tok_cfg.get("do_lower_case", True)), size
+
+
+# ----------------------------------------------------------------------------- load, export
 
 
 def require_torch() -> None:
@@ -95,10 +205,6 @@ def load_model(ckpt: Checkpoint):
 def graph_inputs(model) -> list[str]:
     """The id tensors the model takes, in the serving contract's order (DeBERTa-v2 without token
     types when ``type_vocab_size`` is 0: it has no table for them)."""
-    import inspect
-
-    from seqcls.serving import shipped
-
     accepted = set(inspect.signature(model.forward).parameters)
     names = [n for n in shipped.contract().MODEL_INPUT_NAMES if n in accepted]
     if "token_type_ids" in names and int(getattr(model.config, "type_vocab_size", 1) or 0) == 0:
@@ -126,11 +232,7 @@ def _wrapper(model, names: Sequence[str]):
 
 def export_onnx(model, names: Sequence[str], out_file: Path, *, opset: int, pad_id: int, tokenizer_file: Path) -> dict:
     """Trace ``model`` to ONNX with dynamic batch and sequence axes and one output, ``logits``."""
-    import warnings
-
     import torch
-
-    from seqcls.serving import shipped
 
     text = shipped.text()
     tok = text.load_tokenizer(tokenizer_file, max_length=64)
@@ -187,6 +289,43 @@ def write_serving_tokenizer(ckpt: Checkpoint, out_file: Path) -> dict[str, Any]:
     return {"tokenizer_class": type(tok).__name__, "pad_id": int(pad_id), "tokenizer_source": source}
 
 
+def export_checkpoint(ckpt: Checkpoint, out: Path, rel: str, *, opset: int) -> tuple[dict[str, Any], str]:
+    """Export to ``out/model.onnx`` + the serving ``tokenizer.json``; the summary names them as
+    ``rel/<file>`` (``rel``: ``out`` inside the workspace)."""
+    log.info("export: loading %s from %s (%s)", ckpt.architecture, ckpt.path, ckpt.weights.name)
+    model, n_params = load_model(ckpt)
+    names = graph_inputs(model)
+    tok = write_serving_tokenizer(ckpt, out / TOKENIZER_JSON)
+    log.info(
+        "export: %s with %.2fM parameters takes %s; serving tokenizer %s (%s, pad id %d)",
+        type(model).__name__,
+        n_params / 1e6,
+        names,
+        TOKENIZER_JSON,
+        tok["tokenizer_source"],
+        tok["pad_id"],
+    )
+    facts = export_onnx(
+        model, names, out / ONNX_FILE, opset=opset, pad_id=tok["pad_id"], tokenizer_file=out / TOKENIZER_JSON
+    )
+    size = (out / ONNX_FILE).stat().st_size
+    summary = {
+        "framework": ckpt.framework,
+        "architecture": ckpt.architecture,
+        "onnx_file": f"{rel}/{ONNX_FILE}",
+        "tokenizer_file": f"{rel}/{TOKENIZER_JSON}",
+        "parameters": n_params,
+        "bytes": {ONNX_FILE: size},
+        **TRANSFORMERS.version_facts(),
+        **tok,
+        **facts,
+    }
+    return summary, f"{ONNX_FILE} ({size / 1e6:.1f} MB, inputs {', '.join(names)}) + {TOKENIZER_JSON}"
+
+
+# ----------------------------------------------------------------------------- references
+
+
 def reference_ids(ckpt: Checkpoint, texts: Sequence[str], max_length: int) -> tuple[list[list[int]], str]:
     """Ids from ``transformers``' own tokenizer — the slow one built from the vocabulary the model was
     trained with when the checkpoint has it (so a ``tokenizer.json`` edited after training shows), else
@@ -217,9 +356,68 @@ def eager_logits(model, ids: Sequence[Sequence[int]], names: Sequence[str], pad_
     """PyTorch eager logits on the serving ids, batched and padded as ONNX Runtime is fed."""
     import torch
 
-    from seqcls.gates import parity
     out = []
     with torch.inference_mode():
-        for feed in parity.feeds(ids, names, pad_id):
+        for feed in feeds(ids, names, pad_id):
             out.append(model(**{k: torch.from_numpy(v) for k, v in feed.items()}).logits.float().numpy())
     return np.concatenate(out).astype(np.float32)
+
+
+# ----------------------------------------------------------------------------- the adapter
+
+
+class Transformers:
+    """Hugging Face ``transformers`` checkpoints (see :class:`seqcls.frameworks.Framework` for the members)."""
+
+    name = "transformers"
+    reference_runtime = "PyTorch"
+    artifact_dir = "torch_export"
+    model_files = HF_MODEL_FILES
+
+    def check_checkpoint(self, root: Path, config: dict, *, allow_unsafe_pickle: bool = False) -> Intake:
+        check_config(config, root / "config.json")
+        refuse_other_weights(root)
+        weights = find_weights(root, allow_unsafe_pickle)
+        do_lower_case, vocab_size = read_tokenizer(root, config)
+        return Intake(weights, do_lower_case, vocab_size)
+
+    def serving_tokenizer(self, ckpt: Checkpoint, records: Records) -> ServingTokenizer:
+        summary = records.require("export")["summary"]
+        return ServingTokenizer(
+            records.path(summary["tokenizer_file"]), "tokenizer.json", int(summary.get("pad_id", 0)), ckpt.do_lower_case
+        )
+
+    def export_inputs(self, ckpt: Checkpoint, config: ReleaseConfig, settings: Settings) -> dict[str, Any]:
+        require_torch()  # before the step starts: say how to install the extra
+        return {
+            "fingerprint": ckpt.fingerprint,
+            "format": "torch-onnx",
+            "opset": config.opset,
+            "framework": ckpt.framework,
+        }
+
+    def export(
+        self, ckpt: Checkpoint, out: Path, *, rel: str, config: ReleaseConfig, settings: Settings
+    ) -> tuple[dict[str, Any], str]:
+        return export_checkpoint(ckpt, out, rel, opset=config.opset)
+
+    def exported_onnx(self, summary: dict[str, Any]) -> str | None:
+        return summary.get("onnx_file")  # PyTorch's exporter wrote ONNX already
+
+    def reference_ids(self, ckpt: Checkpoint, texts: Sequence[str], max_length: int) -> tuple[list[list[int]], str]:
+        return reference_ids(ckpt, texts, max_length)
+
+    def reference_logits(
+        self, ckpt: Checkpoint, exported: Path, ids: Sequence[Sequence[int]], *, input_names: Sequence[str], pad_id: int
+    ) -> np.ndarray:
+        model, _ = load_model(ckpt)  # eager, from the checkpoint itself (not from what export wrote)
+        return eager_logits(model, ids, input_names, pad_id)
+
+    def version_facts(self) -> dict[str, str]:
+        import torch
+        import transformers
+
+        return {"torch": torch.__version__, "transformers": transformers.__version__}
+
+
+TRANSFORMERS = Transformers()

@@ -14,12 +14,16 @@ import json
 import logging
 from pathlib import Path
 
+from seqcls.checkpoints.golden import golden_texts
 from seqcls.errors import ConversionError
-from seqcls.records import OUT_DIRS, static_dir
+from seqcls.frameworks import for_checkpoint
+from seqcls.frameworks.paddle import static_model_files
+from seqcls.profiles.calibration import Calibration
+from seqcls.profiles.optimize import optimize_onnx
+from seqcls.records import OUT_DIRS, serving_tokenizer, static_dir
 from seqcls.serving import shipped
 from seqcls.settings import ENV_POLYGRAPHY_AUTOINSTALL, scoped_env
 from seqcls.steps import require
-from seqcls.steps.export import static_model_files
 from seqcls.workspace import Release, StepResult
 
 log = logging.getLogger(__name__)
@@ -145,11 +149,7 @@ def calibration(release: Release):
     tokenizer Triton serves (:func:`~seqcls.records.serving_tokenizer`: the checkpoint's
     ``vocab.txt`` rebuilt for PaddleNLP, the exported ``tokenizer.json`` for transformers) and
     padded with its pad id."""
-    from seqcls.profiles.calibration import Calibration
-    from seqcls.records import serving_tokenizer
-    from seqcls.steps.validate import golden_texts
-
-    texts, source = golden_texts(release)
+    texts, source = golden_texts(release.checkpoint)
     cfg = release.config
     tok = serving_tokenizer(release)
     json_file = tok.kind == "tokenizer.json"
@@ -184,8 +184,8 @@ def convert(release: Release) -> StepResult:
     ws, cfg = release.workspace, release.config
     export_rec = require(release, STEP)["export"]
     exported = ws.require("export")["summary"]
-    hf_onnx = exported.get("onnx_file") if release.checkpoint.is_transformers else None
-    if hf_onnx is None:
+    exported_onnx = for_checkpoint(release.checkpoint).exported_onnx(exported)
+    if exported_onnx is None:  # a static graph: paddle2onnx converts it
         model_file, params_file = static_model_files(static_dir(ws))
     inputs = {
         "export_outputs": export_rec["outputs"],
@@ -201,10 +201,10 @@ def convert(release: Release) -> StepResult:
         }
 
     def body(out: Path) -> tuple[dict, str]:
-        if hf_onnx is not None:
-            log.info("convert: verifying PyTorch's %s (opset %d) → %s", hf_onnx, cfg.opset, MODEL_FILE)
+        if exported_onnx is not None:
+            log.info("convert: verifying PyTorch's %s (opset %d) → %s", exported_onnx, cfg.opset, MODEL_FILE)
             facts = adopt_exported(
-                ws.path(hf_onnx),
+                ws.path(exported_onnx),
                 out / MODEL_FILE,
                 num_labels=release.checkpoint.num_labels,
                 input_names=list(exported["inputs"]),
@@ -222,8 +222,6 @@ def convert(release: Release) -> StepResult:
             f"{facts['renamed_from']!r} → {OUTPUT_NAME!r}, checker passed"
         )
         if cfg.profile != "fp32":
-            from seqcls.profiles.optimize import optimize_onnx
-
             config = json.loads((release.checkpoint.path / "config.json").read_text(encoding="utf-8"))
             log.info("convert: applying serving profile %s → %s", cfg.profile, SERVED_FILE)
             facts["optimize"] = optimize_onnx(

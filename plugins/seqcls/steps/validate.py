@@ -26,11 +26,13 @@ from typing import Any
 
 import numpy as np
 
-from seqcls.gates import parity
 from seqcls.checkpoints.checkpoint import sha256_file
+from seqcls.checkpoints.golden import golden_texts
 from seqcls.errors import GateError, InputError
-from seqcls.checkpoints.golden import DEFAULT_GOLDEN_TEXTS
+from seqcls.frameworks import for_checkpoint
+from seqcls.gates import parity, runtime
 from seqcls.gates.parity import Tolerance
+from seqcls.gates.plot import plot
 from seqcls.records import (
     OUT_DIRS,
     Expected,
@@ -55,13 +57,7 @@ EXACT_PROFILES = ("fp32", "fp32-fused")  # gated on numbers; others (int8) on de
 
 def reference_runtime(release: Release) -> str:
     """What the served graph is compared with: the training framework's own runtime."""
-    return "PyTorch" if release.checkpoint.is_transformers else "Paddle"
-
-
-def golden_texts(release: Release) -> tuple[list[str], str]:
-    if release.checkpoint.golden_texts:
-        return list(release.checkpoint.golden_texts), "checkpoint golden.txt"
-    return list(DEFAULT_GOLDEN_TEXTS), "built-in golden set"
+    return for_checkpoint(release.checkpoint).reference_runtime
 
 
 def serving_ids(release: Release, texts: Sequence[str]) -> list[list[int]]:
@@ -105,8 +101,8 @@ GATE_PARAMS = (
 def onnx_session(release: Release) -> tuple[Any, str, Tolerance]:
     """The ORT session on the served graph, the provider it really runs on, and its tolerance."""
     cfg = release.config
-    providers = parity.choose_providers(cfg.provider, cfg.require_gpu)
-    session = parity.ort_session(served_onnx(release.workspace), providers)
+    providers = runtime.choose_providers(cfg.provider, cfg.require_gpu)
+    session = runtime.ort_session(served_onnx(release.workspace), providers)
     ran = session.get_providers()[0]
     if providers[0] == "CUDAExecutionProvider" and ran != "CUDAExecutionProvider":
         msg = f"CUDAExecutionProvider was requested but ONNX Runtime fell back to {ran}"
@@ -118,14 +114,8 @@ def onnx_session(release: Release) -> tuple[Any, str, Tolerance]:
 
 
 def check_tokenizer(release: Release, texts: Sequence[str]) -> tuple[dict[str, Any], list[list[int]]]:
-    if release.checkpoint.is_transformers:
-        from seqcls.frameworks import transformers as hf
-        ref_ids, reference = hf.reference_ids(release.checkpoint, texts, release.config.max_length)
-    else:
-        ref_ids, reference = (
-            parity.paddlenlp_ids(release.checkpoint.path, texts, release.config.max_length),
-            "paddlenlp",
-        )
+    ckpt = release.checkpoint
+    ref_ids, reference = for_checkpoint(ckpt).reference_ids(ckpt, texts, release.config.max_length)
     got_ids = serving_ids(release, texts)
     result = parity.compare_ids(texts, ref_ids, got_ids)
     result["reference"] = reference
@@ -145,14 +135,12 @@ def check_numbers(
     release: Release, report: ParityReport, ids: list[list[int]], session, tol: Tolerance, decide_mod
 ) -> tuple[np.ndarray, np.ndarray]:
     """Paddle Inference (PyTorch eager) vs ONNX Runtime on the same (serving) ids: conversion isolated."""
+    ckpt, ws = release.checkpoint, release.workspace
     pad_id = serving_tokenizer(release).pad_id
-    if release.checkpoint.is_transformers:
-        from seqcls.frameworks import transformers as hf
-        model, _ = hf.load_model(release.checkpoint)
-        l_ref = hf.eager_logits(model, ids, model_inputs(release.workspace), pad_id)
-    else:
-        l_ref = parity.paddle_logits(static_dir(release.workspace), ids)
-    l_got = parity.ort_logits(session, ids, pad_id)
+    l_ref = for_checkpoint(ckpt).reference_logits(
+        ckpt, static_dir(ws), ids, input_names=model_inputs(ws), pad_id=pad_id
+    )
+    l_got = runtime.ort_logits(session, ids, pad_id)
     report.numeric = parity.numeric_report(l_ref, l_got, tol, decide_mod)
     exact = release.config.profile in EXACT_PROFILES
     report.numeric["gating"] = exact
@@ -193,7 +181,7 @@ def expected_answers(
     (quantised models move with padding, so batched outputs would not be what is served)."""
     cfg = release.config
     labels = list(release.checkpoint.labels)
-    p_alone = decide_mod.sigmoid(np.concatenate([parity.ort_logits(session, [x]) for x in ids]))
+    p_alone = decide_mod.sigmoid(np.concatenate([runtime.ort_logits(session, [x]) for x in ids]))
     decisions = decide_mod.decide(p_alone, thresholds, labels, hierarchy=cfg.hierarchy)
     near = decide_mod.near_threshold(p_alone, thresholds, cfg.near_margin)
     items = [
@@ -235,7 +223,7 @@ def run_gate(release: Release, texts: list[str], source: str, out: Path) -> tupl
     title = (
         f"{cfg.model_name} {ckpt.short_fingerprint}: {reference_runtime(release)} vs ONNX Runtime ({report.provider})"
     )
-    parity.plot(out / "plot.png", p_ref, p_got, l_ref, l_got, title)
+    plot(out / "plot.png", p_ref, p_got, l_ref, l_got, title)
     if not report.passed:
         raise GateError(failure_paragraph(release, report, str(release.workspace.path(f"failed/{STEP}"))))
     expected_answers(release, texts, ids, session, thresholds, tol, decide_mod).save(out)
@@ -315,7 +303,7 @@ def validate(release: Release) -> StepResult:
     """Run the parity gate; on success the expected decisions are ready for the smoke test."""
     check_max_length(release)
     records = require(release, STEP)
-    texts, source = golden_texts(release)
+    texts, source = golden_texts(release.checkpoint)
     inputs = gate_inputs(release, texts, records)
     try:
         result = release.workspace.run_step(
