@@ -21,7 +21,18 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from seqcls import __version__, config
+from seqcls.checkpoints.completion import find_latest, mark_complete, read_marker
 from seqcls.errors import InputError, SeqclsError
+from seqcls.localtriton import LocalTriton, TritonServerConfig
+from seqcls.serving.layout import calibrate_layout
+from seqcls.serving.lease import ReleaseLease
+from seqcls.settings import Settings
+from seqcls.status import status
+from seqcls.steps import EXTRA_STEPS, ORDER, STEPS, run_release, step
+from seqcls.steps.rollback import rollback_model
+from seqcls.sync import sync
+from seqcls.workspace import open_release
 
 log = logging.getLogger("seqcls")
 
@@ -35,8 +46,6 @@ def _add_ops_args(p: argparse.ArgumentParser) -> None:
 
 
 def _add_release_args(p: argparse.ArgumentParser, *, checkpoint_required: bool = True) -> None:
-    from seqcls import config
-
     p.add_argument(
         "--checkpoint",
         required=checkpoint_required,
@@ -72,14 +81,9 @@ def stdout_to_stderr():
 
 
 def _release_from_args(args: argparse.Namespace):
-    from seqcls.config import config_from_args
-    from seqcls.settings import Settings
-    from seqcls.workspace import open_release
-
     settings = Settings.from_env(home=args.home, triton_grpc=tuple(args.grpc) if args.grpc else None)
-    return open_release(
-        args.checkpoint, config_from_args(args), settings, label_file=args.label_file, golden_file=args.golden_file
-    )
+    cfg = config.config_from_args(args)
+    return open_release(args.checkpoint, cfg, settings, label_file=args.label_file, golden_file=args.golden_file)
 
 
 def _print_results(args: argparse.Namespace, workspace: Path, results: list) -> None:
@@ -93,14 +97,10 @@ def _print_results(args: argparse.Namespace, workspace: Path, results: list) -> 
 
 
 def _ops_settings(args: argparse.Namespace):
-    from seqcls.settings import Settings
-
     return Settings.from_env(home=args.home, triton_grpc=tuple(args.grpc) if getattr(args, "grpc", None) else None)
 
 
 def _cmd_status(args: argparse.Namespace) -> tuple[int, Printer]:
-    from seqcls.status import status
-
     reports = status(_ops_settings(args), [args.model_name] if args.model_name else None)
     code = 0 if reports and all(r.agree for r in reports) else 1
 
@@ -116,8 +116,6 @@ def _cmd_status(args: argparse.Namespace) -> tuple[int, Printer]:
 
 
 def _cmd_sync(args: argparse.Namespace) -> tuple[int, Printer]:
-    from seqcls.sync import sync
-
     results = sync(_ops_settings(args), [args.model_name] if args.model_name else None)
     code = 0 if all(r.ok for r in results) else 1
 
@@ -139,8 +137,6 @@ def _cmd_sync(args: argparse.Namespace) -> tuple[int, Printer]:
 def _cmd_lease(args: argparse.Namespace) -> tuple[int, Printer]:
     import getpass
 
-    from seqcls.serving.lease import ReleaseLease
-
     settings = _ops_settings(args)
     lease = ReleaseLease(settings.triton_repository, args.model_name)
     removed = lease.break_lease(f"cli:{getpass.getuser()}", args.reason)
@@ -156,11 +152,7 @@ def _cmd_rollback(args: argparse.Namespace) -> tuple[int, Printer]:
     """``--checkpoint X``: that release (in flight or served); ``--model-name`` alone: the served model."""
     if args.checkpoint:
         return _cmd_step(args)
-    from seqcls.steps.rollback import rollback_model
-
     if not args.model_name:
-        from seqcls.errors import InputError
-
         raise InputError("rollback needs --model-name NAME (serve its previous version) or --checkpoint DIR")
     result = rollback_model(_ops_settings(args), args.model_name, reason=args.reason or "requested from the CLI")
     return 0, lambda: print(
@@ -171,8 +163,6 @@ def _cmd_rollback(args: argparse.Namespace) -> tuple[int, Printer]:
 
 
 def _cmd_calibrate_layout(args: argparse.Namespace) -> tuple[int, Printer]:
-    from seqcls.serving.layout import calibrate_layout
-
     low, _, high = args.lengths.partition("-")
     if not (low.isdigit() and high.isdigit()):
         raise InputError(f"--lengths {args.lengths!r}: expected MIN-MAX tokens, e.g. 16-64")
@@ -191,10 +181,6 @@ def _cmd_calibrate_layout(args: argparse.Namespace) -> tuple[int, Printer]:
 
 def _cmd_checkpoint(args: argparse.Namespace) -> tuple[int, Printer]:
     """``mark-complete DIR``: the training job's last step; ``latest [ROOT]``: what 'latest' resolves to."""
-    from seqcls.checkpoints.completion import find_latest, mark_complete, read_marker
-    from seqcls.errors import InputError
-    from seqcls.settings import Settings
-
     if args.action == "mark-complete":
         if args.path is None:
             raise InputError("checkpoint mark-complete needs the checkpoint directory")
@@ -209,8 +195,6 @@ def _cmd_checkpoint(args: argparse.Namespace) -> tuple[int, Printer]:
 
 
 def _cmd_step(args: argparse.Namespace) -> tuple[int, Printer]:
-    from seqcls.steps import step
-
     release = _release_from_args(args)
     kwargs = {"reason": args.reason or "requested from the CLI"} if args.command == "rollback" else {}
     result = step(args.command)(release, **kwargs)
@@ -218,31 +202,24 @@ def _cmd_step(args: argparse.Namespace) -> tuple[int, Printer]:
 
 
 def _cmd_release(args: argparse.Namespace) -> tuple[int, Printer]:
-    from seqcls.steps import run_release
-
     release = _release_from_args(args)
     results = run_release(release, until=args.until)
     return 0, lambda: _print_results(args, release.workspace.root, results)
 
 
 def _cmd_triton(args: argparse.Namespace) -> tuple[int, Printer]:
-    from seqcls.localtriton import LocalTriton, TritonServerConfig
-    from seqcls.settings import Settings
-
     settings = Settings.from_env(home=args.home)
     server = LocalTriton(TritonServerConfig.from_settings(settings))
     if args.action == "start":
-        status = server.start()
-        if status.live:  # explicit mode starts empty: serve what is recorded, by itself
-            from seqcls.sync import sync
-
+        server_status = server.start()
+        if server_status.live:  # explicit mode starts empty: serve what is recorded, by itself
             sync(settings)
     elif args.action == "stop":
         server.stop()
-        status = server.status()
+        server_status = server.status()
     else:
-        status = server.status()
-    data = status.to_dict()
+        server_status = server.status()
+    data = server_status.to_dict()
     code = 0 if args.action == "stop" or data.get("live") else 3
 
     def show() -> None:
@@ -275,14 +252,10 @@ def _version() -> str:
     try:
         return version("seqcls")
     except PackageNotFoundError:  # a source tree without `pip install -e .`
-        from seqcls import __version__
-
         return __version__
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from seqcls.steps import EXTRA_STEPS, ORDER, STEPS
-
     parser = argparse.ArgumentParser(prog="seqcls", description=__doc__.splitlines()[0])
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     parser.add_argument("--version", action="version", version=f"seqcls {_version()}")

@@ -321,7 +321,8 @@ ENV_ALLOW_UNSAFE_PICKLE = "SEQCLS_ALLOW_UNSAFE_PICKLE"  # 1: load .pdparams pick
 
 
 def allow_unsafe_pickle() -> bool:
-    """``SEQCLS_ALLOW_UNSAFE_PICKLE=1``: skip :func:`seqcls.checkpoints.safeload.scan_pickle` (default off, never advised)."""
+    """``SEQCLS_ALLOW_UNSAFE_PICKLE=1``: skip :func:`~seqcls.checkpoints.safeload.scan_pickle` (default off,
+    never advised)."""
     return os.environ.get(ENV_ALLOW_UNSAFE_PICKLE, "").strip().lower() in ("1", "true", "yes", "on")
 
 

@@ -12,14 +12,17 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from seqcls.registry.ledger import CANDIDATE, CHAMPION, aliased_version, client, registered_version
 from seqcls.serving import control
+from seqcls.serving.client import endpoints_from_settings
 from seqcls.serving.lease import ReleaseLease
 from seqcls.serving.names import names_for
 from seqcls.serving.reconcile import desired_versions
+from seqcls.serving.release import served_release_key
 from seqcls.serving.repository import Repository, ServingOptions
 from seqcls.serving.state import ServingState, current_state
 from seqcls.settings import Settings
-from seqcls.sync import served_release_key
+from seqcls.sync import models_in
 
 
 @dataclass
@@ -68,11 +71,9 @@ class ModelStatus:
 
 def _registry(settings: Settings, model_name: str, fingerprint: str | None, key: str | None) -> dict[str, Any]:
     """Champion and candidate, and ``expected``: the version that stands for what is served."""
-    from seqcls.registry.ledger import CANDIDATE, CHAMPION, _alias, client, registered_version
-
     try:
         c = client(settings)
-        champion, candidate = _alias(c, model_name, CHAMPION), _alias(c, model_name, CANDIDATE)
+        champion, candidate = aliased_version(c, model_name, CHAMPION), aliased_version(c, model_name, CANDIDATE)
         expected = registered_version(settings, model_name, fingerprint, release_key=key) if fingerprint else None
     except Exception as exc:
         return {"error": f"unreachable or failing ({str(exc)[:200]})"}
@@ -93,8 +94,6 @@ def _endpoint_problems(ep: str, seen: dict[str, list[int]] | str, want: dict[str
 
 
 def model_status(settings: Settings, model_name: str) -> ModelStatus:
-    from seqcls.serving.client import endpoints_from_settings
-
     repo = Repository.from_settings(settings, model_name)
     state: ServingState = current_state(repo.root, model_name)
     fp = state.fingerprint_of(state.serving)
@@ -142,7 +141,5 @@ def model_status(settings: Settings, model_name: str) -> ModelStatus:
 
 
 def status(settings: Settings, model_names: list[str] | None = None) -> list[ModelStatus]:
-    from seqcls.sync import models_in
-
     names = model_names or models_in(Path(str(settings.triton_repository)))
     return [model_status(settings, name) for name in names]

@@ -23,9 +23,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from seqcls.registry.ledger import mirror_champion
 from seqcls.serving import control
+from seqcls.serving.client import endpoints_from_settings
 from seqcls.serving.lease import ReleaseLease, pid_alive
 from seqcls.serving.names import CLASSIC
+from seqcls.serving.release import served_release_key
 from seqcls.serving.repository import Repository
 from seqcls.serving.state import STATE_PREFIX, ServingState, current_state
 from seqcls.settings import DEFAULT_MODEL_NAME, Settings
@@ -40,14 +43,6 @@ def models_in(root: Path) -> list[str]:
     if DEFAULT_MODEL_NAME not in names and Repository(Path(root), Path(root)).serving_version() is not None:
         names = sorted([*names, DEFAULT_MODEL_NAME])
     return names
-
-
-def served_release_key(repo: Repository, version: int | None) -> str | None:
-    """The registry key (fingerprint + serving configuration) Triton version ``version`` was published
-    with; None for versions published before release keys (the registry then matches by fingerprint)."""
-    info = repo.release_info(version) if version is not None else None
-    key = (info or {}).get("release_key")
-    return key if isinstance(key, str) else None
 
 
 @dataclass
@@ -96,8 +91,6 @@ def _abandon_orphan(repo: Repository, model: str, endpoints) -> int | None:
 
 
 def _mirror(settings: Settings, state: ServingState) -> dict[str, Any]:
-    from seqcls.registry.ledger import mirror_champion
-
     if state.serving is None:
         return {"skipped": "nothing is served"}
     key = served_release_key(Repository.from_settings(settings, state.model_name), state.serving)
@@ -167,8 +160,6 @@ def _clean(repo: Repository, keep: set[int]) -> list[str]:
 
 def sync(settings: Settings, model_names: list[str] | None = None) -> list[SyncResult]:
     """Recover every (or the named) model of the repository; see the module docstring."""
-    from seqcls.serving.client import endpoints_from_settings
-
     root = Path(str(settings.triton_repository))
     endpoints = endpoints_from_settings(settings)
     results = []

@@ -3,8 +3,8 @@
 MLflow answers "what is live, where did it come from, what do we roll back to":
 
 - ``register`` (:mod:`seqcls.steps.register`): one run per release attempt, a model version with
-  lineage tags, alias ``candidate``; idempotent per :func:`release_key` — one registered model per
-  model name, one version per (checkpoint fingerprint, serving configuration).
+  lineage tags, alias ``candidate``; idempotent per :func:`~seqcls.serving.release.release_key` — one
+  registered model per model name, one version per (checkpoint fingerprint, serving configuration).
 - ``promote`` (:mod:`seqcls.steps.promote`): alias ``champion`` → this version, the one it
   replaced kept as ``previous-champion``, every move appended to the ``champion_history`` tag.
 - ``undo``: what a rollback calls. Champion moves back if this release had been promoted; an
@@ -19,14 +19,14 @@ never mistaken for "no such alias" or "no such version".
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from seqcls.errors import InputError, RegistryError
+from seqcls.errors import RegistryError
+from seqcls.files import held
 from seqcls.records import Registered
 from seqcls.settings import MLFLOW_CREDENTIAL_VARS, Settings, check_tracking_uri
 from seqcls.workspace import Release
@@ -43,22 +43,6 @@ HISTORY_KEEP = 20
 RELEASE_KEY_TAG = "release_key"
 SERVING_CONFIG_TAG = "serving_config"
 FINGERPRINT_TAG = "fingerprint"
-#: Release parameters that change what is served or how its decision is made: in :func:`release_key`.
-SERVING_PARAMS = ("profile", "opset", "max_length", "threshold", "thresholds", "hierarchy")
-#: Release parameters that only decide whether (and where) the parity gate passes: not in it.
-GATE_ONLY_PARAMS = (
-    "atol",
-    "rtol",
-    "prob_atol",
-    "near_margin",
-    "gpu_tolerance_factor",
-    "provider",
-    "require_gpu",
-    "min_decision_agreement",
-    "allow_unsafe_pickle",
-)
-
-
 def tracking_uri(settings: Settings) -> str:
     """The settings' URI, checked: never a file store, never with credentials (they go in MLflow's variables)."""
     uri = check_tracking_uri(str(settings.mlflow_tracking_uri), f"set {' / '.join(MLFLOW_CREDENTIAL_VARS)} instead")
@@ -85,8 +69,6 @@ def client(settings: Settings):
     # Two releases (of two models) starting at once on a fresh mlflow.db would both run MLflow's
     # schema migrations and one would fail ("Online migration expected to match one row"): create
     # and migrate the stores (the client's constructor and first registry call do) under a file lock.
-    from seqcls.files import held
-
     db = Path(uri[len("sqlite:///") :])
     with held(db.with_name(db.name + ".seqcls-init.lock"), timeout=300, what="MLflow set-up", error=RegistryError):
         c = MlflowClient(tracking_uri=uri, registry_uri=uri)
@@ -98,7 +80,8 @@ def client(settings: Settings):
 _SQLITE_READY: set[str] = set()
 
 
-def _experiment(c, settings: Settings, model_name: str) -> str:
+def experiment(c, settings: Settings, model_name: str) -> str:
+    """The id of experiment ``seqcls-<model>`` (created on first use; its artifacts beside a sqlite store)."""
     name = f"seqcls-{model_name}"
     exp = c.get_experiment_by_name(name)
     if exp is not None:
@@ -111,64 +94,12 @@ def _experiment(c, settings: Settings, model_name: str) -> str:
     return c.create_experiment(name, artifact_location=location, tags={"seqcls.model_name": model_name})
 
 
-def serving_config(release: Release) -> dict[str, Any]:
-    """What one registry version stands for: the checkpoint and how it is served and decided.
-
-    In: ``fingerprint`` (weights, config, vocabulary, tokenizer files, label file — so the labels
-    and their order), ``profile`` and ``opset`` (which ONNX graph answers: fp32, fused, int8),
-    ``max_length`` (tokenizer truncation), ``hierarchy`` (a child implies its parent) and
-    ``thresholds``: ``threshold`` + the per-label overrides resolved to one float32 value per label,
-    the vector the served ``release.json`` holds (equivalent spellings give the same key).
-
-    Out: ``model_name`` (it names the registered model; versions are looked up inside it); the
-    gate's tolerances and where it runs (:data:`GATE_ONLY_PARAMS`): they decide whether a model may
-    be released, not what it answers — re-gating the same model more strictly reuses its version;
-    the Triton deployment options (tokenizer implementation, runtime, batching: publish's content
-    key) and package versions (lineage tags): the same registry version, another Triton version.
-    """
-    cfg, ckpt = release.config, release.checkpoint
-    from seqcls.serving import shipped
-
-    try:
-        vector = shipped.decide(release.settings).threshold_vector(list(ckpt.labels), cfg.threshold, cfg.thresholds)
-    except ValueError as exc:
-        raise InputError(f"thresholds: {exc}") from exc
-    return {
-        "fingerprint": ckpt.fingerprint,
-        "profile": cfg.profile,
-        "opset": cfg.opset,
-        "max_length": cfg.max_length,
-        "hierarchy": cfg.hierarchy,
-        "thresholds": {label: float32(t) for label, t in zip(ckpt.labels, vector, strict=True)},
-    }
-
-
-def float32(value: float) -> float:
-    """A threshold as served (float32), written in the fewest digits that round-trip (0.7, not 0.699999988)."""
-    import numpy as np
-
-    return float(str(np.float32(value)))
-
-
-def key_of(config: dict[str, Any]) -> str:
-    """The release key of a :func:`serving_config` (also of the JSON in a version's ``serving_config`` tag)."""
-    text = json.dumps(config, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
-
-
-def release_key(release: Release) -> str:
-    """Short stable digest (16 hex) of :func:`serving_config`: one registry version per value.
-
-    Needs only the checkpoint and the config (no workspace), so it can be asked before validate.
-    """
-    return key_of(serving_config(release))
-
-
-def _failed(what: str, exc: Exception) -> RegistryError:
+def mlflow_failed(what: str, exc: Exception) -> RegistryError:
+    """The error for an MLflow call that failed while doing ``what`` (never "not found": see :func:`is_not_found`)."""
     return RegistryError(f"MLflow failed {what}: {exc}")
 
 
-def _not_found(exc: Exception) -> bool:
+def is_not_found(exc: Exception) -> bool:
     """MLflow's "no such model / alias" (the SQL store, and a REST server relaying it), nothing else.
 
     A missing registered model is ``RESOURCE_DOES_NOT_EXIST``; a missing alias is
@@ -180,16 +111,16 @@ def _not_found(exc: Exception) -> bool:
     return code == "RESOURCE_DOES_NOT_EXIST" or (code == "INVALID_PARAMETER_VALUE" and "not found" in str(exc))
 
 
-def _alias(c, name: str, alias: str):
+def aliased_version(c, name: str, alias: str):
     """The version ``alias`` points to; None only when MLflow says the model or alias does not exist."""
     from mlflow.exceptions import MlflowException
 
     try:
         return c.get_model_version_by_alias(name, alias)
     except MlflowException as exc:
-        if _not_found(exc):
+        if is_not_found(exc):
             return None
-        raise _failed(f"reading alias {alias!r} of {name!r}", exc) from exc
+        raise mlflow_failed(f"reading alias {alias!r} of {name!r}", exc) from exc
 
 
 def _tagged(c, name: str, tag: str, value: str) -> list:
@@ -200,12 +131,12 @@ def _tagged(c, name: str, tag: str, value: str) -> list:
         return list(c.search_model_versions(f"name = '{name}' and tags.{tag} = '{value}'"))
     except MlflowException as exc:
         if getattr(exc, "error_code", None) != "INVALID_PARAMETER_VALUE":
-            raise _failed(f"searching versions of {name!r}", exc) from exc
+            raise mlflow_failed(f"searching versions of {name!r}", exc) from exc
     # a registry that rejects tag filters (INVALID_PARAMETER_VALUE): filter every version of the model here
     try:
         return [v for v in c.search_model_versions(f"name = '{name}'") if v.tags.get(tag) == value]
     except MlflowException as exc:
-        raise _failed(f"listing versions of {name!r}", exc) from exc
+        raise mlflow_failed(f"listing versions of {name!r}", exc) from exc
 
 
 def _newest(versions: list):
@@ -243,20 +174,20 @@ def registered_version(
 
 def alias_version(settings: Settings, model_name: str, alias: str) -> int | None:
     """The version an alias points to (None when unset or the model is not registered)."""
-    mv = _alias(client(settings), model_name, alias)
+    mv = aliased_version(client(settings), model_name, alias)
     return int(mv.version) if mv is not None else None
 
 
 def champion_fingerprint(settings: Settings, model_name: str) -> str | None:
     """Fingerprint of the version the ``champion`` alias points to (None: no champion yet)."""
     c = client(settings)
-    mv = _alias(c, model_name, CHAMPION)
+    mv = aliased_version(c, model_name, CHAMPION)
     return mv.tags.get(FINGERPRINT_TAG) if mv is not None else None
 
 
 def champion_release_key(settings: Settings, model_name: str) -> str | None:
     """Release key of the ``champion`` version (None: no champion, or one registered before release keys)."""
-    mv = _alias(client(settings), model_name, CHAMPION)
+    mv = aliased_version(client(settings), model_name, CHAMPION)
     return mv.tags.get(RELEASE_KEY_TAG) if mv is not None else None
 
 
@@ -294,9 +225,9 @@ def undo(release: Release, *, reason: str = "", champion: bool = True) -> dict[s
     version = reg.version
     c = client(release.settings)
     actions: list[str] = []
-    current = _alias(c, cfg.model_name, CHAMPION)
+    current = aliased_version(c, cfg.model_name, CHAMPION)
     if champion and current is not None and int(current.version) == version:
-        previous = _alias(c, cfg.model_name, PREVIOUS)
+        previous = aliased_version(c, cfg.model_name, PREVIOUS)
         if previous is not None:
             c.set_registered_model_alias(cfg.model_name, CHAMPION, previous.version)
             actions.append(f"{CHAMPION} back to version {previous.version}")
@@ -320,7 +251,7 @@ def undo(release: Release, *, reason: str = "", champion: bool = True) -> dict[s
                 "at": datetime.now(UTC).isoformat(timespec="seconds"),
             },
         )
-    candidate = _alias(c, cfg.model_name, CANDIDATE)
+    candidate = aliased_version(c, cfg.model_name, CANDIDATE)
     if reg.created and candidate is not None and int(candidate.version) == version:
         if reg.previous_candidate:
             c.set_registered_model_alias(cfg.model_name, CANDIDATE, str(reg.previous_candidate))
@@ -354,7 +285,7 @@ def set_champion(settings: Settings, model_name: str, version: int, triton_versi
     Returns ``{"previous": int | None, "already": bool}``; safe to repeat.
     """
     c = client(settings)
-    current = _alias(c, model_name, CHAMPION)
+    current = aliased_version(c, model_name, CHAMPION)
     if triton_version is not None:
         c.set_model_version_tag(model_name, str(version), "triton_version", str(triton_version))
     if current is not None and int(current.version) == version:

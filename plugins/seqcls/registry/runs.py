@@ -26,6 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from seqcls.records import OUT_DIRS, PARITY_REPORT, ParityReport
+from seqcls.registry.ledger import RELEASE_KEY_TAG, client, experiment
+from seqcls.serving.release import release_key
 from seqcls.workspace import Release
 
 log = logging.getLogger(__name__)
@@ -64,11 +66,9 @@ def open_run(c, release: Release, report: ParityReport | None, key: str, *, pari
     """A new run of this release (tags, params, the report's metrics); returns its id."""
     from mlflow.entities import Metric, Param
 
-    from seqcls.registry.ledger import RELEASE_KEY_TAG, _experiment
-
     ws, cfg, ckpt = release.workspace, release.config, release.checkpoint
     run = c.create_run(
-        _experiment(c, release.settings, cfg.model_name),
+        experiment(c, release.settings, cfg.model_name),
         run_name=f"{cfg.model_name}-{ckpt.short_fingerprint}-{key[:8]}",
         tags={
             "fingerprint": ckpt.fingerprint,
@@ -99,8 +99,6 @@ def _report(directory: Path) -> ParityReport | None:
 
 
 def _log_evidence(release: Release, outcome: str) -> str:
-    from seqcls.registry.ledger import client, release_key
-
     ws = release.workspace
     passed = outcome == "passed"
     directory = ws.path(OUT_DIRS[VALIDATE_STEP]) if passed else ws.failed_dir(VALIDATE_STEP)
@@ -144,8 +142,6 @@ def log_parity_evidence(release: Release, outcome: str) -> str | None:
 def adopt_run(c, validate_record: dict[str, Any], key: str) -> str | None:
     """The run validate opened for this gate, if no registration took it yet and it is for ``key``."""
     from mlflow.exceptions import MlflowException
-
-    from seqcls.registry.ledger import RELEASE_KEY_TAG
 
     run_id = validate_record.get(RUN_ID_KEY)
     if not run_id:

@@ -23,14 +23,22 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any, TypeVar
-
-import numpy as np
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from seqcls.errors import InputError, ServingError
 from seqcls.serving import shipped
 from seqcls.serving.names import ENSEMBLE
-from seqcls.settings import CONTROL_KEY_FILE, ENV_TRITON_CONTROL_KEY, Settings, control_headers
+from seqcls.settings import (
+    CONTROL_KEY_FILE,
+    ENV_TRITON_CONTROL_KEY,
+    ENV_TRITON_RESOLVE,
+    Settings,
+    control_headers,
+    triton_resolve,
+)
+
+if TYPE_CHECKING:
+    import numpy as np
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -71,8 +79,6 @@ def _join(host: str, port: int) -> str:
 def resolve_replicas(name: str) -> list[str]:
     """Every address ``name`` resolves to (sorted, deduplicated): each is one Triton replica."""
     import socket
-
-    from seqcls.settings import ENV_TRITON_RESOLVE, triton_resolve
 
     pinned = triton_resolve().get(name)
     if pinned:
@@ -341,6 +347,7 @@ class TritonOps:
         self, texts: Sequence[str], *, model: str = ENSEMBLE, version: int | None = None
     ) -> tuple[list[list[dict]], np.ndarray]:
         """One request with ``texts`` → (per-text predictions, probabilities ``[N, C]``)."""
+        import numpy as np
         import tritonclient.grpc as grpcclient
 
         contract = shipped.contract()

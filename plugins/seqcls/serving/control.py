@@ -29,9 +29,12 @@ from seqcls import faults
 from seqcls.errors import ServingError
 from seqcls.serving.client import Endpoint, TritonOps, ops_for
 from seqcls.serving.lease import LeaseHolder, ReleaseLease
-from seqcls.serving.reconcile import ReconcileReport, reconcile
+from seqcls.serving.names import names_for
+from seqcls.serving.reconcile import ReconcileReport, observe, reconcile
+from seqcls.serving.release import release_key
 from seqcls.serving.repository import Repository
 from seqcls.serving.state import ServingState, current_state, write_state
+from seqcls.workspace import Release
 
 log = logging.getLogger(__name__)
 
@@ -63,11 +66,9 @@ def lease_context(ctx: LeaseContext) -> Iterator[None]:
         _CONTEXT.reset(token)
 
 
-def release_owner(release) -> str:
+def release_owner(release: Release) -> str:
     """``release:<model>:<fingerprint16>:<release_key8>``: the same checkpoint released with other
     thresholds is another release (another owner, so the lease keeps the two apart)."""
-    from seqcls.registry.ledger import release_key
-
     cfg, fp = release.config, release.checkpoint.fingerprint
     return f"release:{cfg.model_name}:{fp[:16]}:{release_key(release)[:8]}"
 
@@ -153,9 +154,6 @@ def reconcile_recorded(
 
 def observe_all(endpoints: Sequence[Endpoint], model_name: str) -> dict[str, dict[str, list[int]] | str]:
     """Endpoint → Triton model of ``model_name`` → READY versions (or the reason it could not be asked)."""
-    from seqcls.serving.names import names_for
-    from seqcls.serving.reconcile import observe
-
     names = names_for(model_name)
     out: dict[str, dict[str, list[int]] | str] = {}
     for op in [TritonOps(e) for e in endpoints]:

@@ -23,7 +23,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from seqcls import faults
 from seqcls.errors import SeqclsError
+from seqcls.serving.control import current_context, release_owner
+from seqcls.serving.lease import ReleaseLease
 from seqcls.workspace import Release, StepResult
 
 log = logging.getLogger(__name__)
@@ -144,8 +147,6 @@ def run_release(release: Release, *, until: str | None = None) -> list[StepResul
     the first of them to the end. If a step marked ``undo_on_failure`` fails, this attempt is
     undone (its candidate withdrawn, its registry changes reverted) and the error re-raised.
     """
-    from seqcls import faults
-
     if until is not None:
         step(until)
     results = []
@@ -172,15 +173,10 @@ def run_release(release: Release, *, until: str | None = None) -> list[StepResul
 
 def _release_lease(release: Release):
     """This process holds the model's release lease as the release's owner (kind ``process``)."""
-    from seqcls.serving.control import release_owner
-    from seqcls.serving.lease import ReleaseLease
-
     lease = ReleaseLease(Path(str(release.settings.triton_repository)), release.config.model_name)
     owner = release_owner(release)
     return lease.hold(owner, kind="process", step="release", timeout=_lease_timeout())
 
 
 def _lease_timeout() -> float:
-    from seqcls.serving.control import current_context
-
     return current_context().timeout

@@ -21,10 +21,11 @@ from typing import Any
 from seqcls import faults
 from seqcls.checkpoints.checkpoint import sha256_file
 from seqcls.errors import ServingError
-from seqcls.records import OUT_DIRS, Expected, Published, model_inputs, served_onnx, serving_tokenizer
-from seqcls.registry.ledger import release_key
+from seqcls.files import replace_dir
+from seqcls.records import OUT_DIRS, Published, served_onnx, serving_tokenizer
 from seqcls.serving import control, shipped
 from seqcls.serving.names import MODEL, POSTPROCESS, TOKENIZER, ServingNames
+from seqcls.serving.release import release_values
 from seqcls.serving.repository import (
     RELEASE_FILE,
     SNAPSHOT,
@@ -51,29 +52,6 @@ TMP_PUBLISH = ".tmp-publish.{model}.{pid}-{version}"
 NO_BYTECODE = "__pycache__"
 
 
-def release_values(release: Release, options: ServingOptions) -> dict[str, Any]:
-    """What every Triton version's ``release.json`` holds besides its files (the pyfunc carries it too)."""
-    expected = Expected.load(release.workspace)
-    tokenizer = serving_tokenizer(release)
-    contract = shipped.contract()
-    return {
-        "model_name": release.config.model_name,
-        "fingerprint": release.checkpoint.fingerprint,
-        "framework": release.checkpoint.framework,
-        contract.MODEL_INPUTS_KEY: model_inputs(release.workspace),  # what the tokenizer emits, the graph takes
-        "tokenizer_file": tokenizer.file.name,
-        "labels": expected.labels,
-        "thresholds": expected.thresholds,
-        "hierarchy": expected.hierarchy,
-        "max_length": release.config.max_length,
-        "do_lower_case": release.checkpoint.do_lower_case,
-        "pad_id": tokenizer.pad_id,
-        "profile": release.config.profile,
-        "release_key": release_key(release),  # the MLflow version's key: sync/status find it by this
-        contract.MAX_TEXT_BYTES_KEY: int(options.max_text_bytes),
-    }
-
-
 #: Serving source file of each python model (``tokenizer_impl`` picks the tokenizer's flavour), by
 #: source directory (the classic names; :meth:`ServingNames.source` maps any model's names to them).
 MODEL_SOURCES = {
@@ -82,6 +60,12 @@ MODEL_SOURCES = {
     (MODEL, "python-onnxruntime"): f"{MODEL}/model.py",
     (POSTPROCESS, None): f"{POSTPROCESS}/model.py",
 }
+
+#: The serving tokenizers (``ServingTokenizer.kind``) each ``tokenizer_impl`` can serve: the classic
+#: PaddleNLP tokenizer only a WordPiece vocabulary, ``hf`` (seqcls_text) that and a ``tokenizer.json``.
+IMPL_SERVES = {"hf": ("wordpiece", "tokenizer.json"), "paddlenlp": ("wordpiece",)}
+#: Checkpoint files each ``tokenizer_impl`` also reads when the checkpoint has them.
+IMPL_READS = {"hf": (), "paddlenlp": ("tokenizer_config.json",)}
 
 
 def _files_for(release: Release, triton_name: str, options: ServingOptions, names: ServingNames) -> dict[str, Path]:
@@ -95,15 +79,15 @@ def _files_for(release: Release, triton_name: str, options: ServingOptions, name
         files.update(shipped.files_for(model, release.settings))
     if model == TOKENIZER:
         tokenizer = serving_tokenizer(release)
-        if tokenizer.kind == "tokenizer.json" and options.tokenizer_impl == "paddlenlp":
+        if tokenizer.kind not in IMPL_SERVES[options.tokenizer_impl]:
             raise ServingError(
                 "tokenizer_impl 'paddlenlp' serves PaddleNLP's tokenizer; this is a transformers checkpoint — "
                 "serve it with tokenizer_impl 'hf' (its own tokenizer.json)"
             )
         files[tokenizer.file.name] = tokenizer.file
-        tok_config = release.checkpoint.path / "tokenizer_config.json"
-        if options.tokenizer_impl == "paddlenlp" and tok_config.is_file():
-            files["tokenizer_config.json"] = tok_config
+        for name in IMPL_READS[options.tokenizer_impl]:
+            if (release.checkpoint.path / name).is_file():
+                files[name] = release.checkpoint.path / name
     elif model == MODEL:
         files["model.onnx"] = served_onnx(release.workspace)
     return files
@@ -254,7 +238,7 @@ def publish(release: Release, options: ServingOptions | None = None, *, retain: 
                     faults.point("publish:written")
                     for model in repo.names.models:  # composing models first, the ensemble last
                         (repo.root / model).mkdir(parents=True, exist_ok=True)
-                        os.replace(tmp / model / str(version), repo.root / model / str(version))
+                        replace_dir(tmp / model / str(version), repo.root / model / str(version))
                         faults.point(f"publish:renamed:{model}")
                 finally:
                     shutil.rmtree(tmp, ignore_errors=True)

@@ -7,7 +7,7 @@ probabilities, what Triton answers, with the served ONNX graph, ``vocab.txt``, t
 ``release.json`` and Triton's own tokenizer/decision files as code), the static Paddle model,
 tokenizer and label files, parity report + plot; then a model version tagged with lineage and
 alias ``candidate``. One version per (fingerprint, serving configuration): the version is tagged
-with :func:`seqcls.registry.ledger.release_key` and a readable ``serving_config`` JSON, and Airflow
+with :func:`seqcls.serving.release.release_key` and a readable ``serving_config`` JSON, and Airflow
 retries and re-runs with the same key return it; the same checkpoint with another threshold,
 profile, opset, max_length or hierarchy is another version. Versions registered before release
 keys (no ``release_key`` tag) are never reused: their serving configuration is not recorded.
@@ -23,8 +23,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from seqcls.registry.ledger import runs
 from seqcls.errors import StepOrderError
+from seqcls.frameworks import for_checkpoint
 from seqcls.records import (
     OUT_DIRS,
     Expected,
@@ -35,19 +35,20 @@ from seqcls.records import (
     serving_tokenizer,
     static_dir,
 )
+from seqcls.registry import runs
 from seqcls.registry.ledger import (
     CANDIDATE,
     RELEASE_KEY_TAG,
     SERVING_CONFIG_TAG,
-    _alias,
-    _failed,
-    _not_found,
+    aliased_version,
     client,
     find_version,
-    float32,
-    key_of,
-    serving_config,
+    is_not_found,
+    mlflow_failed,
 )
+from seqcls.serving import shipped
+from seqcls.serving.release import float32, key_of, release_values, serving_config
+from seqcls.serving.repository import ServingOptions
 from seqcls.steps import require
 from seqcls.workspace import Release, StepResult, package_versions
 
@@ -57,7 +58,7 @@ STEP = "register"
 OUT_DIR = OUT_DIRS[STEP]
 TOKENIZER_FILES = ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 #: The MLflow model's code (logged as code: MLflow stores this file in the model).
-PYFUNC_CODE = Path(__file__).resolve().parents[1] / "pyfunc.py"
+PYFUNC_CODE = Path(runs.__file__).resolve().with_name("pyfunc.py")
 #: What that code imports, pinned to this environment's versions (mlflow pins itself).
 PYFUNC_PACKAGES = ("onnxruntime", "numpy", "pandas", "tokenizers")
 
@@ -97,7 +98,7 @@ def log_run(c, release: Release, validate_record: dict[str, Any], key: str):
     c.set_tag(run_id, runs.OUTCOME_TAG, runs.REGISTERED)
     with mlflow.start_run(run_id=run_id):
         info = log_pyfunc(release)
-    c.log_artifacts(run_id, str(static_dir(ws)), "torch_export" if ckpt.is_transformers else "paddle_static")
+    c.log_artifacts(run_id, str(static_dir(ws)), for_checkpoint(ckpt).artifact_dir)
     for name in TOKENIZER_FILES:
         if (ckpt.path / name).is_file():
             c.log_artifact(run_id, str(ckpt.path / name), "tokenizer")
@@ -132,10 +133,6 @@ def log_pyfunc(release: Release):
     import mlflow
     import pandas as pd
 
-    from seqcls.serving import shipped
-    from seqcls.serving.repository import ServingOptions
-    from seqcls.steps.publish import release_values
-
     contract = shipped.contract(release.settings)
     values = release_values(release, ServingOptions.from_settings(release.settings))  # as publish writes it
     items = Expected.load(release.workspace).items
@@ -167,8 +164,8 @@ def ensure_registered_model(c, name: str) -> bool:
         c.get_registered_model(name)
         return False
     except MlflowException as exc:
-        if not _not_found(exc):
-            raise _failed(f"reading registered model {name!r}", exc) from exc
+        if not is_not_found(exc):
+            raise mlflow_failed(f"reading registered model {name!r}", exc) from exc
         c.create_registered_model(
             name, tags={"seqcls": "true"}, description="PaddleNLP ERNIE sequence classifier released by seqcls"
         )
@@ -193,7 +190,7 @@ def register_new(release: Release, config: dict[str, Any], validate_record: dict
         description=f"fingerprint {ckpt.fingerprint}, serving configuration {key}",
         model_id=info.model_id,
     )
-    prev_candidate = _alias(c, cfg.model_name, CANDIDATE)
+    prev_candidate = aliased_version(c, cfg.model_name, CANDIDATE)
     c.set_registered_model_alias(cfg.model_name, CANDIDATE, mv.version)
     return Registered(
         model_name=cfg.model_name,

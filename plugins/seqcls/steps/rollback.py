@@ -25,8 +25,10 @@ from typing import Any
 
 from seqcls.errors import InputError, StepOrderError
 from seqcls.records import OUT_DIRS, published_version
+from seqcls.registry.ledger import mirror_champion, undo
 from seqcls.serving import control
 from seqcls.serving.client import Endpoint, endpoints_from_settings
+from seqcls.serving.release import served_release_key
 from seqcls.serving.repository import Repository, ServingOptions
 from seqcls.serving.state import ServingState, current_state
 from seqcls.settings import Settings
@@ -40,9 +42,6 @@ OUT_DIR = OUT_DIRS[STEP]
 
 def rollback_model(settings: Settings, model_name: str, *, reason: str = "", by: str = "") -> dict[str, Any]:
     """Serve the recorded previous version of ``model_name`` again; champion follows. Under its own lease."""
-    from seqcls.registry.ledger import mirror_champion
-    from seqcls.sync import served_release_key
-
     repo = Repository.from_settings(settings, model_name)
     endpoints = endpoints_from_settings(settings)
     owner = f"rollback:{model_name}:{by or 'cli'}"
@@ -151,8 +150,6 @@ def rollback(
     if result.summary.get("rolled_back"):
         ws.mark("publish", failed_version=version, rolled_back=True, rollback_reason=reason)
     if "registry" not in result.summary:  # an attempt undone: only what it changed in MLflow (never champion)
-        from seqcls.registry.ledger import undo
-
         result.summary["registry"] = _registry(lambda: undo(release, reason=reason, champion=False))
         ws.mark(STEP, summary=result.summary)
     registry = result.summary.get("registry") or {}

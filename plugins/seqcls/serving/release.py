@@ -1,0 +1,117 @@
+"""What a release serves, by one name: its serving configuration, the release key, ``release.json``'s values.
+
+The release key (16 hex of the serving configuration) names a release wherever it appears: in
+every Triton version's ``release.json`` (publish writes it, :func:`served_release_key` reads it
+back), in the release lease's owner (:func:`seqcls.serving.control.release_owner`) and on the MLflow
+run and model version (:mod:`seqcls.registry`) — so it lives here, below both serving and the
+registry, and neither depends on the other for it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+from seqcls.errors import InputError
+from seqcls.records import Expected, model_inputs, serving_tokenizer
+from seqcls.serving import shipped
+from seqcls.serving.repository import Repository, ServingOptions
+from seqcls.workspace import Release
+
+#: Release parameters that change what is served or how its decision is made: in :func:`release_key`.
+SERVING_PARAMS = ("profile", "opset", "max_length", "threshold", "thresholds", "hierarchy")
+#: Release parameters that only decide whether (and where) the parity gate passes: not in it.
+GATE_ONLY_PARAMS = (
+    "atol",
+    "rtol",
+    "prob_atol",
+    "near_margin",
+    "gpu_tolerance_factor",
+    "provider",
+    "require_gpu",
+    "min_decision_agreement",
+    "allow_unsafe_pickle",
+)
+
+
+def serving_config(release: Release) -> dict[str, Any]:
+    """What one registry version stands for: the checkpoint and how it is served and decided.
+
+    In: ``fingerprint`` (weights, config, vocabulary, tokenizer files, label file — so the labels
+    and their order), ``profile`` and ``opset`` (which ONNX graph answers: fp32, fused, int8),
+    ``max_length`` (tokenizer truncation), ``hierarchy`` (a child implies its parent) and
+    ``thresholds``: ``threshold`` + the per-label overrides resolved to one float32 value per label,
+    the vector the served ``release.json`` holds (equivalent spellings give the same key).
+
+    Out: ``model_name`` (it names the registered model; versions are looked up inside it); the
+    gate's tolerances and where it runs (:data:`GATE_ONLY_PARAMS`): they decide whether a model may
+    be released, not what it answers — re-gating the same model more strictly reuses its version;
+    the Triton deployment options (tokenizer implementation, runtime, batching: publish's content
+    key) and package versions (lineage tags): the same registry version, another Triton version.
+    """
+    cfg, ckpt = release.config, release.checkpoint
+    try:
+        vector = shipped.decide(release.settings).threshold_vector(list(ckpt.labels), cfg.threshold, cfg.thresholds)
+    except ValueError as exc:
+        raise InputError(f"thresholds: {exc}") from exc
+    return {
+        "fingerprint": ckpt.fingerprint,
+        "profile": cfg.profile,
+        "opset": cfg.opset,
+        "max_length": cfg.max_length,
+        "hierarchy": cfg.hierarchy,
+        "thresholds": {label: float32(t) for label, t in zip(ckpt.labels, vector, strict=True)},
+    }
+
+
+def float32(value: float) -> float:
+    """A threshold as served (float32), written in the fewest digits that round-trip (0.7, not 0.699999988)."""
+    import numpy as np
+
+    return float(str(np.float32(value)))
+
+
+def key_of(config: dict[str, Any]) -> str:
+    """The release key of a :func:`serving_config` (also of the JSON in a version's ``serving_config`` tag)."""
+    text = json.dumps(config, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
+
+
+def release_key(release: Release) -> str:
+    """Short stable digest (16 hex) of :func:`serving_config`: one registry version per value.
+
+    Needs only the checkpoint and the config (no workspace), so it can be asked before validate.
+    """
+    return key_of(serving_config(release))
+
+
+def release_values(release: Release, options: ServingOptions) -> dict[str, Any]:
+    """What every Triton version's ``release.json`` holds besides its files (the pyfunc carries it too)."""
+    expected = Expected.load(release.workspace)
+    tokenizer = serving_tokenizer(release)
+    contract = shipped.contract()
+    return {
+        "model_name": release.config.model_name,
+        "fingerprint": release.checkpoint.fingerprint,
+        "framework": release.checkpoint.framework,
+        contract.MODEL_INPUTS_KEY: model_inputs(release.workspace),  # what the tokenizer emits, the graph takes
+        "tokenizer_file": tokenizer.file.name,
+        "labels": expected.labels,
+        "thresholds": expected.thresholds,
+        "hierarchy": expected.hierarchy,
+        "max_length": release.config.max_length,
+        "do_lower_case": release.checkpoint.do_lower_case,
+        "pad_id": tokenizer.pad_id,
+        "profile": release.config.profile,
+        "release_key": release_key(release),  # the MLflow version's key: sync/status find it by this
+        contract.MAX_TEXT_BYTES_KEY: int(options.max_text_bytes),
+    }
+
+
+def served_release_key(repo: Repository, version: int | None) -> str | None:
+    """The registry key (fingerprint + serving configuration) Triton version ``version`` was published
+    with; None for versions published before release keys (the registry then matches by fingerprint)."""
+    info = repo.release_info(version) if version is not None else None
+    key = (info or {}).get("release_key")
+    return key if isinstance(key, str) else None
