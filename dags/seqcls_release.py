@@ -78,8 +78,8 @@ from pathlib import Path
 from airflow.sdk import DAG, TriggerRule, chain, task
 from airflow.sdk.exceptions import AirflowTimetableInvalid
 
-from seqcls.airflow import RESOLVE_TASK, ROLLBACK_ON
 from seqcls.airflow.assets import champion_asset, checkpoints_asset
+from seqcls.airflow.context import RESOLVE_TASK, ROLLBACK_ON
 from seqcls.airflow.models_file import ASSET_SCHEDULE, ModelSpec, release_models
 from seqcls.airflow.params import dag_params
 from seqcls.errors import InputError
@@ -110,32 +110,23 @@ def heavy_task(fn):
 
 def export_static(checkpoint: str, fingerprint: str, params_json: str, checkpoints_root: str) -> dict:
     """Checkpoint → Paddle static graph (paddle.jit.to_static + jit.save)."""
-    from seqcls.airflow import configure_logging, open_for_task, report
-    from seqcls.steps.export import export
+    from seqcls.airflow.context import run_heavy_step
 
-    configure_logging()
-    release = open_for_task(checkpoint, params_json, fingerprint=fingerprint, checkpoints_root=checkpoints_root)
-    return report(export(release))
+    return run_heavy_step("export", checkpoint, fingerprint, params_json, checkpoints_root)
 
 
 def convert_onnx(checkpoint: str, fingerprint: str, params_json: str, checkpoints_root: str) -> dict:
     """Static graph → ONNX (paddle2onnx, checker on), output renamed `logits`."""
-    from seqcls.airflow import configure_logging, open_for_task, report
-    from seqcls.steps.convert import convert
+    from seqcls.airflow.context import run_heavy_step
 
-    configure_logging()
-    release = open_for_task(checkpoint, params_json, fingerprint=fingerprint, checkpoints_root=checkpoints_root)
-    return report(convert(release))
+    return run_heavy_step("convert", checkpoint, fingerprint, params_json, checkpoints_root)
 
 
 def validate_parity(checkpoint: str, fingerprint: str, params_json: str, checkpoints_root: str) -> dict:
     """The parity gate: Paddle vs ONNX Runtime on the golden texts; the report names the diffs."""
-    from seqcls.airflow import configure_logging, open_for_task, report
-    from seqcls.steps.validate import validate
+    from seqcls.airflow.context import run_heavy_step
 
-    configure_logging()
-    release = open_for_task(checkpoint, params_json, fingerprint=fingerprint, checkpoints_root=checkpoints_root)
-    return report(validate(release))
+    return run_heavy_step("validate", checkpoint, fingerprint, params_json, checkpoints_root)
 
 
 def release_dag(spec: ModelSpec) -> DAG:
@@ -183,88 +174,42 @@ def release_tasks(model_name: str, checkpoints_root: str = "") -> None:
     @task(execution_timeout=timedelta(minutes=10))
     def resolve_checkpoint(checkpoints_root: str, params=None, dag_run=None, ti=None) -> dict:
         """Validate params + checkpoint before any heavy work; skip when it already is champion."""
-        import logging
+        from seqcls.airflow.tasks import resolve_release
 
-        from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
-
-        from seqcls.airflow import LATEST, champion_skip_reason, config_from_params, connected, locate_checkpoint
-        from seqcls.airflow.models_file import dag_id_for
-        from seqcls.errors import InputError
-        from seqcls.workspace import open_release
-
-        log = logging.getLogger("seqcls.airflow")
-        run_type = getattr(dag_run.run_type, "value", dag_run.run_type)
-        automatic = run_type != "manual"  # scheduled, asset-triggered, backfill: release `latest`
-        try:  # an InputError is the user's input (params, checkpoint, Connection): no retry can fix it
-            with connected(params, checkpoints_root=checkpoints_root) as settings:
-                config = config_from_params(params)
-                if config.model_name != model_name:  # the lease, max_active_runs and the champion Asset are per model
-                    raise InputError(
-                        f"this DAG releases {model_name!r}, not model_name {config.model_name!r}: trigger that "
-                        f"model's own DAG ({dag_id_for(config.model_name)!r} when the models file lists it)"
-                    )
-                path = locate_checkpoint(LATEST if automatic else params.get("checkpoint"), settings)
-                release = open_release(path, config, settings)
-                skip = automatic or params.get("skip_if_champion", True)
-                reason = champion_skip_reason(release, model_name=config.model_name) if skip else None
-        except InputError as exc:
-            raise AirflowFailException(f"bad release input: {exc}") from exc
-        if reason:
-            raise AirflowSkipException(reason)
-        ckpt = release.checkpoint
-        log.info(
-            "%s run releases %s as %r: %d labels, vocab %d, weights %s, fingerprint %s → workspace %s",
-            run_type,
-            ckpt.path,
-            config.model_name,
-            ckpt.num_labels,
-            ckpt.vocab_size,
-            ckpt.weights.name,
-            ckpt.short_fingerprint,
-            release.workspace.root,
-        )
-        ti.xcom_push(key="checkpoint", value=str(ckpt.path))
-        ti.xcom_push(key="fingerprint", value=ckpt.fingerprint)
-        return {
-            "checkpoint": str(ckpt.path),
-            "fingerprint": ckpt.fingerprint,
-            "model_name": config.model_name,
-            "labels": ckpt.num_labels,
-            "workspace": str(release.workspace.root),
-        }
+        return resolve_release(model_name, checkpoints_root, params, dag_run, ti)
 
     @task
     def register_model(checkpoint: str, fingerprint: str, checkpoints_root: str, params=None, ti=None) -> dict:
         """MLflow model version for this fingerprint (idempotent) + alias `candidate`."""
-        from seqcls.airflow import run_task_step
+        from seqcls.airflow.tasks import run_task_step
 
         return run_task_step("register", checkpoint, fingerprint, params, ti, checkpoints_root=checkpoints_root)
 
     @task
     def publish_repository(checkpoint: str, fingerprint: str, checkpoints_root: str, params=None, ti=None) -> dict:
         """Write Triton version N of tokenizer, seqcls_model, seqcls_postprocess and the ensemble."""
-        from seqcls.airflow import run_task_step
+        from seqcls.airflow.tasks import run_task_step
 
         return run_task_step("publish", checkpoint, fingerprint, params, ti, checkpoints_root=checkpoints_root)
 
     @task
     def reload_triton(checkpoint: str, fingerprint: str, checkpoints_root: str, params=None, ti=None) -> dict:
         """Load N beside the served version as the candidate on every endpoint; nothing public changes."""
-        from seqcls.airflow import run_task_step
+        from seqcls.airflow.tasks import run_task_step
 
         return run_task_step("reload", checkpoint, fingerprint, params, ti, checkpoints_root=checkpoints_root)
 
     @task
     def smoke_test(checkpoint: str, fingerprint: str, checkpoints_root: str, params=None, ti=None) -> dict:
         """Golden texts through the candidate route (gRPC) must answer what the gate validated."""
-        from seqcls.airflow import run_task_step
+        from seqcls.airflow.tasks import run_task_step
 
         return run_task_step("smoke", checkpoint, fingerprint, params, ti, checkpoints_root=checkpoints_root)
 
     @task
     def expose_version(checkpoint: str, fingerprint: str, checkpoints_root: str, params=None, ti=None) -> dict:
         """The public ensemble serves N on every endpoint (recorded state first, then reconciled)."""
-        from seqcls.airflow import run_task_step
+        from seqcls.airflow.tasks import run_task_step
 
         return run_task_step("expose", checkpoint, fingerprint, params, ti, checkpoints_root=checkpoints_root)
 
@@ -274,36 +219,18 @@ def release_tasks(model_name: str, checkpoints_root: str = "") -> None:
     ) -> dict:
         """Alias `champion` → this version (it is served now); the one it replaces becomes `previous-champion`.
         Emits the champion Asset with {version, triton_version, fingerprint} (only when this task succeeds)."""
-        from seqcls.airflow import run_task_step
-        from seqcls.airflow.assets import record_champion
+        from seqcls.airflow.tasks import promote_champion
 
-        summary = run_task_step("promote", checkpoint, fingerprint, params, ti, checkpoints_root=checkpoints_root)
-        record_champion(outlet_events, model_name, summary)
-        return summary
+        return promote_champion(
+            model_name, checkpoint, fingerprint, params, ti, outlet_events, checkpoints_root=checkpoints_root
+        )
 
     @task(trigger_rule=TriggerRule.ONE_FAILED)
     def rollback(checkpoint: str, fingerprint: str, checkpoints_root: str, params=None, ti=None) -> dict:
         """After a serving step FAILED (not merely upstream-failed): withdraw this attempt's candidate."""
-        from airflow.sdk.exceptions import AirflowSkipException
+        from seqcls.airflow.tasks import roll_back_failed_attempt
 
-        from seqcls.airflow import ROLLBACK_ON, run_task_step
-
-        states = ti.get_task_states(dag_id=ti.dag_id, run_ids=[ti.run_id], task_ids=list(ROLLBACK_ON))
-        states = states.get(ti.run_id, {})
-        failed = [t for t in ROLLBACK_ON if states.get(t) == "failed"]
-        if not failed:  # an earlier step failed: nothing reached the registry or Triton
-            raise AirflowSkipException(f"no serving step failed in this run ({states}); nothing to roll back")
-        reason = f"{', '.join(failed)} failed in run {ti.run_id}"
-        return run_task_step(
-            "rollback",
-            checkpoint,
-            fingerprint,
-            params,
-            ti,
-            checkpoints_root=checkpoints_root,
-            reason=reason,
-            mode="attempt",
-        )
+        return roll_back_failed_attempt(checkpoint, fingerprint, params, ti, checkpoints_root=checkpoints_root)
 
     step = {"checkpoint": CHECKPOINT, "fingerprint": FINGERPRINT, "checkpoints_root": checkpoints_root}
     resolved = resolve_checkpoint(checkpoints_root=checkpoints_root)

@@ -58,7 +58,7 @@ def seqcls_sync():
     @task
     def sync_models(params=None) -> list[dict]:
         """Reconcile every model's endpoints and champion to its recorded serving state."""
-        from seqcls.airflow import sync_task
+        from seqcls.airflow.tasks import sync_task
 
         return sync_task(params, GROUPS)
 

@@ -91,8 +91,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def open_workspace(args: argparse.Namespace, params: dict):
     """The release the tasks will use, found the same way the tasks find it (bad input fails here): under
     the DAG's checkpoints root (its model's in the models file, else SEQCLS_CHECKPOINTS_ROOT)."""
-    from seqcls.airflow import config_from_params, locate_checkpoint, settings_from_params
+    from seqcls.airflow.context import config_from_params, settings_from_params
     from seqcls.airflow.models_file import release_models
+    from seqcls.airflow.roots import locate_checkpoint
     from seqcls.workspace import open_release
 
     spec = next((s for s in release_models(ROOT / "dags") if s.dag_id == DAG_ID), None)
@@ -115,7 +116,7 @@ def set_up_airflow(airflow: str, env: dict[str, str], logs: Path, migrate: bool)
 
 def task_problem(task_id: str, code: int | None, out: str, ws, timeout: float) -> tuple[str, str | None]:
     """(the state the task reported, what went wrong or None) for one ``airflow tasks test`` call."""
-    from seqcls.airflow import ROLLBACK_TASK, TASK_STEPS
+    from seqcls.airflow.context import ROLLBACK_TASK, TASK_STEPS
 
     step = TASK_STEPS.get(task_id)
     states = STATE_RE.findall(out)
@@ -141,7 +142,7 @@ def task_problem(task_id: str, code: int | None, out: str, ws, timeout: float) -
 
 
 def report_failure(task_id: str, problem: str, seconds: float, log_path: Path, out: str, checkpoint, release) -> None:
-    from seqcls.airflow import ROLLBACK_ON, TASK_STEPS
+    from seqcls.airflow.context import ROLLBACK_ON, TASK_STEPS
 
     step = TASK_STEPS.get(task_id)
     rec = release.workspace.step(step) if step else None
@@ -159,7 +160,7 @@ def report_failure(task_id: str, problem: str, seconds: float, log_path: Path, o
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    from seqcls.airflow import TASK_ORDER, TASK_STEPS
+    from seqcls.airflow.context import TASK_ORDER, TASK_STEPS
     from seqcls.errors import SeqclsError
 
     try:

@@ -20,6 +20,7 @@ import urllib.request
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from seqcls.registry.ledger import client, tracking_uri
 from seqcls.serving.client import ControlRefused, Endpoint, TritonOps
 from seqcls.settings import Settings, scoped_environ
 
@@ -93,8 +94,6 @@ def check_triton(
 
 def check_mlflow(settings: Settings, credentials: Mapping[str, str | None]) -> tuple[bool, str]:
     """One registry call against the settings' tracking URI with ``credentials`` (MLflow's variables)."""
-    from seqcls.registry.ledger import client, tracking_uri
-
     uri = tracking_uri(settings)
     with scoped_environ({**MLFLOW_FAIL_FAST, **credentials}):
         try:

@@ -25,7 +25,7 @@ Credentials stay out of everything seqcls writes: every password and sensitive e
 (``token``, ``password``, ... — Airflow's sensitive names) is registered with Airflow's secrets
 masker (:func:`airflow.sdk.log.mask_secret`) the moment the Connection is read, so task logs show
 ``***``; MLflow gets them through its own variables (``MLFLOW_TRACKING_USERNAME`` / ``_PASSWORD`` /
-``_TOKEN``) only while a task's MLflow work runs (``seqcls.airflow.connected``), never through the
+``_TOKEN``) only while a task's MLflow work runs (:func:`seqcls.airflow.tasks.connected`), never through the
 tracking URI (which the release manifest, links and logs carry). The Triton Connection's password
 is the model-control key (``seqcls.settings.ENV_TRITON_CONTROL_KEY``), masked the same way.
 
@@ -44,9 +44,11 @@ from airflow.sdk import BaseHook
 from airflow.sdk.exceptions import AirflowNotFoundException
 from airflow.sdk.log import mask_secret
 
+from seqcls.airflow.checks import check_mlflow, check_triton
 from seqcls.airflow.provider import MLFLOW_CONN_TYPE, MLFLOW_NAME, TRITON_CONN_TYPE, TRITON_NAME
 from seqcls.errors import InputError
-from seqcls.serving.client import Endpoint, TritonOps
+from seqcls.registry.ledger import client as mlflow_client
+from seqcls.serving.client import Endpoint, TritonOps, endpoints_from_settings
 from seqcls.settings import Settings, check_tracking_uri, mlflow_credentials
 
 
@@ -176,8 +178,6 @@ class TritonHook(_SeqclsHook):
     def endpoints(self) -> list[Endpoint]:
         """One endpoint per Triton replica (``dns:///`` names resolved now), with the control key; the
         settings' defaults when the Connection names none."""
-        from seqcls.serving.client import endpoints_from_settings
-
         return endpoints_from_settings(Settings.from_env(**self.settings_overrides()))
 
     def get_conn(self) -> list[TritonOps]:
@@ -186,8 +186,6 @@ class TritonHook(_SeqclsHook):
         return [TritonOps(e) for e in self.endpoints()]
 
     def _check(self) -> tuple[bool, str]:
-        from seqcls.airflow.checks import check_triton
-
         endpoints = self.endpoints()
         if self.control_key:
             source = "the Connection's password"
@@ -243,16 +241,12 @@ class MlflowHook(_SeqclsHook):
         return self.client
 
     def _check(self) -> tuple[bool, str]:
-        from seqcls.airflow.checks import check_mlflow
-
         return check_mlflow(Settings.from_env(mlflow_tracking_uri=self.tracking_uri), self.credentials_env())
 
     @cached_property
     def client(self):
         """An ``MlflowClient``; use it inside ``scoped_environ(hook.credentials_env())`` when MLflow needs them."""
-        from seqcls.registry.ledger import client
-
-        return client(Settings.from_env(mlflow_tracking_uri=self.tracking_uri))
+        return mlflow_client(Settings.from_env(mlflow_tracking_uri=self.tracking_uri))
 
 
 __all__ = ["MlflowHook", "TritonHook", "mask_connection"]

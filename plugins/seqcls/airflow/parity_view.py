@@ -25,6 +25,12 @@ from urllib.parse import quote
 from fastapi import Depends, FastAPI, HTTPException, Request
 from fastapi.responses import HTMLResponse, PlainTextResponse, Response
 
+from seqcls.airflow.context import RESOLVE_TASK
+from seqcls.airflow.report import pushed_value
+from seqcls.records import OUT_DIRS, PARITY_PLOT, PARITY_REPORT
+from seqcls.settings import Settings
+from seqcls.workspace import Workspace, workspace_dir
+
 URL_PREFIX = "/seqcls"
 _FINGERPRINT = re.compile(r"^[0-9a-f]{16,128}$")
 _MODEL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
@@ -40,10 +46,7 @@ def evidence_path(dag_id: str, run_id: str) -> str:
 
 def resolved_release(dag_id: str, run_id: str) -> dict[str, Any] | None:
     """What ``resolve_checkpoint`` returned for the run, read from the metadata database."""
-    from airflow.models.taskinstancekey import TaskInstanceKey
-
-    from seqcls.airflow import RESOLVE_TASK
-    from seqcls.airflow.plugin import pushed_value
+    from airflow.models.taskinstancekey import TaskInstanceKey  # Airflow core: in the API server only
 
     value = pushed_value(TaskInstanceKey(dag_id, RESOLVE_TASK, run_id, -1, -1), "return_value")
     return value if isinstance(value, dict) else None
@@ -60,8 +63,6 @@ async def authorized(request: Request) -> None:
 
 def workspace_of(ref: dict[str, Any], settings) -> Path | None:
     """The release's workspace, from the resolved model + fingerprint, confined to the releases dir."""
-    from seqcls.workspace import workspace_dir
-
     model, fingerprint = str(ref.get("model_name") or ""), str(ref.get("fingerprint") or "")
     if not _MODEL.match(model) or not _FINGERPRINT.match(fingerprint):
         return None
@@ -72,9 +73,6 @@ def workspace_of(ref: dict[str, Any], settings) -> Path | None:
 
 def evidence(root: Path) -> dict[str, Any] | None:
     """The validate record, outcome, report and plot path of a workspace (None: no evidence)."""
-    from seqcls.records import OUT_DIRS, PARITY_PLOT, PARITY_REPORT
-    from seqcls.workspace import Workspace
-
     ws = Workspace(root)
     record = ws.step("validate")
     if not record or record.get("status") not in ("ok", "failed"):
@@ -160,8 +158,6 @@ def create_app(
     app = FastAPI(title="seqcls", docs_url=None, redoc_url=None, openapi_url=None)
 
     def find(dag_id: str, run_id: str) -> dict[str, Any]:
-        from seqcls.settings import Settings
-
         cfg = settings or Settings.from_env()
         ref = (lookup or resolved_release)(dag_id, run_id)
         root = workspace_of(ref, cfg) if ref else None

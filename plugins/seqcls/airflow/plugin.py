@@ -8,23 +8,23 @@ modules as top-level files.)
 
 Airflow 3 computes a *global* extra link in the API server, for every task, by calling
 ``get_link``; the seqcls tasks push the URLs themselves to XCom (keys
-:data:`seqcls.airflow.MLFLOW_URL_KEY` / :data:`seqcls.airflow.TRITON_URL_KEY`), so a link reads
-that XCom, and is empty (hidden) for tasks that pushed nothing. ``register_model``/``promote`` push
-the MLflow URL (only when MLflow is an http(s) server — a sqlite store has no UI),
-``publish_repository``/``reload_triton``/``smoke_test``/``expose_version`` push Triton's HTTP
-metadata URL of the served ensemble version.
+:data:`seqcls.airflow.report.MLFLOW_URL_KEY` / :data:`~seqcls.airflow.report.TRITON_URL_KEY`), so a link
+reads that XCom (:func:`~seqcls.airflow.report.pushed_value`), and is empty (hidden) for tasks that
+pushed nothing. ``register_model``/``promote`` push the MLflow URL (only when MLflow is an http(s)
+server — a sqlite store has no UI), ``publish_repository``/``reload_triton``/``smoke_test``/
+``expose_version`` push Triton's HTTP metadata URL of the served ensemble version.
 """
 
 from __future__ import annotations
 
-import json
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
+from airflow.configuration import conf
 from airflow.plugins_manager import AirflowPlugin
 from airflow.sdk import BaseOperatorLink
 
-from seqcls.airflow import MLFLOW_URL_KEY, TRITON_URL_KEY
 from seqcls.airflow.parity_view import URL_PREFIX, create_app, evidence_path
+from seqcls.airflow.report import MLFLOW_URL_KEY, TRITON_URL_KEY, pushed_value
 from seqcls.steps import BY_NAME
 
 VALIDATE_TASK = BY_NAME["validate"].task_id
@@ -32,35 +32,6 @@ VALIDATE_TASK = BY_NAME["validate"].task_id
 if TYPE_CHECKING:
     from airflow.sdk import BaseOperator
     from airflow.sdk.types import TaskInstanceKey
-
-
-def pushed_value(ti_key: TaskInstanceKey, key: str) -> Any:
-    """The XCom ``key`` the task instance pushed (None without one), read from the metadata database.
-
-    The one place seqcls touches Airflow internals. A global link runs in the API server, where the
-    Task SDK's ``XCom`` cannot work (it talks to a task supervisor; apache/airflow#59093), and Airflow
-    3.3 has no public server-side XCom reader yet (proposed: apache/airflow#68789). Until then this is
-    what Airflow's maintainers suggest for plugin-registered links: ``XComModel`` in a session.
-    """
-    from airflow.models.xcom import XComModel
-    from airflow.utils.session import create_session
-
-    query = XComModel.get_many(
-        key=key,
-        run_id=ti_key.run_id,
-        dag_ids=ti_key.dag_id,
-        task_ids=ti_key.task_id,
-        map_indexes=ti_key.map_index,
-        limit=1,
-    ).with_only_columns(XComModel.value)
-    with create_session() as session:
-        value = session.scalar(query)
-    if isinstance(value, str):
-        try:
-            return json.loads(value)  # stored JSON-encoded by the task's xcom_push
-        except ValueError:
-            return value
-    return value
 
 
 class _XComUrlLink(BaseOperatorLink):
@@ -100,8 +71,6 @@ class ParityEvidenceLink(BaseOperatorLink):
     def get_link(self, operator: BaseOperator, *, ti_key: TaskInstanceKey) -> str:
         if ti_key.task_id != VALIDATE_TASK:
             return ""
-        from airflow.configuration import conf
-
         base = (conf.get("api", "base_url", fallback="") or "").rstrip("/")
         return f"{base}{evidence_path(ti_key.dag_id, ti_key.run_id)}"
 
@@ -114,4 +83,4 @@ class SeqclsPlugin(AirflowPlugin):
     fastapi_apps: ClassVar[list] = [{"app": create_app(), "url_prefix": URL_PREFIX, "name": "seqcls"}]
 
 
-__all__ = ["MlflowModelVersionLink", "ParityEvidenceLink", "SeqclsPlugin", "TritonModelLink", "pushed_value"]
+__all__ = ["MlflowModelVersionLink", "ParityEvidenceLink", "SeqclsPlugin", "TritonModelLink"]

@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path, PurePosixPath
 
+from seqcls.checkpoints.completion import find_latest
 from seqcls.errors import InputError
 from seqcls.settings import ENV_CHECKPOINTS_ROOT, Settings
 
@@ -76,8 +77,6 @@ def locate_checkpoint(value: str | None, settings: Settings, *, param: str = "ch
         raise InputError(f"{param} is empty: give a checkpoint directory under the checkpoints root, or 'latest'")
     root = Path(settings.checkpoints_root or ".")
     if text == LATEST:
-        from seqcls.checkpoints.completion import find_latest
-
         found = find_latest(root)
         try:
             path = confine(found, root, param=param, given=LATEST)

@@ -1,0 +1,142 @@
+"""What a release task starts from: its place in the task table, its params as library objects, its release.
+
+Every task of ``dags/seqcls_release.py`` turns its params into :class:`~seqcls.settings.Settings` +
+:class:`~seqcls.config.ReleaseConfig` and re-opens the release workspace (deterministic, so no XCom
+is needed to find it) before it calls one library step. The mapping lives here and nothing else:
+release logic stays in the step modules, task policy in :mod:`seqcls.airflow.tasks`.
+
+Imports nothing from Airflow, so the heavy Paddle tasks run it in another interpreter
+(``@task.external_python``, :func:`run_heavy_step`) where Airflow may not be installed, and the DAG
+file imports the task table at parse time cheaply. Connections are read by the tasks
+(:func:`seqcls.airflow.tasks.connected`), not here.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import fields, replace
+from pathlib import Path
+from typing import Any
+
+from seqcls.airflow.report import configure_logging, report
+from seqcls.airflow.roots import locate_checkpoint, model_root, refuse_root_param
+from seqcls.config import ReleaseConfig
+from seqcls.errors import CheckpointError, InputError
+from seqcls.settings import Settings
+from seqcls.steps import BY_NAME, STEPS, step
+from seqcls.workspace import Release, open_release
+
+#: DAG task id → the manifest step it runs (in order), derived from the step table.
+#: ``resolve_checkpoint`` opens the workspace; ``rollback`` runs only after a failure.
+TASK_STEPS: dict[str, str] = {s.task_id: s.name for s in STEPS}
+RESOLVE_TASK = "resolve_checkpoint"
+ROLLBACK_TASK = BY_NAME["rollback"].task_id
+TASK_ORDER: tuple[str, ...] = (RESOLVE_TASK, *TASK_STEPS, ROLLBACK_TASK)
+#: Tasks whose failure leaves something to undo on the servers or in the registry.
+ROLLBACK_ON: tuple[str, ...] = tuple(s.task_id for s in STEPS if s.undo_on_failure)
+
+#: DAG params that are not release parameters (they pick a checkpoint, a runtime, connections...).
+#: Not among them: the checkpoints root, which the deployment sets (``seqcls.airflow.roots``).
+NON_RELEASE_PARAMS = frozenset({"checkpoint", "runtime", "triton_conn_id", "mlflow_conn_id", "skip_if_champion"})
+RELEASE_PARAMS = frozenset(f.name for f in fields(ReleaseConfig))
+
+
+def as_params(params: Mapping[str, Any] | str | None) -> dict[str, Any]:
+    """Params as a plain dict (a Mapping from the context, or JSON rendered by a template)."""
+    if params is None:
+        return {}
+    if isinstance(params, str):
+        try:
+            params = json.loads(params)
+        except ValueError as exc:
+            raise InputError(f"DAG params are not valid JSON ({exc}): {params[:200]!r}") from exc
+    if not isinstance(params, Mapping):
+        raise InputError(f"DAG params must be a mapping, got {type(params).__name__}")
+    return {k: params[k] for k in params}
+
+
+def config_from_params(params: Mapping[str, Any] | str | None) -> ReleaseConfig:
+    """The validated release config; a bad value raises InputError naming the param."""
+    values = as_params(params)
+    refuse_root_param(values)
+    unknown = sorted(set(values) - RELEASE_PARAMS - NON_RELEASE_PARAMS)
+    if unknown:
+        raise InputError(f"unknown DAG param(s): {', '.join(unknown)}")
+    for name in [k for k, v in values.items() if v == "" and k in RELEASE_PARAMS]:
+        values[name] = None  # an emptied optional field in the trigger form
+    thresholds = values.get("thresholds")
+    if isinstance(thresholds, str):  # the trigger form may send an object as JSON text
+        try:
+            values["thresholds"] = json.loads(thresholds) if thresholds.strip() else {}
+        except ValueError as exc:
+            raise InputError(f"thresholds must be a JSON object label -> threshold ({exc})") from exc
+    return ReleaseConfig.from_dict({k: v for k, v in values.items() if k in RELEASE_PARAMS})
+
+
+def settings_from_params(
+    params: Mapping[str, Any] | str | None, *, checkpoints_root: str | Path | None = None, **overrides: Any
+) -> Settings:
+    """Settings from the environment + the ``runtime`` param (no Airflow Connections).
+
+    ``checkpoints_root``: the model's root as the DAG file got it from the models file (absolute, or
+    relative to ``SEQCLS_CHECKPOINTS_ROOT``; empty = that root itself) — never from a param.
+    """
+    values = as_params(params)
+    refuse_root_param(values)
+    settings = Settings.from_env(runtime=values.get("runtime") or None, **overrides)
+    if checkpoints_root is None:
+        return settings
+    return replace(settings, checkpoints_root=model_root(checkpoints_root, Path(str(settings.checkpoints_root))))
+
+
+def open_for_task(
+    checkpoint: str | None,
+    params: Mapping[str, Any] | str | None,
+    settings: Settings | None = None,
+    *,
+    fingerprint: str | None = None,
+    checkpoints_root: str | None = None,
+) -> Release:
+    """Re-open the release a run works on: from resolve_checkpoint's XCom, else from params.
+
+    ``checkpoint``/``fingerprint`` are what ``resolve_checkpoint`` resolved (empty under
+    ``airflow tasks test``, where the ``checkpoint`` param is used instead); either must be under the
+    model's checkpoints root (``settings``', else ``checkpoints_root``). A fingerprint that no longer
+    matches means the checkpoint directory changed during the run.
+    """
+    values = as_params(params)
+    settings = settings or settings_from_params(values, checkpoints_root=checkpoints_root)
+    config = config_from_params(values)
+    path = locate_checkpoint(checkpoint or values.get("checkpoint"), settings)
+    release = open_release(path, config, settings)
+    if fingerprint and release.checkpoint.fingerprint != fingerprint:
+        raise CheckpointError(
+            f"{path}: fingerprint is now {release.checkpoint.short_fingerprint}, but this run resolved "
+            f"{fingerprint[:16]}: the checkpoint changed during the run; trigger a new run."
+        )
+    return release
+
+
+def run_heavy_step(name: str, checkpoint: str, fingerprint: str, params_json: str, checkpoints_root: str) -> dict:
+    """A heavy (Paddle) task's whole body — the run's release, the step, its story — runnable where Airflow
+    is not: params arrive rendered as JSON, settings come from the environment (no Connections)."""
+    configure_logging()
+    release = open_for_task(checkpoint, params_json, fingerprint=fingerprint, checkpoints_root=checkpoints_root)
+    return report(step(name)(release))
+
+
+__all__ = [
+    "NON_RELEASE_PARAMS",
+    "RELEASE_PARAMS",
+    "RESOLVE_TASK",
+    "ROLLBACK_ON",
+    "ROLLBACK_TASK",
+    "TASK_ORDER",
+    "TASK_STEPS",
+    "as_params",
+    "config_from_params",
+    "open_for_task",
+    "run_heavy_step",
+    "settings_from_params",
+]

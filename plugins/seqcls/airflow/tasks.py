@@ -1,0 +1,197 @@
+"""What each task of the release and sync DAGs does, so the DAG files only declare the checklist.
+
+The policy a run follows lives here, next to the library calls it makes: which checkpoint a run
+releases (``latest`` for scheduled and asset-triggered runs, else the ``checkpoint`` param), that a
+DAG releases only its own model, when a run ends skipped (the checkpoint already is champion), which
+Connections a task talks through (:func:`connected`), the release lease a serving step holds, what
+the champion Asset carries, when rollback has something to undo. Input errors fail the task without
+retries (:class:`AirflowFailException`): no retry fixes a bad param, checkpoint or Connection.
+
+Runs in the Airflow worker (it reads Connections); the heavy tasks, which may run where Airflow is
+not, use :func:`seqcls.airflow.context.run_heavy_step` instead.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
+
+from seqcls.airflow.assets import record_champion
+from seqcls.airflow.context import ROLLBACK_ON, as_params, config_from_params, open_for_task, settings_from_params
+from seqcls.airflow.hooks import MlflowHook, TritonHook
+from seqcls.airflow.models_file import dag_id_for
+from seqcls.airflow.report import report
+from seqcls.airflow.roots import LATEST, locate_checkpoint
+from seqcls.errors import InputError, ServingError
+from seqcls.registry.ledger import champion_fingerprint, champion_release_key
+from seqcls.serving.control import LeaseContext, lease_context
+from seqcls.serving.release import release_key
+from seqcls.settings import Settings, scoped_environ
+from seqcls.steps import step
+from seqcls.sync import sync
+from seqcls.workspace import Release, open_release
+
+log = logging.getLogger("seqcls.airflow")
+
+
+@contextlib.contextmanager
+def connected(params: Mapping[str, Any] | str | None, *, checkpoints_root: str | None = None) -> Iterator[Settings]:
+    """Settings for a task that talks to Triton or MLflow — the param-named Connections win — with the
+    MLflow Connection's credentials in MLflow's own variables for the block (``scoped_environ``)."""
+    values = as_params(params)
+    triton = TritonHook(values.get("triton_conn_id") or TritonHook.default_conn_name)
+    mlflow = MlflowHook(values.get("mlflow_conn_id") or MlflowHook.default_conn_name)
+    overrides = {**triton.settings_overrides(), "mlflow_tracking_uri": mlflow.tracking_uri}
+    settings = settings_from_params(values, checkpoints_root=checkpoints_root, **overrides)
+    with scoped_environ(mlflow.credentials_env()):
+        yield settings
+
+
+def task_settings(params: Mapping[str, Any] | str | None, *, checkpoints_root: str | None = None) -> Settings:
+    """:func:`connected`'s settings alone (no credentials in the environment)."""
+    with connected(params, checkpoints_root=checkpoints_root) as settings:
+        return settings
+
+
+def resolve_release(model_name: str, checkpoints_root: str, params, dag_run, ti) -> dict:
+    """``resolve_checkpoint``: validate params + checkpoint before any heavy work, skip the run when the
+    checkpoint already is champion, push what the later tasks re-open (keys ``checkpoint``, ``fingerprint``).
+
+    Automatic runs (scheduled, asset-triggered, backfill) release ``latest`` and always skip a champion;
+    manual runs take the ``checkpoint`` param and skip unless ``skip_if_champion`` is off.
+    """
+    run_type = getattr(dag_run.run_type, "value", dag_run.run_type)
+    automatic = run_type != "manual"
+    try:  # an InputError is the user's input (params, checkpoint, Connection): no retry can fix it
+        with connected(params, checkpoints_root=checkpoints_root) as settings:
+            config = config_from_params(params)
+            if config.model_name != model_name:  # the lease, max_active_runs and the champion Asset are per model
+                raise InputError(
+                    f"this DAG releases {model_name!r}, not model_name {config.model_name!r}: trigger that "
+                    f"model's own DAG ({dag_id_for(config.model_name)!r} when the models file lists it)"
+                )
+            path = locate_checkpoint(LATEST if automatic else params.get("checkpoint"), settings)
+            release = open_release(path, config, settings)
+            skip = automatic or params.get("skip_if_champion", True)
+            reason = champion_skip_reason(release, model_name=config.model_name) if skip else None
+    except InputError as exc:
+        raise AirflowFailException(f"bad release input: {exc}") from exc
+    if reason:
+        raise AirflowSkipException(reason)
+    ckpt = release.checkpoint
+    log.info(
+        "%s run releases %s as %r: %d labels, vocab %d, weights %s, fingerprint %s → workspace %s",
+        run_type,
+        ckpt.path,
+        config.model_name,
+        ckpt.num_labels,
+        ckpt.vocab_size,
+        ckpt.weights.name,
+        ckpt.short_fingerprint,
+        release.workspace.root,
+    )
+    ti.xcom_push(key="checkpoint", value=str(ckpt.path))
+    ti.xcom_push(key="fingerprint", value=ckpt.fingerprint)
+    return {
+        "checkpoint": str(ckpt.path),
+        "fingerprint": ckpt.fingerprint,
+        "model_name": config.model_name,
+        "labels": ckpt.num_labels,
+        "workspace": str(release.workspace.root),
+    }
+
+
+def champion_skip_reason(release: Release, *, model_name: str) -> str | None:
+    """Why a run need not release: this checkpoint, with this serving configuration, already is the
+    MLflow champion (else None). Same checkpoint with other thresholds is a new release."""
+    champion = champion_fingerprint(release.settings, model_name)
+    if champion_release_key(release.settings, model_name) == release_key(release):
+        return (
+            f"checkpoint {release.checkpoint.path} (fingerprint {release.checkpoint.short_fingerprint}) is "
+            f"already the MLflow champion of {model_name!r}: nothing to release"
+        )
+    log.info(
+        "MLflow champion of %r: %s; this checkpoint: %s",
+        model_name,
+        champion[:16] if champion else "none yet",
+        release.checkpoint.short_fingerprint,
+    )
+    return None
+
+
+def run_task_step(
+    name: str, checkpoint: str, fingerprint: str, params, ti, *, checkpoints_root: str, **kwargs: Any
+) -> dict:
+    """One DAG task = one library step: settings from Connections, the run's release, the step, its story.
+
+    Serving steps take the model's release lease as this DAG run (kind ``run``), so the run's
+    later tasks — separate processes — re-enter it and another run waits.
+    """
+    run = f"{getattr(ti, 'dag_id', 'dag')}/{getattr(ti, 'run_id', 'run')}"
+    with connected(params, checkpoints_root=checkpoints_root) as settings:
+        release = open_for_task(checkpoint, params, settings, fingerprint=fingerprint)
+        with lease_context(LeaseContext(kind="run", run=run)):
+            result = step(name)(release, **kwargs)
+    summary = report(result, ti=ti, settings=settings, model_name=release.config.model_name)
+    return {**summary, "model_name": release.config.model_name, "fingerprint": release.checkpoint.fingerprint}
+
+
+def promote_champion(
+    model_name: str, checkpoint: str, fingerprint: str, params, ti, outlet_events, *, checkpoints_root: str
+) -> dict:
+    """``promote``: the step, then the champion Asset's extra on this task's event (emitted on success)."""
+    summary = run_task_step("promote", checkpoint, fingerprint, params, ti, checkpoints_root=checkpoints_root)
+    record_champion(outlet_events, model_name, summary)
+    return summary
+
+
+def roll_back_failed_attempt(checkpoint: str, fingerprint: str, params, ti, *, checkpoints_root: str) -> dict:
+    """``rollback``: withdraw this attempt only when a serving step FAILED in this run (not merely
+    upstream-failed); else skip — an earlier failure reached neither the registry nor Triton."""
+    states = ti.get_task_states(dag_id=ti.dag_id, run_ids=[ti.run_id], task_ids=list(ROLLBACK_ON))
+    states = states.get(ti.run_id, {})
+    failed = [t for t in ROLLBACK_ON if states.get(t) == "failed"]
+    if not failed:
+        raise AirflowSkipException(f"no serving step failed in this run ({states}); nothing to roll back")
+    reason = f"{', '.join(failed)} failed in run {ti.run_id}"
+    kwargs = {"reason": reason, "mode": "attempt"}
+    return run_task_step("rollback", checkpoint, fingerprint, params, ti, checkpoints_root=checkpoints_root, **kwargs)
+
+
+def sync_task(params, groups: list[dict[str, Any]] | None = None) -> list[dict]:
+    """The seqcls_sync DAG's task: ``seqcls sync`` with the Connections; fails naming what did not converge.
+
+    ``groups`` (from the models file, :func:`seqcls.airflow.models_file.sync_groups`): per Connection
+    pair, the models to sync through it (``models`` None = every model of that repository).
+    """
+    results = []
+    for group in groups or [{}]:
+        conns = {k: group[k] for k in ("triton_conn_id", "mlflow_conn_id") if group.get(k)}
+        with connected({**as_params(params), **conns}) as settings:
+            results += sync(settings, group.get("models"))
+    for r in results:
+        log.info(
+            "sync %s: serving %s, actions %s, registry %s", r.model_name, r.serving, r.actions or "none", r.registry
+        )
+    failed = [r for r in results if not r.ok]
+    if failed:
+        raise ServingError(
+            "not in sync: " + "; ".join(f"{r.model_name}: {r.errors or r.registry.get('error')}" for r in failed)
+        )
+    return [r.to_dict() for r in results]
+
+
+__all__ = [
+    "champion_skip_reason",
+    "connected",
+    "promote_champion",
+    "resolve_release",
+    "roll_back_failed_attempt",
+    "run_task_step",
+    "sync_task",
+    "task_settings",
+]
