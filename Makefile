@@ -8,6 +8,8 @@
 #                       checkpoints), locked on top of requirements.lock; `make test` installs it, `make demo` not
 # `make setup` installs only from the two locks: nothing is resolved, every file is hash-checked,
 # no build dependency is fetched unhashed (--no-build-isolation builds with the locked setuptools).
+# Then two local distributions, editable: the product (pyproject.toml: seqcls + the serving modules
+# of model_repository/common) and the development tools (tools/pyproject.toml: seqcls_tools).
 
 SHELL := /bin/bash
 VENV ?= .venv
@@ -15,7 +17,7 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 PY := $(VENV)/bin/python
 LOCK := requirements.lock
 BUILD_LOCK := requirements-build.lock
-STAMP := $(VENV)/.seqcls-installed-$(shell cat $(BUILD_LOCK) $(LOCK) pyproject.toml 2>/dev/null | sha256sum | cut -c1-12)
+STAMP := $(VENV)/.seqcls-installed-$(shell cat $(BUILD_LOCK) $(LOCK) pyproject.toml tools/pyproject.toml 2>/dev/null | sha256sum | cut -c1-12)
 TORCH_LOCK := requirements-torch.lock
 TORCH_STAMP := $(VENV)/.seqcls-torch-installed-$(shell cat $(LOCK) $(TORCH_LOCK) 2>/dev/null | sha256sum | cut -c1-12)
 PERF_LOCK := requirements-perf.lock
@@ -46,14 +48,14 @@ $(PERF_STAMP): $(PERF_LOCK)
 	$(VENV)/bin/pip install --quiet --require-hashes --no-deps --target $(PERF_DIR) -r $(PERF_LOCK)
 	@touch $@
 
-$(STAMP): $(BUILD_LOCK) $(LOCK) pyproject.toml
+$(STAMP): $(BUILD_LOCK) $(LOCK) pyproject.toml tools/pyproject.toml
 	@bash scripts/system-deps.sh
 	@$(PYTHON) -c 'import sys; assert sys.version_info[:2] == (3, 11), f"seqcls needs Python 3.11, found {sys.version.split()[0]} ($(PYTHON)); set PYTHON=/path/to/python3.11"'
 	@$(PYTHON) -c 'import os, platform; libc = os.confstr("CS_GNU_LIBC_VERSION") or "no glibc"; ok = platform.machine() == "x86_64" and libc.startswith("glibc ") and tuple(map(int, libc.split()[1].split(".")[:2])) >= (2, 35); assert ok, f"$(LOCK) is for Linux x86_64 with glibc >= 2.35 (nvidia-pytriton wheels), found {platform.machine()} {libc}"'
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install --quiet --require-hashes --no-deps -r $(BUILD_LOCK)
 	$(VENV)/bin/pip install --quiet --require-hashes --no-deps --no-build-isolation -r $(LOCK)
-	$(VENV)/bin/pip install --quiet --no-deps --no-build-isolation -e .
+	$(VENV)/bin/pip install --quiet --no-deps --no-build-isolation -e . -e tools
 	$(VENV)/bin/pip check
 	@rm -f $(VENV)/.seqcls-installed-*
 	@touch $@

@@ -2,7 +2,8 @@
 # The base image already ships apache-airflow (and its providers, psycopg2 for Postgres): the
 # project's pinned requirements are installed on top of it with Airflow held at the base version,
 # then the seqcls package itself — a wheel built from this repository in the first stage, installed
-# --no-deps (its dependencies are the pins just installed). Airflow finds it as an installed package:
+# --no-deps (its dependencies are the pins just installed): the library and the serving modules of
+# model_repository/common (not the development tools, tools/). Airflow finds it as an installed package:
 # the provider (connection types triton, mlflow) and the plugin (task extra links) through its entry
 # points, the DAGs import it from site-packages. Nothing is imported from a plugins folder.
 
@@ -11,9 +12,9 @@
 FROM apache/airflow:3.3.2-python3.11 AS wheel
 USER root
 WORKDIR /tmp/seqcls
-COPY pyproject.toml README.md ./
+COPY pyproject.toml setup.cfg README.md ./
 COPY plugins/ ./plugins/
-COPY tools/ ./tools/
+COPY model_repository/common/ ./model_repository/common/
 RUN pip wheel --no-cache-dir --no-deps --wheel-dir /tmp/wheels .
 
 # ---- stage 2: the image
@@ -47,8 +48,10 @@ RUN pip install --no-cache-dir --no-deps /opt/seqcls/wheels/seqcls-*.whl \
  && AIRFLOW_HOME=/tmp/airflow-check airflow plugins -o json | grep -q '"name": "seqcls"' \
  && rm -rf /tmp/airflow-check
 
-# The Triton model repository template the publish step copies from (the package's default is the
-# source tree's model_repository/, which an installed wheel does not have).
+# The Triton model repository template the publish step copies from: config templates and model.py
+# files (the package's default is the source tree's model_repository/, which an installed wheel does
+# not have). Its common/ is the same bytes as the wheel's serving modules (one build context); a
+# differing copy would be refused (seqcls.serving.shipped).
 COPY --chown=airflow:0 model_repository/ ./model_repository/
 # dags/ is not baked in: the compose file bind-mounts ./dags onto /opt/seqcls/dags (the Kubernetes
 # image, deploy/kubernetes/airflow.Dockerfile, copies it there). /opt/seqcls/plugins is an empty

@@ -1,8 +1,17 @@
-"""A bounded, named exclusive lock on a file: what every seqcls lock waits through.
+"""Files on disk: the one durable writer and the bounded, named lock every seqcls writer goes through.
 
-``flock`` alone waits forever and says nothing about who holds it. Here a waiter gives up after
-``timeout`` seconds with a message naming the holder (host, pid, since, what it is doing), which
-the holder writes into the lock file while it holds it.
+A reader of a seqcls file (the serving state, a lease, a config.pbtxt Triton loads, a manifest, a
+completion marker) must see the old content or the new one, never half, and after a crash the new
+one only if it was fully written. So a file is replaced in one way: written to a unique temp file
+in the same directory (``.<name>.<pid>.<random>.tmp``: the pid lets ``seqcls sync`` tell a dead
+writer's leftovers from a live one's), flushed and fsynced, renamed over the target, and the
+directory fsynced so the rename itself survives. Trees built elsewhere (a staged version
+directory, a step's outputs) and files written by other libraries are moved into place with one
+rename and the same directory fsync (:func:`replace_dir`, :func:`replace_file`).
+
+``flock`` alone waits forever and says nothing about who holds it. In :func:`held` a waiter gives
+up after ``timeout`` seconds with a message naming the holder (host, pid, since, what it is
+doing), which the holder writes into the lock file while it holds it.
 """
 
 from __future__ import annotations
@@ -11,11 +20,65 @@ import contextlib
 import fcntl
 import os
 import socket
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 from seqcls.errors import ServingError
+
+
+def fsync_dir(directory: Path) -> None:
+    """Make the entries of ``directory`` (a rename into it) durable."""
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_write(path: Path, data: bytes | str, *, encoding: str = "utf-8") -> None:
+    """Replace ``path`` with ``data`` (text is encoded with ``encoding``) all at once, durably.
+
+    A reader sees the old or the new file, never half; a failure (or a crash) before the rename
+    leaves the old file and removes the temp file.
+    """
+    path = Path(path)
+    payload = data.encode(encoding) if isinstance(data, str) else data
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name.lstrip('.')}.{os.getpid()}.", suffix=".tmp", dir=path.parent)
+    tmp = Path(tmp_name)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(payload)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    fsync_dir(path.parent)
+
+
+def replace_file(src: Path, dst: Path) -> None:
+    """Move the finished file ``src`` over ``dst`` (same filesystem): data fsynced, one rename, directory fsynced."""
+    fd = os.open(src, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(src, dst)
+    fsync_dir(Path(dst).parent)
+
+
+def replace_dir(src: Path, dst: Path) -> None:
+    """Move the finished directory ``src`` to ``dst`` with one rename, then fsync ``dst``'s parent.
+
+    ``dst`` must not exist or be an empty directory (else OSError ENOTEMPTY/EEXIST: a directory is
+    never merged). The tree's files are not fsynced one by one: whoever reads them after a crash
+    checks their hashes (release.json, the manifest).
+    """
+    os.replace(src, dst)
+    fsync_dir(Path(dst).parent)
 
 
 @contextlib.contextmanager

@@ -14,7 +14,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 import shutil
 import time
 from collections.abc import Callable
@@ -24,10 +23,11 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from seqcls.checkpoints.checkpoint import Checkpoint, resolve_checkpoint, sha256_file
+from seqcls.checkpoints.checkpoint import Checkpoint, sha256_file
+from seqcls.checkpoints.resolve import resolve_checkpoint
 from seqcls.config import ReleaseConfig
 from seqcls.errors import SeqclsError, StepOrderError
-from seqcls.files import held
+from seqcls.files import atomic_write, held, replace_dir
 from seqcls.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -121,9 +121,7 @@ class Workspace:
 
     def write(self, manifest: dict[str, Any]) -> None:
         manifest["updated_at"] = _now()
-        tmp = self.manifest_path.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps(manifest, indent=2, ensure_ascii=False, default=str), encoding="utf-8")
-        os.replace(tmp, self.manifest_path)
+        atomic_write(self.manifest_path, json.dumps(manifest, indent=2, ensure_ascii=False, default=str))
 
     def step(self, name: str) -> dict[str, Any] | None:
         return self.read()["steps"].get(name)
@@ -253,7 +251,7 @@ class Workspace:
         failed_dir = self.failed_dir(name)
         shutil.rmtree(failed_dir, ignore_errors=True)
         failed_dir.parent.mkdir(parents=True, exist_ok=True)
-        os.replace(staging, failed_dir)
+        replace_dir(staging, failed_dir)
         shutil.rmtree(self.root / out_dir, ignore_errors=True)  # stale for these inputs
         self.record(
             name,
@@ -274,9 +272,9 @@ class Workspace:
         trash = self.root / ".staging" / f"{name}.old"
         shutil.rmtree(trash, ignore_errors=True)
         if final.exists():
-            os.replace(final, trash)
+            replace_dir(final, trash)
         final.parent.mkdir(parents=True, exist_ok=True)
-        os.replace(staging, final)
+        replace_dir(staging, final)
         shutil.rmtree(trash, ignore_errors=True)
         shutil.rmtree(self.failed_dir(name), ignore_errors=True)
         return {str(p.relative_to(self.root)): sha256_file(p) for p in sorted(final.rglob("*")) if p.is_file()}

@@ -7,5 +7,6 @@
 
 These modules may import ``seqcls``; ``seqcls`` itself imports none of them
 (``tests/test_layout.py`` holds that line), so the release steps and Airflow's plugin loader
-never see them.
+never see them. They are their own distribution, ``seqcls-tools`` (``tools/pyproject.toml``),
+installed editable beside ``seqcls`` by ``make setup`` and never part of the product's wheel.
 """

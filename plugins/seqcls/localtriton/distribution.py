@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from seqcls.errors import ServingError
+from seqcls.files import replace_dir
 from seqcls.settings import ENV_TRITON_CONTROL_KEY
 
 log = logging.getLogger(__name__)
@@ -148,7 +149,7 @@ def prepare_server(dist: TritonDistribution, state_dir: Path) -> Path:
         if target.exists():  # left over without marker: never completed, replace it
             shutil.rmtree(target, ignore_errors=True)
         try:
-            os.rename(tree, target)
+            replace_dir(tree, target)
         except OSError as exc:
             if exc.errno not in (errno.EEXIST, errno.ENOTEMPTY) or not (target / _PREPARED_MARKER).is_file():
                 raise

@@ -16,7 +16,6 @@ was launched can shadow a model's imports.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import fcntl
 import json
 import logging
@@ -25,13 +24,14 @@ import secrets
 import subprocess
 import time
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import psutil
 
 from seqcls.errors import InputError, ServingError
+from seqcls.files import atomic_write, replace_file
 from seqcls.localtriton import keys, process
 from seqcls.localtriton.config import TritonServerConfig, hostport
 from seqcls.localtriton.distribution import TritonDistribution, find_libpython, prepare_server, server_environment
@@ -211,7 +211,7 @@ class LocalTriton:
         detail = "running" if live else "running, not live yet (starting or stuck: see log)"
         if not self._same_config(state):
             detail += "; started with a different configuration than this one"
-        return dataclasses.replace(
+        return replace(
             stopped,
             running=True,
             pid=int(state["pid"]),
@@ -334,7 +334,7 @@ class LocalTriton:
 
     def _rotate_log(self) -> None:
         if self.log_path.is_file() and self.log_path.stat().st_size:
-            os.replace(self.log_path, self.log_path.with_name(LOG_FILE + ".1"))
+            replace_file(self.log_path, self.log_path.with_name(LOG_FILE + ".1"))
 
     def _write_state(self, pid: int, shm_prefix: str, server_dir: Path, dist: TritonDistribution) -> None:
         cfg = self.config
@@ -358,8 +358,8 @@ class LocalTriton:
             "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             "started_by_pid": os.getpid(),
         }
-        _atomic_write(self.state_path, json.dumps(state, indent=2) + "\n")
-        _atomic_write(self.pid_path, f"{pid}\n")
+        atomic_write(self.state_path, json.dumps(state, indent=2) + "\n")
+        atomic_write(self.pid_path, f"{pid}\n")
 
     def _remove_state_files(self) -> None:
         for path in (self.pid_path, self.state_path):
@@ -380,10 +380,5 @@ class LocalTriton:
 
 
 def _with_detail(status: TritonStatus, detail: str) -> TritonStatus:
-    return dataclasses.replace(status, detail=detail)
+    return replace(status, detail=detail)
 
-
-def _atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)

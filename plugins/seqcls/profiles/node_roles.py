@@ -3,8 +3,8 @@ the feed-forward in/out — what an INT8 recipe keeps in fp32 by name."""
 
 from __future__ import annotations
 
-from seqcls.profiles.fusion import producers
 from seqcls.profiles.checks import graph_inputs
+from seqcls.profiles.fusion import producers
 
 
 def head_nodes(model) -> list[str]:

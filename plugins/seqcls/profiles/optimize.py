@@ -20,7 +20,6 @@ importable from here.
 from __future__ import annotations
 
 import logging
-import os
 import tempfile
 import time
 from collections.abc import Sequence
@@ -29,10 +28,9 @@ from typing import Any
 
 import numpy as np
 
-from seqcls.profiles.calibration import CALIBRATION_BATCH, Calibration
 from seqcls.errors import ConversionError
-from seqcls.profiles.fusion import fuse_bert, prepare_for_fusion, raise_opset_for_layernorm
-from seqcls.profiles.node_roles import head_nodes, node_roles
+from seqcls.files import replace_file
+from seqcls.profiles.calibration import CALIBRATION_BATCH, Calibration
 from seqcls.profiles.checks import (
     SELF_CHECK_ATOL,
     SELF_CHECK_RTOL,
@@ -43,11 +41,12 @@ from seqcls.profiles.checks import (
     self_check,
     synthetic_batches,
 )
+from seqcls.profiles.fusion import fuse_bert, prepare_for_fusion, raise_opset_for_layernorm
+from seqcls.profiles.node_roles import head_nodes, node_roles
 from seqcls.profiles.quantize import (
     INT8,
     INT8_FALLBACKS,
     INT8_MARGIN,
-    INT8_V1,
     Int8Recipe,
     quantize_checked,
     quantize_int8,
@@ -58,7 +57,6 @@ __all__ = [
     "INT8",
     "INT8_FALLBACKS",
     "INT8_MARGIN",
-    "INT8_V1",
     "PROFILES",
     "SELF_CHECK_ATOL",
     "SELF_CHECK_RTOL",
@@ -115,7 +113,7 @@ def optimize_onnx(
     with tempfile.TemporaryDirectory(dir=dst.parent, prefix=".optimize-") as tmp:
         out = _write_profile(optimizer, Path(tmp), profile, report, inputs, recipe or INT8, calibration, batches)
         report["self_check"] = _checked(src, out, batches, profile, report["fusions"])
-        os.replace(out, dst)
+        replace_file(out, dst)
     report["bytes"] = dst.stat().st_size
     report["seconds"] = round(time.perf_counter() - t0, 2)
     log.info(

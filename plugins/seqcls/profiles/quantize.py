@@ -6,8 +6,8 @@ them as a :class:`~seqcls.profiles.calibration.Calibration`, tokenized by the se
 recipes also take their activation ranges from them): when its label decisions agree with the
 fused fp32 model less than the gate's ``min_decision_agreement`` + :data:`INT8_MARGIN`, the next
 recipe of :data:`INT8_FALLBACKS` (more layers in fp32) replaces it. Every attempt is reported;
-the validate step gates the result on decision agreement. ``tools/seqcls_tools/bench/int8_study.py``
-measures the candidate recipes side by side (agreement, changed label sets, speed vs fp32).
+the validate step gates the result on decision agreement. The recipes were chosen by a one-off
+study of the candidates side by side (agreement, changed label sets, speed vs fp32; README: Performance).
 """
 
 from __future__ import annotations
@@ -23,12 +23,12 @@ from typing import Any
 
 import numpy as np
 
-from seqcls.profiles.calibration import Calibration, CalibrationReader, calibration_feeds
 from seqcls.config import ReleaseConfig
 from seqcls.errors import ConversionError
+from seqcls.profiles.calibration import Calibration, CalibrationReader, calibration_feeds
+from seqcls.profiles.checks import check_contract, decision_agreement
 from seqcls.profiles.fusion import toposort
 from seqcls.profiles.node_roles import node_roles
-from seqcls.profiles.checks import check_contract, decision_agreement
 
 log = logging.getLogger(__name__)
 
@@ -62,16 +62,15 @@ class Int8Recipe:
         return self.method.startswith("static")
 
 
-#: The ``int8`` profile before issue 16: everything ORT can quantize dynamically (embeddings too).
-INT8_V1 = Int8Recipe("dynamic-all", op_types=(), fp32=("head",))
 #: The ``int8`` profile: dynamic INT8 of the encoder's MatMuls and fused Attention (QInt8 weights
 #: per output channel, activations quantized at run time); the embeddings (EmbedLayerNormalization)
-#: and the classification head stay fp32. Measured by ``seqcls_tools.bench.int8_study`` on the
-#: bench's ERNIE-3.0-medium-shaped model, seeds 0/1/2, gate figures on the 64 golden texts:
-#: agreement 0.9979 / 0.9987 / 0.9975 (7 / 6 / 9 label sets changed) where :data:`INT8_V1`, which
-#: also quantized the embedding tables, had 0.9956 / 0.9981 / 0.9943 (13 / 9 / 20) — at the same
-#: speed, ≈3.1-3.7x fp32 in-process. Static calibration on the golden texts (QDQ or QOperator,
-#: MinMax) was less exact (seed 2: 0.9928 / 0.9932, below the gate) and slower (≈2x fp32).
+#: and the classification head stay fp32. Measured by a one-off study on the bench's
+#: ERNIE-3.0-medium-shaped model, seeds 0/1/2, gate figures on the 64 golden texts: agreement
+#: 0.9979 / 0.9987 / 0.9975 (7 / 6 / 9 label sets changed) where the recipe before issue 16
+#: (``op_types=()``: everything ORT quantizes dynamically, the embedding tables too) had
+#: 0.9956 / 0.9981 / 0.9943 (13 / 9 / 20) — at the same speed, ≈3.1-3.7x fp32 in-process. Static
+#: calibration on the golden texts (QDQ or QOperator, MinMax) was less exact (seed 2: 0.9928 /
+#: 0.9932, below the gate) and slower (≈2x fp32).
 INT8 = Int8Recipe("dynamic", op_types=("MatMul", "Attention"), fp32=("head",))
 #: Tried in order when a recipe's decisions on the calibration texts (vs the fused fp32 model,
 #: batched as validate batches them and each text alone) agree less than the gate's minimum +

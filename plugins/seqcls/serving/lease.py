@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from seqcls.errors import LeaseError
-from seqcls.serving.state import atomic_write_text
+from seqcls.files import atomic_write
 from seqcls.settings import validate_model_name
 
 log = logging.getLogger(__name__)
@@ -170,7 +170,7 @@ class ReleaseLease:
             ) from exc
 
     def _write(self, holder: LeaseHolder) -> None:
-        atomic_write_text(self.path, json.dumps(holder.to_dict(), indent=2) + "\n")
+        atomic_write(self.path, json.dumps(holder.to_dict(), indent=2) + "\n")
 
     def dead_reason(self, holder: LeaseHolder, now: float | None = None) -> str | None:
         """Why ``holder`` no longer counts (None while it does)."""

@@ -23,11 +23,12 @@ from pathlib import Path
 from string import Template
 from typing import Any
 
+from seqcls.checkpoints.checkpoint import sha256_file
 from seqcls.errors import InputError, ServingError
-from seqcls.files import held
+from seqcls.files import atomic_write, held, replace_dir
 from seqcls.serving import shipped
 from seqcls.serving.names import CLASSIC, ServingNames, names_for
-from seqcls.settings import DEVICES, RUNTIMES, Settings
+from seqcls.settings import DEVICES, RUNTIMES, Settings, parse_layout
 
 log = logging.getLogger(__name__)
 
@@ -117,8 +118,6 @@ class ServingOptions:
     def from_settings(cls, settings: Settings, **overrides: Any) -> ServingOptions:
         """The device's options with the host's serving layout (``SEQCLS_SERVING_LAYOUT``) applied."""
         if settings.serving_layout and settings.device == "cpu":
-            from seqcls.settings import parse_layout
-
             instances, threads = parse_layout(settings.serving_layout)
             overrides = {"model_instances": instances, "intra_op_threads": threads, **overrides}
         return cls.for_device(settings.device, settings.runtime, **overrides)
@@ -302,8 +301,6 @@ class Repository:
 
     def damaged_files(self, version: int) -> list[str]:
         """Files of ``version`` missing or changed since publish (hashes in each ``release.json``)."""
-        from seqcls.checkpoints.checkpoint import sha256_file
-
         problems = []
         keys = set()
         for model in self.names.models:
@@ -354,10 +351,7 @@ class Repository:
 
     def write_config(self, model: str, text: str) -> None:
         """Atomically replace ``<model>/config.pbtxt`` (Triton reads it only when told to load)."""
-        target = self.root / model / "config.pbtxt"
-        tmp = target.with_name(f".config.pbtxt.{os.getpid()}.tmp")
-        tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, target)
+        atomic_write(self.root / model / "config.pbtxt", text)
 
     def restore_config(self, model: str, text: str | None) -> None:
         target = self.root / model / "config.pbtxt"
@@ -384,7 +378,7 @@ class Repository:
         tmp = self.root / self.names.candidate / f".tmp-{os.getpid()}-{version}"
         shutil.rmtree(tmp, ignore_errors=True)
         shutil.copytree(self.root / self.names.ensemble / str(version), tmp)
-        os.replace(tmp, target)
+        replace_dir(tmp, target)
 
     def drop_candidate(self) -> None:
         """Remove the candidate route's config and version directories (after it is unloaded)."""

@@ -1,20 +1,29 @@
-"""Import the self-contained serving modules that ``model_repository/`` ships into Triton.
+"""The self-contained serving modules that ``model_repository/`` ships into Triton, as seqcls imports them.
 
 Triton's python models cannot import ``seqcls``; they run ``seqcls_text.py`` (tokenizer) and
 ``seqcls_decide.py`` (postprocess) copied next to their ``model.py``, and all of them read names
-and enums from ``seqcls_contract.py``. The parity gate, the renderer and the smoke test import
-those very files from the serving source through this module, so what is validated is exactly
-what is served. The contract is registered under its plain module name, as it is inside Triton,
-so ``import seqcls_contract`` in the other shipped files resolves to the same file here.
+and enums from ``seqcls_contract.py`` (``seqcls_backend.py``: the python-backend glue). The four
+live in ``model_repository/common/`` and are installed with the package as top-level modules
+under the same names (pyproject's ``py-modules``), so they import each other inside Triton and
+here alike. The parity gate, the renderer and the smoke test import them normally; publish copies
+the very files imported (:func:`files_for`) and validate hashes them (:func:`common_dir`), so what
+is validated is what is served.
+
+The installed modules win. A serving source (``SEQCLS_MODEL_REPOSITORY_SOURCE``: templates and
+``model.py`` files) may carry its own ``common/`` — a checkout does — but then it must hold the
+same bytes: a differing copy is refused, naming both files, rather than validated one way and
+served another. A source without ``common/`` serves the installed modules.
 """
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from functools import cache
 from pathlib import Path
 from types import ModuleType
+
+import seqcls_contract
+import seqcls_decide
+import seqcls_text
 
 from seqcls.errors import InputError
 from seqcls.serving.names import MODEL, POSTPROCESS, TOKENIZER
@@ -24,7 +33,8 @@ COMMON_DIR = "common"
 CONTRACT = "seqcls_contract"
 #: The serving logic, importable outside Triton too (the library, the MLflow pyfunc).
 MODULES = (CONTRACT, "seqcls_text", "seqcls_decide")
-#: Triton python-backend glue (per-request errors, logging): imports triton_python_backend_utils.
+#: Triton python-backend glue (per-request errors, logging): imports triton_python_backend_utils,
+#: so it is installed beside the others but never imported outside Triton.
 BACKEND = "seqcls_backend"
 #: Which shipped modules each python model version carries (besides its model.py).
 SHIPPED_WITH = {
@@ -32,38 +42,63 @@ SHIPPED_WITH = {
     MODEL: (CONTRACT, BACKEND),
     POSTPROCESS: (CONTRACT, BACKEND, "seqcls_decide"),
 }
+_IMPORTED = {CONTRACT: seqcls_contract, "seqcls_text": seqcls_text, "seqcls_decide": seqcls_decide}
+#: Where the imported serving modules live (site-packages, or ``model_repository/common`` in a checkout).
+INSTALLED_DIR = Path(seqcls_contract.__file__).resolve().parent
 
 
-def common_dir(settings: Settings | None = None) -> Path:
-    src = (settings or Settings.from_env()).model_repository_source
-    assert src is not None
-    path = Path(src) / COMMON_DIR
-    if not path.is_dir():
-        raise InputError(
-            f"{path}: serving source not found; set SEQCLS_MODEL_REPOSITORY_SOURCE to the project's "
-            "model_repository/ directory."
-        )
-    return path
+def _signature(common: Path) -> tuple[tuple[str, int, int], ...]:
+    """What changes when a file of ``common`` does (the byte comparison is repeated only then)."""
+    stats = []
+    for name in (*MODULES, BACKEND):
+        try:
+            st = (common / f"{name}.py").stat()
+        except FileNotFoundError:
+            stats.append((name, -1, -1))
+        else:
+            stats.append((name, st.st_mtime_ns, st.st_size))
+    return tuple(stats)
 
 
 @cache
-def _load(path: Path) -> ModuleType:
-    if path.stem != CONTRACT:
-        _load(path.with_name(f"{CONTRACT}.py"))
-    name = CONTRACT if path.stem == CONTRACT else f"_seqcls_shipped_{path.stem}"
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
+def _compare(common: Path, signature: tuple[tuple[str, int, int], ...]) -> str | None:
+    """The first module whose copy in ``common`` differs from the imported one (None: all identical)."""
+    for name in (*MODULES, BACKEND):
+        theirs = common / f"{name}.py"
+        if not theirs.is_file() or theirs.read_bytes() != (INSTALLED_DIR / f"{name}.py").read_bytes():
+            return name
+    return None
+
+
+def _check_source(source: Path | None) -> None:
+    """Refuse a serving source whose ``common/`` differs from the imported modules (see the module doc)."""
+    if source is None:
+        return
+    common = (Path(source) / COMMON_DIR).resolve()
+    if common == INSTALLED_DIR or not common.is_dir():
+        return
+    name = _compare(common, _signature(common))
+    if name is not None:
+        raise InputError(
+            f"{common / f'{name}.py'} differs from {INSTALLED_DIR / f'{name}.py'}, the {name} seqcls imports (and "
+            f"validates and ships): the serving source {source} and the installed package come from different "
+            "trees. Reinstall the package from this source (make setup, or pip install .), or point "
+            "SEQCLS_MODEL_REPOSITORY_SOURCE at the model_repository/ it was built from."
+        )
+
+
+def common_dir(settings: Settings | None = None) -> Path:
+    """The directory of the shipped modules: the files imported here, hashed by validate, copied by publish."""
+    _check_source((settings or Settings.from_env()).model_repository_source)
+    return INSTALLED_DIR
 
 
 def load(name: str, settings: Settings | None = None) -> ModuleType:
-    """The shipped module ``name`` (one of :data:`MODULES`) from the serving source."""
+    """The shipped module ``name`` (one of :data:`MODULES`), once the serving source is checked to agree."""
     if name not in MODULES:
         raise ValueError(f"unknown shipped module {name!r}; expected one of {MODULES}")
-    return _load((common_dir(settings) / f"{name}.py").resolve())
+    common_dir(settings)
+    return _IMPORTED[name]
 
 
 def text(settings: Settings | None = None) -> ModuleType:
@@ -79,6 +114,6 @@ def contract(settings: Settings | None = None) -> ModuleType:
 
 
 def files_for(model: str, settings: Settings | None = None) -> dict[str, Path]:
-    """The shipped modules a python model version carries: target file name -> source path."""
+    """The shipped modules a python model version carries: target file name -> the imported file."""
     common = common_dir(settings)
     return {f"{name}.py": common / f"{name}.py" for name in SHIPPED_WITH.get(model, ())}

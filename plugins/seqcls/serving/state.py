@@ -7,7 +7,7 @@ not a directory, because Triton lists every subdirectory of the repository as a 
 which version the public ensemble serves, which previous version is kept warm for an instant
 rollback, which candidate is loaded for smoke on a private route, and a short history.
 
-Writes are atomic (temp file in the same directory, fsync, rename, fsync of the directory) and
+Writes are atomic (:func:`seqcls.files.atomic_write`: temp file, fsync, rename, directory fsync) and
 optimistic: a writer names the generation it read, and a write over anyone else's newer record is
 refused. The previous good content is kept as ``<file>.bak`` so an operator can restore it.
 Transitions (:meth:`ServingState.promoted` …) are pure, so they can be tested and previewed
@@ -20,8 +20,6 @@ import contextlib
 import fcntl
 import json
 import logging
-import os
-import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
@@ -29,6 +27,9 @@ from pathlib import Path
 from typing import Any
 
 from seqcls.errors import ServingError
+from seqcls.files import atomic_write
+from seqcls.serving.names import CLASSIC
+from seqcls.serving.repository import Repository
 from seqcls.settings import validate_model_name
 
 log = logging.getLogger(__name__)
@@ -285,30 +286,6 @@ def _file_lock(path: Path) -> Iterator[None]:
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    """Replace ``path`` with ``text`` all at once: a reader sees the old or the new file, never half."""
-    fd, tmp_name = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
-    tmp = Path(tmp_name)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    _fsync_dir(path.parent)
-
-
 def write_state(repository: Path, state: ServingState, *, expected_generation: int) -> ServingState:
     """Atomically record ``state`` if the file is still at ``expected_generation``; returns what was written.
 
@@ -330,8 +307,8 @@ def write_state(repository: Path, state: ServingState, *, expected_generation: i
             )
         written = replace(state, generation=expected_generation + 1, updated_at=now_iso())
         if current_raw is not None:
-            atomic_write_text(backup_path(path), current_raw)
-        atomic_write_text(path, json.dumps(written.to_dict(), indent=2) + "\n")
+            atomic_write(backup_path(path), current_raw)
+        atomic_write(path, json.dumps(written.to_dict(), indent=2) + "\n")
     log.info(
         "recorded serving state of %s: serving %s, previous %s, candidate %s (generation %d)",
         written.model_name,
@@ -351,9 +328,6 @@ def infer_legacy_state(repository: Path, model_name: str) -> ServingState:
     for the caller to record with ``write_state(..., expected_generation=0)``. Only the default
     model (the classic names) has such a past: any other model without a state file never served.
     """
-    from seqcls.serving.names import CLASSIC
-    from seqcls.serving.repository import Repository  # lazy: keeps this module light
-
     validate_model_name(model_name)
     if model_name != CLASSIC.model_name:
         return ServingState.empty(model_name)
@@ -390,7 +364,6 @@ __all__ = [
     "HISTORY_LIMIT",
     "HistoryEntry",
     "ServingState",
-    "atomic_write_text",
     "backup_path",
     "current_state",
     "infer_legacy_state",

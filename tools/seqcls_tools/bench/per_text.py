@@ -38,65 +38,12 @@ from typing import Any
 
 import numpy as np
 
+from seqcls_tools.fake_pb_utils import Tensor, fake_pb_utils, request
+
 SAME = "1x8="
 SHAPES = ("1x1", "1x8", "8x1", SAME)
 #: the contract's strategies plus per-text strictly one ORT run per row (``group_equal_lengths`` off)
 UNGROUPED = "per-text/ungrouped"
-
-
-# --- a stand-in for triton_python_backend_utils: just what the seqcls python models call ---------
-
-
-class _Error:
-    INVALID_ARG = "INVALID_ARG"
-
-    def __init__(self, message: str, code: object = None) -> None:
-        self._message, self._code = message, code
-
-    def message(self) -> str:
-        return self._message
-
-    def code(self) -> object:
-        return self._code
-
-
-class _Tensor:
-    def __init__(self, name: str, array: np.ndarray) -> None:
-        self._name, self._array = name, array
-
-    def name(self) -> str:
-        return self._name
-
-    def as_numpy(self) -> np.ndarray:
-        return self._array
-
-
-class _Response:
-    def __init__(self, output_tensors: list[_Tensor] | None = None, error: _Error | None = None) -> None:
-        self.outputs = {t.name(): t.as_numpy() for t in output_tensors or []}
-        self.error = error
-
-
-class _Logger:
-    @staticmethod
-    def log_error(message: str) -> None:
-        print(message, file=sys.stderr)
-
-
-def fake_pb_utils() -> ModuleType:
-    mod = ModuleType("triton_python_backend_utils")
-    mod.TritonError = _Error  # type: ignore[attr-defined]
-    mod.Tensor = _Tensor  # type: ignore[attr-defined]
-    mod.InferenceResponse = _Response  # type: ignore[attr-defined]
-    mod.TritonModelException = RuntimeError  # type: ignore[attr-defined]
-    mod.Logger = _Logger  # type: ignore[attr-defined]
-    mod.get_input_tensor_by_name = lambda request, name: request.get(name)  # type: ignore[attr-defined]
-    return mod
-
-
-def request(**arrays: np.ndarray) -> dict[str, _Tensor]:
-    """A request as the fake ``get_input_tensor_by_name`` reads it."""
-    return {name: _Tensor(name, np.asarray(a)) for name, a in arrays.items()}
 
 
 def logits_of(response: Any) -> np.ndarray:
@@ -113,8 +60,8 @@ def to_onnx(checkpoint: Path, out: Path) -> Path:
     import paddle
     from paddlenlp.transformers import ErnieForSequenceClassification
 
+    from seqcls.frameworks.paddle import static_model_files
     from seqcls.steps.convert import INPUT_NAMES, convert_static
-    from seqcls.steps.export import static_model_files
 
     out.mkdir(parents=True, exist_ok=True)
     onnx_file = out / "model.onnx"
@@ -162,10 +109,10 @@ def load_model(onnx_file: Path, root: Path, *, batching: str, threads: int = 2, 
 # --- the measurement --------------------------------------------------------------------------------
 
 
-def _batches(ids: list[list[int]], shape: str, text_mod: ModuleType) -> list[list[dict[str, _Tensor]]]:
+def _batches(ids: list[list[int]], shape: str, text_mod: ModuleType) -> list[list[dict[str, Tensor]]]:
     """The ``execute`` calls of one shape: each a list of requests, each request padded to its longest."""
 
-    def req(rows: list[list[int]]) -> dict[str, _Tensor]:
+    def req(rows: list[list[int]]) -> dict[str, Tensor]:
         a, t = text_mod.pad(rows, strategy="longest")
         return request(input_ids=a, token_type_ids=t)
 
@@ -186,7 +133,7 @@ def same_length(ids: list[list[int]], texts: int) -> list[list[int]]:
     return [x for group in full[::step][: texts // 8] for x in group]
 
 
-def _time(model: Any, call: list[dict[str, _Tensor]]) -> tuple[float, list[np.ndarray]]:
+def _time(model: Any, call: list[dict[str, Tensor]]) -> tuple[float, list[np.ndarray]]:
     t0 = time.perf_counter()
     out = [logits_of(r) for r in model.execute(call)]
     return time.perf_counter() - t0, out
@@ -208,7 +155,7 @@ def measure(
     # one model, one ORT session: separate sessions' intra-op threads would spin against each other
     model = load_model(onnx_file, work, batching="per-request", threads=threads)
 
-    def run(strategy: str, call: list[dict[str, _Tensor]]) -> tuple[float, list[np.ndarray]]:
+    def run(strategy: str, call: list[dict[str, Tensor]]) -> tuple[float, list[np.ndarray]]:
         model.batching, model.group_equal_lengths = strategy.split("/")[0], strategy != UNGROUPED
         return _time(model, call)
 

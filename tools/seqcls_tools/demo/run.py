@@ -90,7 +90,7 @@ def airflow_env(root: Path, settings: Settings) -> dict[str, str]:
     }
 
 
-def _airflow(args: list[str], env: dict[str, str], *, timeout: float, log_file: Path | None = None):
+def airflow_cli(args: list[str], env: dict[str, str], *, timeout: float, log_file: Path | None = None):
     cmd = [str(Path(sys.executable).parent / "airflow"), *args]
     log.info("airflow %s (timeout %.0fs)", " ".join(args[:3]), timeout)
     out = open(log_file, "wb") if log_file else subprocess.DEVNULL  # noqa: SIM115
@@ -131,9 +131,10 @@ def ensure_checkpoint(settings: Settings, *, quick: bool = False) -> tuple[Path,
 
 def run_demo(*, keep_servers: bool = False, quick: bool = False, timeout: float = 1800) -> DemoResult:
     """Release the demo checkpoint through the Airflow DAG and report what Triton serves."""
-    from seqcls.registry.ledger import ledger as registry
     from seqcls.localtriton import LocalTriton, TritonServerConfig
+    from seqcls.registry import ledger as registry
     from seqcls.serving.client import TritonOps, endpoints_from_settings
+    from seqcls.serving.release import release_key
     from seqcls.serving.repository import Repository
     from seqcls.steps import ORDER
     from seqcls.workspace import open_release
@@ -145,7 +146,7 @@ def run_demo(*, keep_servers: bool = False, quick: bool = False, timeout: float 
     ckpt, trained = ensure_checkpoint(settings, quick=quick)
     timings["checkpoint"] = time.perf_counter() - t0
     release = open_release(ckpt, settings=settings)
-    already = registry.champion_release_key(settings, release.config.model_name) == registry.release_key(release)
+    already = registry.champion_release_key(settings, release.config.model_name) == release_key(release)
 
     server = LocalTriton(TritonServerConfig.from_settings(settings))
     started_here = not server.status().live
@@ -157,7 +158,7 @@ def run_demo(*, keep_servers: bool = False, quick: bool = False, timeout: float 
         db = Path(env["AIRFLOW_HOME"]) / "airflow.db"
         if not db.exists():
             t1 = time.perf_counter()
-            if _airflow(["db", "migrate"], env, timeout=600).returncode != 0:
+            if airflow_cli(["db", "migrate"], env, timeout=600).returncode != 0:
                 raise SeqclsError("`airflow db migrate` failed; run it by hand to see why")
             timings["airflow_db_migrate"] = time.perf_counter() - t1
         logs = root / "logs"
@@ -167,7 +168,7 @@ def run_demo(*, keep_servers: bool = False, quick: bool = False, timeout: float 
         # skip_if_champion off: a re-run re-verifies (and reloads a restarted Triton) instead of skipping
         conf = json.dumps({"checkpoint": str(ckpt), "skip_if_champion": False})
         t1 = time.perf_counter()
-        proc = _airflow(
+        proc = airflow_cli(
             ["dags", "test", DAG_ID, datetime.now(UTC).isoformat(timespec="seconds"), "-c", conf],
             env,
             timeout=timeout,

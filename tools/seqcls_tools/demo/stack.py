@@ -23,7 +23,7 @@ from pathlib import Path
 
 from seqcls.errors import SeqclsError
 from seqcls.settings import Settings
-from seqcls_tools.demo.run import _airflow, airflow_env
+from seqcls_tools.demo.run import airflow_cli, airflow_env
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +74,7 @@ class AirflowStack:
         self.logs.mkdir(parents=True, exist_ok=True)
         self.passwords_file.parent.mkdir(parents=True, exist_ok=True)
         self.passwords_file.write_text(json.dumps({USER: self.password}))
-        if _airflow(["db", "migrate"], self.env, timeout=600, log_file=self.logs / "db-migrate.log").returncode:
+        if airflow_cli(["db", "migrate"], self.env, timeout=600, log_file=self.logs / "db-migrate.log").returncode:
             raise SeqclsError(f"`airflow db migrate` failed; see {self.logs / 'db-migrate.log'}")
         airflow = str(Path(sys.executable).parent / "airflow")
         for name in COMPONENTS:
