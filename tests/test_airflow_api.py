@@ -23,7 +23,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.conftest import private_airflow_home
+from tests.helpers.airflow import private_airflow_home
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 

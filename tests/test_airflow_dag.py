@@ -14,149 +14,39 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import private_airflow_home
-
-ROOT = Path(__file__).resolve().parents[1]
-DAGS = ROOT / "dags"
-PLUGINS = ROOT / "plugins"
-DAG_ID = "seqcls_release"
-SYNC_DAG_ID = "seqcls_sync"
-TASKS = (
-    "resolve_checkpoint",
-    "export_static",
-    "convert_onnx",
-    "validate_parity",
-    "register_model",
-    "publish_repository",
-    "reload_triton",
-    "smoke_test",
-    "expose_version",
-    "promote",
-    "rollback",
+from tests.helpers.airflow import (
+    DAG_ID,
+    DAGS,
+    PLUGINS,
+    ROOT,
+    SYNC_DAG_ID,
+    TASKS,
+    airflow_cli,
+    airflow_db,
+    champion_events,
+    champion_version,
+    parse_dag,
+    private_airflow_home,
+    ready_models,
+    run_dag,
+    task_logs_reach_this_test,
+    triton,
 )
 
-
-AIRFLOW_HOME = private_airflow_home()
-
-
-def _airflow(*args: str, timeout: float = 120, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    cmd = [str(Path(sys.executable).with_name("airflow")), *args]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env or os.environ.copy())
-
-
-@pytest.fixture(autouse=True)
-def _task_logs_reach_this_test() -> Iterator[None]:
-    """Airflow configures logging once per process, binding the root StreamHandler to the
-    sys.stdout of that moment (pytest's capture file of an earlier test): point it at fd 1, which
-    pytest redirects to this test's capture (capfd included)."""
-    import logging
-
-    stream = open(1, "w", buffering=1, encoding="utf-8", errors="replace", closefd=False)  # noqa: SIM115
-    for handler in logging.getLogger().handlers:
-        if type(handler) is logging.StreamHandler:
-            handler.stream = stream  # not setStream(): it flushes the old, possibly closed stream
-    yield
-    stream.flush()
-
-
-@pytest.fixture(scope="session")
-def airflow_db() -> Path:
-    """`airflow db migrate` once per test session (sqlite in the private AIRFLOW_HOME)."""
-    marker = AIRFLOW_HOME / ".seqcls-migrated"
-    if not marker.exists():
-        t0 = time.perf_counter()
-        out = _airflow("db", "migrate", timeout=300)
-        assert out.returncode == 0, out.stderr[-3000:]
-        marker.write_text(f"{time.perf_counter() - t0:.1f}s\n")
-    return AIRFLOW_HOME
-
-
-def _parse(monkeypatch: pytest.MonkeyPatch | None = None, **env: str | None):
-    """Parse the dags folder (fresh each time: the DAG reads its env at parse time)."""
-    from airflow.dag_processing.dagbag import DagBag
-
-    mp = monkeypatch or pytest.MonkeyPatch()
-    env = {"SEQCLS_MODELS_FILE": "none", **env}  # the single DAG, whatever models file a checkout has
-    for key, value in env.items():
-        if value is None:
-            mp.delenv(key, raising=False)
-        else:
-            mp.setenv(key, value)
-    bag = DagBag(dag_folder=str(DAGS))
-    assert bag.import_errors == {}, bag.import_errors
-    assert sorted(bag.dags) == [DAG_ID, SYNC_DAG_ID]
-    return bag.dags[DAG_ID]
-
-
-def _run(dag, conf: dict) -> tuple[object, dict[str, str]]:
-    t0 = time.perf_counter()
-    dr = dag.test(run_conf=conf)
-    tis = {ti.task_id: ti for ti in dr.get_task_instances()}
-    states = {tid: str(getattr(ti.state, "value", ti.state)) for tid, ti in tis.items()}
-    timing = ", ".join(f"{tid} {tis[tid].duration or 0:.1f}s" for tid in TASKS if tid in tis)
-    # dag.test() swaps sys.stdout; the original stream still reaches pytest's capture / the terminal
-    print(f"\n{DAG_ID} run {dr.state} in {time.perf_counter() - t0:.1f}s: {timing}", file=sys.__stderr__, flush=True)
-    return dr, states
-
-
-def _ready(server) -> dict[str, list[str]]:
-    import tritonclient.grpc as grpcclient
-
-    client = grpcclient.InferenceServerClient(url=server.config.grpc_url)
-    out: dict[str, list[str]] = {}
-    for m in client.get_model_repository_index(headers=server.control_headers()).models:
-        if m.state == "READY":
-            out.setdefault(m.name, []).append(m.version)
-    return out
-
-
-def _champion_events(uri: str) -> list[dict]:
-    """Every Airflow AssetEvent of the asset ``uri``: extra, source DAG/run, id (oldest first)."""
-    from airflow.models.asset import AssetEvent, AssetModel
-    from airflow.utils.session import create_session
-    from sqlalchemy import select
-
-    with create_session() as session:
-        rows = session.scalars(
-            select(AssetEvent)
-            .join(AssetModel, AssetEvent.asset_id == AssetModel.id)
-            .where(AssetModel.uri == uri)
-            .order_by(AssetEvent.id)
-        ).all()
-        return [{"extra": e.extra, "dag_id": e.source_dag_id, "run_id": e.source_run_id, "id": e.id} for e in rows]
-
-
-def _champion(model: str = "seqcls"):
-    from seqcls.registry.ledger import CHAMPION, _alias, client
-    from seqcls.settings import Settings
-
-    return _alias(client(Settings.from_env()), model, CHAMPION)
-
-
-@pytest.fixture
-def triton(server, monkeypatch: pytest.MonkeyPatch):
-    """conftest's real local Triton, wired in as the `triton_default` connection."""
-    cfg = server.config
-    conn = {
-        "conn_type": "generic",
-        "host": "127.0.0.1",
-        "port": cfg.grpc_port,
-        "extra": {"grpc_endpoints": cfg.grpc_url, "http_endpoints": cfg.http_url, "repository": str(cfg.repository)},
-    }
-    monkeypatch.setenv("AIRFLOW_CONN_TRITON_DEFAULT", json.dumps(conn))
-    return server
+AIRFLOW_HOME = private_airflow_home()  # before anything imports airflow
+__all__ = ["airflow_db", "task_logs_reach_this_test", "triton"]  # the fixtures, imported for this module's tests
 
 
 # ----------------------------------------------------------------------------- fast: no services
 
 
 def test_params_map_to_release_config_and_name_the_bad_one(tmp_path: Path) -> None:
-    from seqcls.airflow import config_from_params, locate_checkpoint, settings_from_params
+    from seqcls.airflow.context import config_from_params, settings_from_params
+    from seqcls.airflow.roots import locate_checkpoint
     from seqcls.errors import InputError
 
     cfg = config_from_params({"checkpoint": "latest", "model_name": "m1", "thresholds": '{"体育": 0.7}', "opset": 15})
@@ -172,14 +62,15 @@ def test_params_map_to_release_config_and_name_the_bad_one(tmp_path: Path) -> No
 
 def test_a_checkpoint_must_resolve_under_the_model_root(tmp_path: Path) -> None:
     """Issue 13: whoever triggers a run picks a checkpoint *under* the deployment's root, never any path."""
-    from seqcls.airflow import LATEST, config_from_params, locate_checkpoint, settings_from_params
+    from seqcls.airflow.context import config_from_params, settings_from_params
+    from seqcls.airflow.roots import LATEST, locate_checkpoint
     from seqcls.checkpoints.completion import mark_complete
     from seqcls.errors import InputError
-    from tests.test_completion import _checkpoint
+    from tests.helpers.checkpoints import minimal_checkpoint
 
     root = (tmp_path / "root").resolve()
-    inside = _checkpoint(root / "run-1")
-    outside = _checkpoint(tmp_path / "elsewhere")
+    inside = minimal_checkpoint(root / "run-1")
+    outside = minimal_checkpoint(tmp_path / "elsewhere")
     settings = settings_from_params({}, checkpoints_root=root)
     # inside: relative, absolute, a '..' that stays inside, a symlink within the root → the real directory
     (root / "alias").symlink_to(inside, target_is_directory=True)
@@ -212,8 +103,8 @@ def test_a_checkpoint_must_resolve_under_the_model_root(tmp_path: Path) -> None:
 
 
 def test_hooks_read_connections_and_fall_back_to_settings(monkeypatch: pytest.MonkeyPatch) -> None:
-    from seqcls.airflow import task_settings
     from seqcls.airflow.hooks import MlflowHook, TritonHook
+    from seqcls.airflow.tasks import task_settings
     from seqcls.errors import InputError
 
     monkeypatch.setenv(
@@ -261,8 +152,8 @@ def test_mlflow_credentials_come_from_connection_fields_masked_and_scoped(monkey
     """Issue 13: login/password/token → MLflow's own variables for the block only, masked; never in the URI."""
     from airflow.sdk._shared.secrets_masker import redact  # what airflow.sdk.log.mask_secret feeds
 
-    from seqcls.airflow import connected
     from seqcls.airflow.hooks import MlflowHook, TritonHook
+    from seqcls.airflow.tasks import connected
     from seqcls.errors import InputError
     from seqcls.registry.ledger import tracking_uri
     from seqcls.settings import MLFLOW_CREDENTIAL_VARS, Settings
@@ -322,7 +213,7 @@ def test_mlflow_credentials_come_from_connection_fields_masked_and_scoped(monkey
 def test_dag_imports_with_the_release_shape(monkeypatch: pytest.MonkeyPatch) -> None:
     from airflow.sdk import TriggerRule
 
-    dag = _parse(monkeypatch, SEQCLS_SCHEDULE=None, SEQCLS_PADDLE_PYTHON=None)
+    dag = parse_dag(monkeypatch, SEQCLS_SCHEDULE=None, SEQCLS_PADDLE_PYTHON=None)
     assert tuple(t.task_id for t in dag.topological_sort()) == TASKS
     assert dag.schedule is None and dag.catchup is False and dag.max_active_runs == 1
     assert dag.doc_md and "seqcls_release" in dag.doc_md
@@ -339,11 +230,11 @@ def test_dag_imports_with_the_release_shape(monkeypatch: pytest.MonkeyPatch) -> 
         assert param.schema.get("title"), f"param {name} has no title for the trigger form"
     assert dag.params["checkpoint"] == "latest" and dag.params["triton_conn_id"] == "triton_default"
     # schedule and interpreter are chosen by env at parse time
-    dag = _parse(monkeypatch, SEQCLS_SCHEDULE="asset", SEQCLS_PADDLE_PYTHON=sys.executable)
+    dag = parse_dag(monkeypatch, SEQCLS_SCHEDULE="asset", SEQCLS_PADDLE_PYTHON=sys.executable)
     assert [a.uri for a in dag.schedule] == ["seqcls://checkpoints/seqcls"]
     assert type(dag.get_task("export_static")).__name__ == "_PythonExternalDecoratedOperator"
     assert dag.get_task("export_static").python == sys.executable
-    dag = _parse(monkeypatch, SEQCLS_SCHEDULE="0 3 * * *", SEQCLS_PADDLE_PYTHON=None)
+    dag = parse_dag(monkeypatch, SEQCLS_SCHEDULE="0 3 * * *", SEQCLS_PADDLE_PYTHON=None)
     assert dag.schedule == "0 3 * * *" and type(dag.timetable).__name__ == "CronTriggerTimetable"
 
 
@@ -362,7 +253,7 @@ def test_sync_dag_runs_every_few_minutes(monkeypatch: pytest.MonkeyPatch) -> Non
 def test_plugin_is_listed_without_import_errors() -> None:
     """Registered once, by the installed package's ``airflow.plugins`` entry point — not by the plugins folder
     (the tests point it at ``plugins/``, the package's source tree: its .airflowignore keeps the scan out)."""
-    out = _airflow("plugins", "-o", "json", timeout=120)
+    out = airflow_cli("plugins", "-o", "json", timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     listed = json.loads(out.stdout[out.stdout.index("[") :])
     assert [p["name"] for p in listed].count("seqcls") == 1, listed
@@ -408,25 +299,25 @@ def test_release_skip_then_smoke_failure_rolls_back(
     ckpt_a = root / "run-a"
     shutil.copytree(tiny_checkpoint, ckpt_a)
     monkeypatch.setenv("SEQCLS_CHECKPOINTS_ROOT", str(root))
-    dag = _parse(monkeypatch, SEQCLS_PADDLE_PYTHON=None)
+    dag = parse_dag(monkeypatch, SEQCLS_PADDLE_PYTHON=None)
 
     champion_uri = "seqcls://models/seqcls/champion"
-    before = len(_champion_events(champion_uri))  # the session's Airflow DB is shared by the Airflow tests
+    before = len(champion_events(champion_uri))  # the session's Airflow DB is shared by the Airflow tests
 
     # 1. a full release: Triton serves version 1, MLflow champion is it, the logs tell the story
-    dr, states = _run(dag, {"checkpoint": str(ckpt_a)})
+    dr, states = run_dag(dag, {"checkpoint": str(ckpt_a)})
     assert dr.state == "success", states
     assert states == {**{t: "success" for t in TASKS}, "rollback": "skipped"}
-    assert _ready(triton) == {m: ["1"] for m in MODELS}
+    assert ready_models(triton) == {m: ["1"] for m in MODELS}
     settings = Settings.from_env(triton_repository=triton.config.repository)
     assert Repository.from_settings(settings, "seqcls").serving_version() == 1
-    champion = _champion()
-    from seqcls.checkpoints.checkpoint import resolve_checkpoint
+    champion = champion_version()
+    from seqcls.checkpoints.resolve import resolve_checkpoint
 
     fp_a = resolve_checkpoint(ckpt_a).fingerprint
     assert champion is not None and int(champion.version) == 1 and champion.tags["fingerprint"] == fp_a
     # promote emitted the champion Asset, its extra naming what is served now
-    assert [(e["extra"], e["dag_id"], e["run_id"]) for e in _champion_events(champion_uri)[before:]] == [
+    assert [(e["extra"], e["dag_id"], e["run_id"]) for e in champion_events(champion_uri)[before:]] == [
         ({"version": 1, "triton_version": 1, "fingerprint": fp_a}, DAG_ID, dr.run_id)
     ]
     logs = capfd.readouterr()
@@ -461,10 +352,10 @@ def test_release_skip_then_smoke_failure_rolls_back(
     assert evidence.endswith(f"/seqcls/parity/{dag.dag_id}/{quote(vti.run_id, safe='')}"), evidence
 
     # 2. what a scheduled run does — `latest`, already champion — ends with every task skipped
-    dr, states = _run(dag, {})
+    dr, states = run_dag(dag, {})
     assert dr.state == "success" and set(states.values()) == {"skipped"}, states
     assert "is already the MLflow champion" in "".join(capfd.readouterr())
-    assert len(_champion_events(champion_uri)) == before + 1  # a skipped run emits nothing
+    assert len(champion_events(champion_uri)) == before + 1  # a skipped run emits nothing
     # a real scheduled / asset-triggered run ignores the checkpoint and skip_if_champion params
     from types import SimpleNamespace
 
@@ -490,7 +381,7 @@ def test_release_skip_then_smoke_failure_rolls_back(
     negate(broken)
     monkeypatch.setenv("SEQCLS_MODEL_REPOSITORY_SOURCE", str(broken))
     shutil.copytree(tiny_checkpoint_b, root / "run-b")  # only now: it must not be `latest` in step 2
-    dr, states = _run(dag, {"checkpoint": "run-b"})
+    dr, states = run_dag(dag, {"checkpoint": "run-b"})
     assert dr.state == "failed", states
     assert states == {
         **{t: "success" for t in TASKS[:7]},
@@ -499,11 +390,11 @@ def test_release_skip_then_smoke_failure_rolls_back(
         "promote": "upstream_failed",
         "rollback": "success",
     }
-    assert _ready(triton) == {m: ["1"] for m in MODELS}
+    assert ready_models(triton) == {m: ["1"] for m in MODELS}
     assert Repository.from_settings(settings, "seqcls").serving_version() == 1
-    champion = _champion()
+    champion = champion_version()
     assert int(champion.version) == 1 and champion.tags["fingerprint"] == fp_a
-    assert len(_champion_events(champion_uri)) == before + 1  # nor does a failed one
+    assert len(champion_events(champion_uri)) == before + 1  # nor does a failed one
     text = "".join(capfd.readouterr())
     assert "smoke test of seqcls version 2 failed" in text
     assert "rollback: ok in" in text and "serving 1 again" in text
@@ -511,13 +402,13 @@ def test_release_skip_then_smoke_failure_rolls_back(
     # 4. Triton restarts (explicit mode comes back empty): the seqcls_sync DAG serves version 1 again
     triton.stop()
     triton.start()
-    assert _ready(triton) == {}
+    assert ready_models(triton) == {}
     from airflow.dag_processing.dagbag import DagBag
 
     sync_dag = DagBag(dag_folder=str(DAGS)).dags[SYNC_DAG_ID]
     run = sync_dag.test()
     assert run.state == "success", run.state
-    assert _ready(triton) == {m: ["1"] for m in MODELS}
+    assert ready_models(triton) == {m: ["1"] for m in MODELS}
 
 
 @pytest.mark.slow
@@ -528,13 +419,13 @@ def test_parity_failure_in_external_python_registers_and_publishes_nothing(
 ) -> None:
     # Heavy steps in another interpreter (here: this venv's, where seqcls is installed).
     monkeypatch.setenv("SEQCLS_CHECKPOINTS_ROOT", str(tiny_checkpoint.parent))
-    dag = _parse(monkeypatch, SEQCLS_PADDLE_PYTHON=sys.executable)
+    dag = parse_dag(monkeypatch, SEQCLS_PADDLE_PYTHON=sys.executable)
     # An editor padded a vocab line: PaddleNLP keeps "公 ", the serving tokenizer trims it.
     vocab = (tiny_checkpoint / "vocab.txt").read_text(encoding="utf-8").splitlines()
     vocab[vocab.index("公")] = "公 "
     (tiny_checkpoint / "vocab.txt").write_text("\n".join(vocab) + "\n", encoding="utf-8")
 
-    dr, states = _run(dag, {"checkpoint": str(tiny_checkpoint)})
+    dr, states = run_dag(dag, {"checkpoint": str(tiny_checkpoint)})
     assert dr.state == "failed", states
     assert states == {
         "resolve_checkpoint": "success",
@@ -563,11 +454,11 @@ def test_bad_params_fail_before_any_work(
 ) -> None:
     from airflow.sdk.exceptions import ParamValidationError
 
-    dag = _parse(monkeypatch, SEQCLS_PADDLE_PYTHON=None)
+    dag = parse_dag(monkeypatch, SEQCLS_PADDLE_PYTHON=None)
     with pytest.raises(ParamValidationError, match="opset"):  # the trigger form's schema
         dag.test(run_conf={"checkpoint": str(tiny_checkpoint), "opset": 99})
     # passes the schema, refused by the library: no path traversal through the model name
-    dr, states = _run(dag, {"checkpoint": str(tiny_checkpoint), "model_name": "x..y"})
+    dr, states = run_dag(dag, {"checkpoint": str(tiny_checkpoint), "model_name": "x..y"})
     assert dr.state == "failed"
     assert states == {
         "resolve_checkpoint": "failed",
@@ -576,7 +467,7 @@ def test_bad_params_fail_before_any_work(
     }
     assert "bad release input: model name 'x..y' is not allowed" in "".join(capfd.readouterr())
     # a checkpoint outside the model's root (here: $SEQCLS_HOME/checkpoints), and a conf choosing the root
-    dag = _parse(monkeypatch, SEQCLS_PADDLE_PYTHON=None)  # in one process, dag.test() leaves conf values in dag.params
+    dag = parse_dag(monkeypatch, SEQCLS_PADDLE_PYTHON=None)  # one process: dag.test() leaves conf values in dag.params
     root = (home / "checkpoints").resolve()
     for conf, expected in (
         (
@@ -589,7 +480,7 @@ def test_bad_params_fail_before_any_work(
             f"bad release input: checkpoints_root {str(tiny_checkpoint.parent)!r} is not a run param",
         ),
     ):
-        dr, states = _run(dag, conf)
+        dr, states = run_dag(dag, conf)
         assert dr.state == "failed" and states["resolve_checkpoint"] == "failed", states
         assert expected in "".join(capfd.readouterr()), expected
     assert not (home / "releases").exists()
@@ -623,13 +514,13 @@ def test_a_transformers_checkpoint_releases_through_the_same_dag(
     root = tmp_path / "checkpoints"
     shutil.copytree(hf_checkpoints_src[arch], root / f"{arch}-run")
     monkeypatch.setenv("SEQCLS_CHECKPOINTS_ROOT", str(root))
-    dag = _parse(monkeypatch, SEQCLS_PADDLE_PYTHON=None)
+    dag = parse_dag(monkeypatch, SEQCLS_PADDLE_PYTHON=None)
     assert "framework" not in dag.params  # detected from the checkpoint, never asked for
-    dr, states = _run(dag, {"checkpoint": "latest"})
+    dr, states = run_dag(dag, {"checkpoint": "latest"})
     assert dr.state == "success", states
     assert states == {**{t: "success" for t in TASKS}, "rollback": "skipped"}
-    assert _ready(triton) == {m: ["1"] for m in MODELS}
-    champion = _champion()
+    assert ready_models(triton) == {m: ["1"] for m in MODELS}
+    champion = champion_version()
     assert champion is not None and champion.tags["framework"] == "transformers"
     text = "".join(capfd.readouterr())
     for line in (
@@ -666,8 +557,8 @@ def test_tasks_test_script_runs_every_task(airflow_db: Path, triton, tiny_checkp
     for task_id in TASKS:
         assert f"✓ {task_id} " in out.stdout
     assert "✓ rollback skipped" in out.stdout
-    assert _ready(triton)["seqcls"] == ["1"]
-    assert int(_champion().version) == 1
+    assert ready_models(triton)["seqcls"] == ["1"]
+    assert int(champion_version().version) == 1
 
 
 @pytest.mark.slow

@@ -22,16 +22,22 @@ from pathlib import Path
 
 import pytest
 
-from tests import test_airflow_dag as base
+from tests.helpers.airflow import (
+    DAGS,
+    TASKS,
+    airflow_db,
+    champion_events,
+    champion_version,
+    private_airflow_home,
+    ready_models,
+    task_logs_reach_this_test,
+    triton,
+)
 
-ROOT = base.ROOT
-DAGS = base.DAGS
-AIRFLOW_HOME = base.AIRFLOW_HOME  # private, set before anything imports airflow
+AIRFLOW_HOME = private_airflow_home()  # before anything imports airflow
 
 # The Airflow fixtures of the DAG tests, shared (the session's migrated sqlite, Triton as a Connection).
-airflow_db = base.airflow_db
-triton = base.triton
-_task_logs_reach_this_test = base._task_logs_reach_this_test
+__all__ = ["airflow_db", "task_logs_reach_this_test", "triton"]
 
 EXAMPLE = DAGS / "seqcls-models.example.yaml"
 
@@ -182,7 +188,8 @@ def test_models_file_location(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
 
 def test_the_model_root_picks_where_checkpoints_come_from(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The models file's checkpoints_root (as the DAG file passes it to the tasks), never a run param."""
-    from seqcls.airflow import locate_checkpoint, settings_from_params
+    from seqcls.airflow.context import settings_from_params
+    from seqcls.airflow.roots import locate_checkpoint
     from seqcls.errors import InputError
 
     monkeypatch.setenv("SEQCLS_CHECKPOINTS_ROOT", str(tmp_path / "root"))
@@ -224,7 +231,7 @@ def test_champion_extra_comes_from_the_promote_summary() -> None:
 def test_a_dag_per_model_from_the_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from airflow.sdk import TriggerRule
 
-    from seqcls.airflow import TASK_ORDER
+    from seqcls.airflow.context import TASK_ORDER
 
     bag = _bag(monkeypatch, EXAMPLE)
     assert bag.import_errors == {}, bag.import_errors
@@ -442,12 +449,12 @@ def test_champion_event_triggers_a_consumer_dag(airflow_db: Path, tmp_path: Path
     sync_bag_to_db(bag, "dags-folder", None)
     with create_session() as session:  # DAGs are created paused; a consumer is switched on by its team
         session.get(DagModel, CONSUMER).is_paused = False
-    before = len(base._champion_events(uri))
+    before = len(champion_events(uri))
 
     # 1. promote skipped (already champion): no event, nothing queued, no consumer run
     dr = bag.dags[PRODUCER].test(run_conf={"skip": True})
     assert dr.state == "success" and {t.task_id: t.state for t in dr.get_task_instances()} == {"promote": "skipped"}
-    assert len(base._champion_events(uri)) == before and _queued_for(CONSUMER) == []
+    assert len(champion_events(uri)) == before and _queued_for(CONSUMER) == []
     _scheduler_creates_asset_triggered_runs()
     with create_session() as session:
         assert session.scalars(select(DagRun).where(DagRun.dag_id == CONSUMER)).all() == []
@@ -455,7 +462,7 @@ def test_champion_event_triggers_a_consumer_dag(airflow_db: Path, tmp_path: Path
     # 2. promote succeeds: one event with the release's extra, the consumer queued on it
     dr = bag.dags[PRODUCER].test(run_conf={"skip": False})
     assert dr.state == "success", dr.state
-    events = base._champion_events(uri)[before:]
+    events = champion_events(uri)[before:]
     assert [(e["extra"], e["dag_id"], e["run_id"]) for e in events] == [
         ({"version": 4, "triton_version": 9, "fingerprint": fingerprint}, PRODUCER, dr.run_id)
     ]
@@ -529,7 +536,7 @@ def test_alpha_and_beta_release_concurrently_through_airflow(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from seqcls.checkpoints.checkpoint import resolve_checkpoint
+    from seqcls.checkpoints.resolve import resolve_checkpoint
     from seqcls.serving.names import CLASSIC, names_for
 
     # alpha's checkpoints under $SEQCLS_CHECKPOINTS_ROOT/alpha (the default), beta's in a root of its own
@@ -553,7 +560,7 @@ def test_alpha_and_beta_release_concurrently_through_airflow(
     for var in ("SEQCLS_SCHEDULE", "SEQCLS_MODEL_NAME", "SEQCLS_PADDLE_PYTHON"):
         monkeypatch.delenv(var, raising=False)
     _sync_dags_folder()
-    before = {m: len(base._champion_events(f"seqcls://models/{m}/champion")) for m in roots}
+    before = {m: len(champion_events(f"seqcls://models/{m}/champion")) for m in roots}
 
     t0 = time.perf_counter()
     logs, procs = {}, {}
@@ -579,10 +586,10 @@ def test_alpha_and_beta_release_concurrently_through_airflow(
         results[model] = json.loads(line.removeprefix("SEQCLS-RESULT "))
     for model, r in results.items():
         tasks = r["tasks"]
-        timing = ", ".join(f"{t} {(tasks[t][2] or 0) - (tasks[t][1] or 0):.1f}s" for t in base.TASKS if t in tasks)
+        timing = ", ".join(f"{t} {(tasks[t][2] or 0) - (tasks[t][1] or 0):.1f}s" for t in TASKS if t in tasks)
         print(f"\n{model}: {r['state']} in {r['end'] - r['start']:.0f}s: {timing}", file=sys.__stderr__)
     states = {m: {t: v[0] for t, v in r["tasks"].items()} for m, r in results.items()}
-    expected = {**{t: "success" for t in base.TASKS}, "rollback": "skipped"}
+    expected = {**{t: "success" for t in TASKS}, "rollback": "skipped"}
     assert states == {"alpha": expected, "beta": expected}, states
     # they really ran at the same time: the two runs overlap for most of their length
     overlap = min(r["end"] for r in results.values()) - max(r["start"] for r in results.values())
@@ -596,7 +603,7 @@ def test_alpha_and_beta_release_concurrently_through_airflow(
     assert overlap > 0.5 * shortest, (overlap, shortest)
 
     # one Triton serves both, each under its own names, version 1; nothing under the classic names
-    ready = base._ready(triton)
+    ready = ready_models(triton)
     for model in roots:
         assert {n: ready.get(n) for n in names_for(model).models} == {n: ["1"] for n in names_for(model).models}, ready
         assert isinstance(_infer(triton, names_for(model).ensemble, "凌云航空确认裁员"), list)
@@ -604,9 +611,9 @@ def test_alpha_and_beta_release_concurrently_through_airflow(
     # each promoted alone: its own champion in MLflow and its own champion Asset event
     for model, root in roots.items():
         fingerprint = resolve_checkpoint(root / "run-1").fingerprint
-        champion = base._champion(model)
+        champion = champion_version(model)
         assert int(champion.version) == 1 and champion.tags["fingerprint"] == fingerprint
-        events = base._champion_events(f"seqcls://models/{model}/champion")[before[model] :]
+        events = champion_events(f"seqcls://models/{model}/champion")[before[model] :]
         assert [(e["extra"], e["dag_id"], e["run_id"]) for e in events] == [  # and its own champion event
             (
                 {"version": 1, "triton_version": 1, "fingerprint": fingerprint},

@@ -24,7 +24,7 @@ from seqcls.localtriton import free_ports
 from seqcls.serving.repository import Repository
 from seqcls.settings import PROJECT_ROOT
 from seqcls_tools.demo.stack import DEFAULT_PASSWORD, USER, AirflowStack
-from tests.conftest import settings_for
+from tests.helpers.triton import settings_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 

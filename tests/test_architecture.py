@@ -9,7 +9,8 @@
   another's ``_private`` name; step modules are leaves; the framework is branched on only inside
   ``seqcls.frameworks``; files are replaced only through ``seqcls.files``; test modules share code
   only through ``tests/helpers``;
-- ``duplicates`` finds no pair of copied blocks longer than 10 lines under ``plugins/`` or ``tools/``;
+- ``duplicates`` finds no pair of copied blocks longer than 10 lines under ``plugins/``, ``tools/``,
+  ``model_repository/`` or ``tests/``;
 - the DAG's task chain, its Params and the CLI's subcommands and flags equal what the step table
   (:mod:`seqcls.steps`) and the config table (:mod:`seqcls.config`) produce;
 - environment variables are read only in ``settings.py`` (and the local Triton runner).
@@ -26,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import private_airflow_home
+from tests.helpers.airflow import private_airflow_home
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "plugins" / "seqcls"
@@ -85,7 +86,7 @@ def test_no_function_over_the_line_limit() -> None:
     assert not over, f"functions over {MAX_FUNCTION_LINES} lines (make them orchestration over named parts): {over}"
 
 
-@pytest.mark.parametrize("tree", ["plugins", "tools"])
+@pytest.mark.parametrize("tree", ["plugins", "tools", "model_repository", "tests"])
 def test_no_duplicated_blocks(tree: str) -> None:
     exe = shutil.which("duplicates")
     if exe is None:
@@ -202,7 +203,7 @@ def _linear_chain(dag, ids: set[str]) -> list[str]:
 
 
 def test_dag_chain_equals_the_step_table(dag) -> None:
-    from seqcls.airflow import ROLLBACK_TASK, TASK_ORDER
+    from seqcls.airflow.context import ROLLBACK_TASK, TASK_ORDER
     from seqcls.steps import STEPS
 
     assert set(dag.task_ids) == set(TASK_ORDER)
@@ -237,7 +238,7 @@ def test_dag_params_equal_the_config_table(dag) -> None:
 
 def test_no_literal_step_lists_in_the_tasks_test_script() -> None:
     """scripts/airflow-tasks-test.py derives its task list from seqcls.airflow (no copy of the order)."""
-    from seqcls.airflow import TASK_ORDER
+    from seqcls.airflow.context import TASK_ORDER
     from seqcls.steps import BY_NAME
 
     text = (ROOT / "scripts" / "airflow-tasks-test.py").read_text(encoding="utf-8")
@@ -301,7 +302,9 @@ DURABLE = "files.py"
 
 
 def _module_name(path: Path) -> str:
-    parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+    """``seqcls.x.y`` for a file under plugins/ (``seqcls_tools.…`` under tools/, the file's stem elsewhere)."""
+    base = next((b for b in (PACKAGE.parent, TOOLS.parent) if path.is_relative_to(b)), path.parent)
+    parts = list(path.relative_to(base).with_suffix("").parts)
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
@@ -428,7 +431,9 @@ def _framework_branches(path: Path) -> list[int]:
         if isinstance(node, ast.Compare):
             sides = [node.left, *node.comparators]
             named = any(isinstance(s, ast.Attribute) and s.attr == "framework" for s in sides)
-            literal = any(isinstance(s, ast.Constant) and s.value in ("transformers", "paddlenlp", "paddle") for s in sides)
+            literal = any(
+                isinstance(s, ast.Constant) and s.value in ("transformers", "paddlenlp", "paddle") for s in sides
+            )
             if named or literal:
                 hits.add(node.lineno)
     return sorted(hits)
@@ -453,12 +458,14 @@ def test_the_framework_scan_sees_branches(tmp_path: Path) -> None:
 
 
 def test_step_modules_are_leaves() -> None:
+    step_modules = {_module_name(p) for p in (PACKAGE / "steps").glob("*.py") if p.name != "__init__.py"}
+    assert len(step_modules) > 5, step_modules
     found = []
     for path in _modules():
         rel = _rel(path)
         for module, line, _, imported in _imports(path):
-            targets = [module] + [f"{module}.{n}" for n in imported] if module == "seqcls.steps" else [module]
-            steps = [t for t in targets if t.startswith("seqcls.steps.") and not t.startswith("seqcls.steps.__")]
+            targets = [module, *(f"{module}.{n}" for n in imported)]
+            steps = [t for t in targets if t in step_modules]
             if steps and not rel.startswith(STEP_IMPORTERS):
                 found.append(f"{rel}:{line} {', '.join(steps)}")
     assert not found, f"modules importing a step module (move what they share to its owner): {found}"
@@ -474,9 +481,9 @@ def _durable_calls(path: Path) -> list[int]:
             continue
         owner = node.func.value.id if isinstance(node.func.value, ast.Name) else None
         attr = node.func.attr
-        if (owner, attr) in {("os", "replace"), ("os", "rename"), ("tempfile", "mkstemp")}:
-            hits.add(node.lineno)
-        elif owner not in ("os", "tempfile") and attr in ("replace", "rename") and len(node.args) == 1:
+        if (owner, attr) in {("os", "replace"), ("os", "rename"), ("tempfile", "mkstemp")} or (
+            owner not in ("os", "tempfile") and attr in ("replace", "rename") and len(node.args) == 1
+        ):
             hits.add(node.lineno)
     return sorted(hits)
 

@@ -9,30 +9,18 @@ from __future__ import annotations
 import json
 import logging
 import os
-import pickle
 import shutil
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
 
-from seqcls.checkpoints.checkpoint import directory_fingerprint, resolve_checkpoint
 from seqcls.checkpoints.completion import MARKER_FILE, find_latest, mark_complete, read_marker
+from seqcls.checkpoints.resolve import directory_fingerprint, resolve_checkpoint
 from seqcls.errors import CheckpointError, InputError
+from tests.helpers.checkpoints import minimal_checkpoint
 
 T0 = datetime(2025, 1, 31, 12, 0, tzinfo=UTC)
-
-
-def _checkpoint(path: Path, *, seed: int = 0) -> Path:
-    """A minimal checkpoint resolve_checkpoint accepts: 2 labels, 6 tokens, weights differing by ``seed``."""
-    path.mkdir(parents=True)
-    config = {"architectures": ["ErnieForSequenceClassification"], "num_labels": 2, "vocab_size": 6}
-    (path / "config.json").write_text(json.dumps(config), encoding="utf-8")
-    (path / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "ErnieTokenizer"}), encoding="utf-8")
-    (path / "vocab.txt").write_text("[PAD]\n[CLS]\n[SEP]\n[UNK]\n体\n育\n", encoding="utf-8")
-    (path / "label.txt").write_text("体育\n体育##夺冠\n", encoding="utf-8")
-    (path / "model_state.pdparams").write_bytes(pickle.dumps({"w": [float(seed)] * 4}, protocol=2))
-    return path
 
 
 def _cp_r(src: Path, dst: Path) -> Path:
@@ -50,7 +38,7 @@ def _age(path: Path) -> None:
 
 
 def test_mark_complete_writes_the_schema_atomically(tmp_path: Path) -> None:
-    ckpt = _checkpoint(tmp_path / "run-1")
+    ckpt = minimal_checkpoint(tmp_path / "run-1")
     done = mark_complete(ckpt, run="train-42", completed_at=T0)
     data = json.loads((ckpt / MARKER_FILE).read_text(encoding="utf-8"))
     assert data == {
@@ -61,26 +49,26 @@ def test_mark_complete_writes_the_schema_atomically(tmp_path: Path) -> None:
     assert data["fingerprint"] == directory_fingerprint(ckpt) == done.fingerprint
     assert sorted(p.name for p in ckpt.iterdir() if p.name.startswith(MARKER_FILE)) == [MARKER_FILE]  # no temp left
     assert read_marker(ckpt) == done
-    assert read_marker(_checkpoint(tmp_path / "run-2")) is None
+    assert read_marker(minimal_checkpoint(tmp_path / "run-2")) is None
     default = mark_complete(ckpt)  # now, in UTC; run optional
     assert default.completed_at.tzinfo is not None and default.completed_at > T0 and default.run is None
     assert json.loads((ckpt / MARKER_FILE).read_text())["completed_at"].endswith("Z")
 
 
 def test_mark_complete_refuses_what_cannot_be_released(tmp_path: Path) -> None:
-    ckpt = _checkpoint(tmp_path / "run-1")
+    ckpt = minimal_checkpoint(tmp_path / "run-1")
     (ckpt / "vocab.txt").unlink()
     with pytest.raises(CheckpointError, match=r"vocab\.txt: missing"):
         mark_complete(ckpt)
     assert not (ckpt / MARKER_FILE).exists()
     with pytest.raises(InputError, match="no timezone"):
-        mark_complete(_checkpoint(tmp_path / "run-2"), completed_at=datetime(2025, 1, 1))
+        mark_complete(minimal_checkpoint(tmp_path / "run-2"), completed_at=datetime(2025, 1, 1))
 
 
 def test_a_cp_r_of_an_older_checkpoint_does_not_become_latest(tmp_path: Path) -> None:
     root = tmp_path / "root"
-    old = _checkpoint(root / "a-old", seed=1)
-    new = _checkpoint(root / "b-new", seed=2)
+    old = minimal_checkpoint(root / "a-old", seed=1)
+    new = minimal_checkpoint(root / "b-new", seed=2)
     mark_complete(old, completed_at=T0)
     mark_complete(new, completed_at=T0 + timedelta(days=1))
     _age(new)
@@ -93,10 +81,10 @@ def test_a_cp_r_of_an_older_checkpoint_does_not_become_latest(tmp_path: Path) ->
 
 def test_a_directory_without_a_marker_is_skipped_and_logged(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     root = tmp_path / "root"
-    done = _checkpoint(root / "run-1")
+    done = minimal_checkpoint(root / "run-1")
     mark_complete(done, completed_at=T0)
     _age(done)
-    _checkpoint(root / "run-2-still-writing", seed=3)  # newest files, no marker
+    minimal_checkpoint(root / "run-2-still-writing", seed=3)  # newest files, no marker
     with caplog.at_level(logging.INFO, logger="seqcls.checkpoints.completion"):
         assert find_latest(root) == done
     assert f"skipped 1 of 2 directories under {root} without {MARKER_FILE}" in caplog.text
@@ -105,8 +93,8 @@ def test_a_directory_without_a_marker_is_skipped_and_logged(tmp_path: Path, capl
 
 def test_the_marker_written_later_wins_and_ties_go_to_the_greatest_name(tmp_path: Path) -> None:
     root = tmp_path / "root"
-    a = _checkpoint(root / "a", seed=1)
-    b = _checkpoint(root / "b", seed=2)
+    a = minimal_checkpoint(root / "a", seed=1)
+    b = minimal_checkpoint(root / "b", seed=2)
     mark_complete(a, completed_at=T0 + timedelta(hours=2))
     mark_complete(b, completed_at=T0 + timedelta(hours=1))
     assert find_latest(root) == a
@@ -134,8 +122,8 @@ def test_the_marker_written_later_wins_and_ties_go_to_the_greatest_name(tmp_path
 )
 def test_a_malformed_marker_names_the_file_and_the_field(tmp_path: Path, content: str, match: str) -> None:
     root = tmp_path / "root"
-    mark_complete(_checkpoint(root / "z-good"), completed_at=T0)
-    bad = _checkpoint(root / "a-bad", seed=1)
+    mark_complete(minimal_checkpoint(root / "z-good"), completed_at=T0)
+    bad = minimal_checkpoint(root / "a-bad", seed=1)
     (bad / MARKER_FILE).write_text(content, encoding="utf-8")
     with pytest.raises(CheckpointError, match=match) as err:
         find_latest(root)  # an error even though it would not be the newest: never silently skipped
@@ -144,7 +132,7 @@ def test_a_malformed_marker_names_the_file_and_the_field(tmp_path: Path, content
 
 def test_a_marker_whose_fingerprint_does_not_match_is_refused(tmp_path: Path) -> None:
     root = tmp_path / "root"
-    ckpt = _checkpoint(root / "run-1")
+    ckpt = minimal_checkpoint(root / "run-1")
     mark_complete(ckpt, completed_at=T0)
     (ckpt / "label.txt").write_text("体育\n体育##加盟\n", encoding="utf-8")  # edited after training
     with pytest.raises(CheckpointError, match=r"run-1/SEQCLS_DONE\.json: records fingerprint [0-9a-f]{16} but"):
@@ -152,7 +140,7 @@ def test_a_marker_whose_fingerprint_does_not_match_is_refused(tmp_path: Path) ->
     mark_complete(ckpt, completed_at=T0)  # the change was intended: marked again
     assert find_latest(root) == ckpt
     # a marker copied from another checkpoint into one its training job never marked
-    other = _checkpoint(root / "run-2", seed=5)
+    other = minimal_checkpoint(root / "run-2", seed=5)
     shutil.copyfile(ckpt / MARKER_FILE, other / MARKER_FILE)
     with pytest.raises(CheckpointError, match=r"run-2/SEQCLS_DONE\.json: records fingerprint .* changed after"):
         find_latest(root)
@@ -160,7 +148,7 @@ def test_a_marker_whose_fingerprint_does_not_match_is_refused(tmp_path: Path) ->
 
 def test_a_marker_without_fingerprint_or_run_is_enough(tmp_path: Path) -> None:
     root = tmp_path / "root"
-    ckpt = _checkpoint(root / "run-1")
+    ckpt = minimal_checkpoint(root / "run-1")
     (ckpt / MARKER_FILE).write_text('{"completed_at": "2025-01-31T12:00:00Z"}\n', encoding="utf-8")
     assert find_latest(root) == ckpt
     assert read_marker(ckpt).fingerprint is None
@@ -168,7 +156,7 @@ def test_a_marker_without_fingerprint_or_run_is_enough(tmp_path: Path) -> None:
 
 def test_no_marker_anywhere_says_how_to_write_one(tmp_path: Path) -> None:
     root = tmp_path / "root"
-    _checkpoint(root / "run-1")
+    minimal_checkpoint(root / "run-1")
     with pytest.raises(CheckpointError, match=r"no completed checkpoint found — none of its 1 directories holds") as e:
         find_latest(root)
     assert "mark_complete(" in str(e.value) and MARKER_FILE in str(e.value)
@@ -180,7 +168,7 @@ def test_no_marker_anywhere_says_how_to_write_one(tmp_path: Path) -> None:
 
 
 def test_the_root_itself_and_symlinked_checkpoints(tmp_path: Path) -> None:
-    ckpt = _checkpoint(tmp_path / "elsewhere" / "run-1")
+    ckpt = minimal_checkpoint(tmp_path / "elsewhere" / "run-1")
     mark_complete(ckpt, completed_at=T0)
     assert find_latest(ckpt) == ckpt  # SEQCLS_CHECKPOINTS_ROOT pointing at one checkpoint
     root = tmp_path / "root"
@@ -191,7 +179,7 @@ def test_the_root_itself_and_symlinked_checkpoints(tmp_path: Path) -> None:
 
 def test_a_marker_linked_from_outside_the_checkpoint_is_refused(tmp_path: Path) -> None:
     root = tmp_path / "root"
-    ckpt = _checkpoint(root / "run-1")
+    ckpt = minimal_checkpoint(root / "run-1")
     outside = tmp_path / "marker.json"
     outside.write_text('{"completed_at": "2025-01-31T12:00:00Z"}', encoding="utf-8")
     (ckpt / MARKER_FILE).symlink_to(outside)
@@ -200,11 +188,12 @@ def test_a_marker_linked_from_outside_the_checkpoint_is_refused(tmp_path: Path) 
 
 
 def test_the_dag_param_latest_uses_the_marker(tmp_path: Path) -> None:
-    from seqcls.airflow import LATEST, locate_checkpoint, settings_from_params
+    from seqcls.airflow.context import settings_from_params
+    from seqcls.airflow.roots import LATEST, locate_checkpoint
 
     root = tmp_path / "root"
-    a = _checkpoint(root / "a", seed=1)
-    b = _checkpoint(root / "b", seed=2)
+    a = minimal_checkpoint(root / "a", seed=1)
+    b = minimal_checkpoint(root / "b", seed=2)
     mark_complete(a, completed_at=T0 + timedelta(hours=1))
     mark_complete(b, completed_at=T0)
     _age(a)
@@ -214,7 +203,8 @@ def test_the_dag_param_latest_uses_the_marker(tmp_path: Path) -> None:
 def test_cli_marks_a_checkpoint_and_shows_latest(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from seqcls.cli import main
 
-    older, newer = _checkpoint(tmp_path / "root" / "older"), _checkpoint(tmp_path / "root" / "newer", seed=1)
+    older = minimal_checkpoint(tmp_path / "root" / "older")
+    newer = minimal_checkpoint(tmp_path / "root" / "newer", seed=1)
     assert main(["checkpoint", "mark-complete", str(older), "--run", "train-1"]) == 0
     assert main(["checkpoint", "mark-complete", str(newer), "--run", "train-2"]) == 0
     capsys.readouterr()

@@ -528,7 +528,7 @@ def test_airflow_dockerfile_installs_the_project(services: dict) -> None:
             f"airflow.Dockerfile must build FROM apache/airflow:{airflow_pin}-python3.11 (requirements.txt pin)"
         )
     stage_name = re.match(r"FROM \S+ AS (\S+)", wheel).group(1)
-    for needed in ("pyproject.toml", "README.md", "plugins/", "tools/"):
+    for needed in ("pyproject.toml", "README.md", "plugins/", "model_repository/common/"):
         assert needed in _copied_sources(wheel), f"the wheel stage does not copy {needed}"
     assert re.search(r"pip wheel[^\n]*--no-deps[^\n]*\s\.\s*$", wheel, re.M), "the wheel stage builds no wheel of ."
 

@@ -38,7 +38,7 @@ from seqcls.status import status
 from seqcls.steps import run_release
 from seqcls.sync import incomplete_versions, stale_temporaries, sync
 from seqcls.workspace import open_release
-from tests.conftest import start_triton
+from tests.helpers.triton import start_triton
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.drill]
 

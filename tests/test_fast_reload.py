@@ -107,7 +107,7 @@ def test_a_release_loads_each_composing_version_once(server, tiny_checkpoint: Pa
     from seqcls.serving.repository import Repository
     from seqcls.steps import run_release
     from seqcls.workspace import open_release
-    from tests.conftest import settings_for
+    from tests.helpers.triton import settings_for
 
     settings = settings_for(server, home)
     run_release(open_release(tiny_checkpoint, settings=settings))

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from seqcls.config import ReleaseConfig
-from tests.conftest import HF_GOLDEN
+from tests.helpers.checkpoints import HF_GOLDEN
 
 INPUTS = {"bert": ["input_ids", "token_type_ids", "attention_mask"], "deberta-v2": ["input_ids", "attention_mask"]}
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -18,33 +17,19 @@ import pytest
 from seqcls.config import ReleaseConfig
 from seqcls.errors import InputError
 from seqcls.localtriton import LocalTriton
-from seqcls.serving.layout import TRIAL_SUFFIX, _trial_config, loaded_models
 from seqcls.serving.client import TritonOps, endpoints_from_settings
+from seqcls.serving.layout import TRIAL_SUFFIX, _trial_config, loaded_models
 from seqcls.serving.names import CLASSIC, names_for
 from seqcls.settings import PROJECT_ROOT, Settings
 from seqcls.status import status
 from seqcls.steps import run_release
 from seqcls.workspace import open_release
-from tests.conftest import cli_env, start_triton
+from tests.helpers.triton import module_triton
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
 
-@pytest.fixture(scope="module")
-def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("many-models")
-
-
-@pytest.fixture(scope="module")
-def triton(root: Path) -> Iterator[LocalTriton]:
-    server = start_triton(root)
-    yield server
-    server.stop()
-
-
-@pytest.fixture
-def env(triton: LocalTriton, root: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
-    return cli_env(triton, root, monkeypatch)
+root, triton, env = module_triton("many-models")  # one real Triton for the module
 
 
 ARTIFACT = PROJECT_ROOT / "var" / "test-artifacts" / "many-models.json"

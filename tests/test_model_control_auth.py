@@ -27,7 +27,7 @@ from seqcls.settings import CONTROL_KEY_FILE, ENV_TRITON_CONTROL_KEY, Settings
 from seqcls.steps import run_release
 from seqcls.steps.smoke import infer
 from seqcls.workspace import open_release
-from tests.conftest import start_triton
+from tests.helpers.triton import start_triton
 
 KEY = "unit-test-key-" + "0123456789abcdef" * 2
 WRONG = "wrong-key-" + "fedcba9876543210" * 2

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from seqcls.config import ReleaseConfig
-from tests.test_serving_isolation import LABELS, MAX_POSITIONS, TYPE_VOCAB, VOCAB, _config, _ids, _outcome, load
+from tests.helpers.serving import LABELS, MAX_POSITIONS, TYPE_VOCAB, VOCAB, ids_request, load, model_config, outcome
 
 __all__ = ["load"]  # the fixture, imported for this module's tests
 
@@ -30,7 +30,8 @@ def tiny_onnx(tiny_checkpoint_src: Path, tmp_path_factory: pytest.TempPathFactor
 
 @pytest.fixture
 def real_model(tiny_onnx: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    from seqcls_tools.bench.per_text import fake_pb_utils, load_model
+    from seqcls_tools.bench.per_text import load_model
+    from seqcls_tools.fake_pb_utils import fake_pb_utils
 
     monkeypatch.setitem(sys.modules, "triton_python_backend_utils", fake_pb_utils())
     monkeypatch.setattr(sys, "path", list(sys.path))
@@ -48,7 +49,8 @@ def real_model(tiny_onnx: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
 @pytest.mark.slow
 def test_every_batching_matches_the_padded_run_on_a_real_ernie(tiny_checkpoint_src: Path, real_model) -> None:
     from seqcls.serving import shipped
-    from seqcls_tools.bench.per_text import logits_of, request
+    from seqcls_tools.bench.per_text import logits_of
+    from seqcls_tools.fake_pb_utils import request
     from seqcls_tools.testing import TINY_CORPUS
 
     text = shipped.text()
@@ -83,30 +85,30 @@ def test_every_batching_matches_the_padded_run_on_a_real_ernie(tiny_checkpoint_s
 
 
 def test_per_text_refuses_what_the_embeddings_cannot_index_per_request(load) -> None:
-    model = load("seqcls_model", config=_config(batching="per-text"))
+    model = load("seqcls_model", config=model_config(batching="per-text"))
     vocab = len(VOCAB)
     batch = [
-        _ids([[1, 5, 6, 2]]),
-        _ids([[1, vocab, 2]]),
-        _ids([[1, 5, 2]], [[0, TYPE_VOCAB, 0]]),
-        _ids([[1] * (MAX_POSITIONS + 1)]),
-        _ids([[1, 5, 2]], [[0, 0]]),
-        _ids(np.zeros((0, 3))),
-        {"input_ids": _ids([[1, 2]])["input_ids"]},
-        _ids([[1, 7, 8, 9, 2], [1, 5, 2, 0, 0], [1, 5, 6, 2, 0]]),  # 5, 3 and 4 tokens: three lengths
-        _ids([[1] * MAX_POSITIONS]),
-        _ids([[0, 0, 0]]),  # nothing but pads: run as given
+        ids_request([[1, 5, 6, 2]]),
+        ids_request([[1, vocab, 2]]),
+        ids_request([[1, 5, 2]], [[0, TYPE_VOCAB, 0]]),
+        ids_request([[1] * (MAX_POSITIONS + 1)]),
+        ids_request([[1, 5, 2]], [[0, 0]]),
+        ids_request(np.zeros((0, 3))),
+        {"input_ids": ids_request([[1, 2]])["input_ids"]},
+        ids_request([[1, 7, 8, 9, 2], [1, 5, 2, 0, 0], [1, 5, 6, 2, 0]]),  # 5, 3 and 4 tokens: three lengths
+        ids_request([[1] * MAX_POSITIONS]),
+        ids_request([[0, 0, 0]]),  # nothing but pads: run as given
     ]
     responses = model.execute(batch)
-    assert f"input_ids must lie in [0, {vocab})" in _outcome(responses, 1)
-    assert f"token_type_ids must lie in [0, {TYPE_VOCAB})" in _outcome(responses, 2)
-    assert "over the model's max_position_embeddings" in _outcome(responses, 3)
-    assert "of the same shape" in _outcome(responses, 4)
+    assert f"input_ids must lie in [0, {vocab})" in outcome(responses, 1)
+    assert f"token_type_ids must lie in [0, {TYPE_VOCAB})" in outcome(responses, 2)
+    assert "over the model's max_position_embeddings" in outcome(responses, 3)
+    assert "of the same shape" in outcome(responses, 4)
     assert responses[5].outputs["logits"].shape == (0, len(LABELS))
-    assert "needs both input_ids and token_type_ids" in _outcome(responses, 6)
+    assert "needs both input_ids and token_type_ids" in outcome(responses, 6)
     model.batching = "per-request"
     for good in (0, 7, 8, 9):
-        assert _outcome(responses, good) is None
+        assert outcome(responses, good) is None
         padded = model.execute([batch[good]])[0].outputs["logits"]
         np.testing.assert_allclose(responses[good].outputs["logits"], padded, rtol=1e-5, atol=1e-6)
     assert responses[7].outputs["logits"].shape == (3, len(LABELS))
@@ -114,7 +116,7 @@ def test_per_text_refuses_what_the_embeddings_cannot_index_per_request(load) -> 
 
 @pytest.mark.parametrize("grouped", [True, False], ids=["grouped", "one-run-per-text"])
 def test_per_text_ort_failure_fails_only_the_culprit_s_request(load, grouped: bool) -> None:
-    model = load("seqcls_model", config=_config(batching="per-text"))
+    model = load("seqcls_model", config=model_config(batching="per-text"))
     model.group_equal_lengths = grouped
     session, runs = model.session, []
 
@@ -127,13 +129,13 @@ def test_per_text_ort_failure_fails_only_the_culprit_s_request(load, grouped: bo
 
     model.session = Picky()
     batch = [
-        _ids([[1, 5, 2]]),
-        _ids([[1, 6, 2, 0], [1, 14, 2, 0], [1, 6, 7, 2]]),  # its second text breaks ORT: the request fails
-        _ids([[1, 6, 7, 2], [1, 8, 2, 0]]),  # shares both lengths with the culprit's request
+        ids_request([[1, 5, 2]]),
+        ids_request([[1, 6, 2, 0], [1, 14, 2, 0], [1, 6, 7, 2]]),  # its second text breaks ORT: the request fails
+        ids_request([[1, 6, 7, 2], [1, 8, 2, 0]]),  # shares both lengths with the culprit's request
     ]
     responses = model.execute(batch)
-    assert "ONNX Runtime failed on this text (RuntimeError: indices element" in _outcome(responses, 1)
-    assert _outcome(responses, 0) is None and _outcome(responses, 2) is None
+    assert "ONNX Runtime failed on this text (RuntimeError: indices element" in outcome(responses, 1)
+    assert outcome(responses, 0) is None and outcome(responses, 2) is None
     assert responses[2].outputs["logits"].shape == (2, len(LABELS))
     if grouped:  # four texts of length 3 shared a run, it failed, each retried alone
         assert runs == [(4, 3), (1, 3), (1, 3), (1, 3), (1, 3), (1, 4)]  # the failed request's row of 4 not run
@@ -155,7 +157,8 @@ def test_per_text_on_real_hf_graphs_with_an_attention_mask(
     their mask length answering as the padded run."""
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
-    from seqcls_tools.bench.per_text import fake_pb_utils, load_model, logits_of, request
+    from seqcls_tools.bench.per_text import load_model, logits_of
+    from seqcls_tools.fake_pb_utils import fake_pb_utils, request
 
     torch.manual_seed(0)
     common = dict(vocab_size=120, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64)
@@ -213,7 +216,8 @@ def test_a_dynamically_quantised_graph_answers_each_text_as_alone(tiny_onnx: Pat
     text alone), for the rows of one request and those of a dynamic batch's other requests alike."""
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
-    from seqcls_tools.bench.per_text import load_model, logits_of, request
+    from seqcls_tools.bench.per_text import load_model, logits_of
+    from seqcls_tools.fake_pb_utils import request
 
     int8 = tmp_path / "int8" / "model.onnx"
     int8.parent.mkdir()

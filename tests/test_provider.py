@@ -28,7 +28,7 @@ import jsonschema
 import pytest
 
 from seqcls.localtriton import free_ports
-from tests.conftest import private_airflow_home
+from tests.helpers.airflow import private_airflow_home
 
 AIRFLOW_HOME = private_airflow_home()  # before anything imports airflow
 AIRFLOW_PACKAGE = Path(importlib.util.find_spec("airflow").submodule_search_locations[0])  # not imported

@@ -24,11 +24,12 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from seqcls.registry.ledger import ledger as registry
 from seqcls.config import ReleaseConfig
 from seqcls.errors import GateError
 from seqcls.records import Expected, Registered, served_onnx
+from seqcls.registry import ledger as registry
 from seqcls.registry.runs import log_parity_evidence
+from seqcls.serving.release import release_key
 from seqcls.settings import Settings
 from seqcls.steps import run_release
 from seqcls.steps.register import register
@@ -215,7 +216,7 @@ def test_parity_evidence_for_a_passed_gate_is_on_the_registered_run(tiny_checkpo
     c = registry.client(release.settings)
     run = c.get_run(run_id)
     assert run.data.tags["seqcls.gates.parity"] == "passed" and run.data.tags["seqcls.outcome"] == "validated"
-    assert run.data.tags["release_key"] == registry.release_key(release)
+    assert run.data.tags["release_key"] == release_key(release)
     assert run.data.metrics["decisions.agreement"] == 1.0 and run.data.params["atol"] == str(release.config.atol)
     assert {"report.json", "plot.png", "expected.json"} <= _artifact_names(c, run_id, "parity")
 

@@ -13,7 +13,7 @@ import pytest
 from seqcls.settings import PROJECT_ROOT
 from seqcls.steps import run_release
 from seqcls.workspace import open_release
-from tests.conftest import settings_for
+from tests.helpers.triton import settings_for
 
 README = (PROJECT_ROOT / "README.md").read_text(encoding="utf-8")
 

@@ -19,11 +19,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from seqcls.registry.ledger import ledger as registry
 from seqcls.config import FIELDS, ReleaseConfig
 from seqcls.errors import GateError, RegistryError, StepOrderError
 from seqcls.records import Expected, Registered
+from seqcls.registry import ledger as registry
 from seqcls.registry.ledger import CHAMPION
+from seqcls.serving.release import GATE_ONLY_PARAMS, SERVING_PARAMS, key_of, release_key, serving_config
 from seqcls.settings import Settings
 from seqcls.steps import run_release
 from seqcls.steps.promote import promote
@@ -211,7 +212,7 @@ def test_against_real_mlflow_server(mlflow_server: str, tiny_checkpoint: Path, h
     assert result.summary["version"] == 1
     assert registry.alias_version(settings, "seqcls", CHAMPION) is None  # REST: no such alias → None
     assert register(release).summary["created"] is False
-    key = registry.release_key(release)
+    key = release_key(release)
     assert registry.find_version(registry.client(settings), "seqcls", None, release_key=key).version == "1"
     _fake_served(release, 1)
     promoted = promote(release)
@@ -228,7 +229,7 @@ def test_against_real_mlflow_server(mlflow_server: str, tiny_checkpoint: Path, h
 
 
 def test_release_key_fields_are_decided_for_every_parameter() -> None:
-    served, gate_only = set(registry.SERVING_PARAMS), set(registry.GATE_ONLY_PARAMS)
+    served, gate_only = set(SERVING_PARAMS), set(GATE_ONLY_PARAMS)
     assert not served & gate_only
     # a new release parameter must be put on one side (model_name names the registered model itself)
     assert served | gate_only | {"model_name"} == {f.name for f in FIELDS}
@@ -251,11 +252,11 @@ def test_release_key_changes_with_what_is_served_only(tiny_checkpoint: Path, cha
     base = open_release(tiny_checkpoint)
     assert "体育" in base.checkpoint.labels
     other = dataclasses.replace(base, config=ReleaseConfig(**change))
-    key = registry.release_key(base)
+    key = release_key(base)
     assert len(key) == 16 and int(key, 16) >= 0
-    assert (registry.release_key(other) == key) is same
-    assert registry.release_key(base) == key  # stable
-    config = registry.serving_config(dataclasses.replace(base, config=ReleaseConfig(threshold=0.7)))
+    assert (release_key(other) == key) is same
+    assert release_key(base) == key  # stable
+    config = serving_config(dataclasses.replace(base, config=ReleaseConfig(threshold=0.7)))
     assert set(config["thresholds"].values()) == {0.7}  # float32 written readably, not 0.699999988
 
 
@@ -265,10 +266,10 @@ def _serving_config(mv) -> dict:
 
 def test_one_version_per_serving_configuration(tiny_checkpoint: Path) -> None:
     at05 = _validated(tiny_checkpoint)
-    key05 = registry.release_key(at05)
+    key05 = release_key(at05)
     assert register(at05).summary["version"] == 1
     at07 = _validated(tiny_checkpoint, threshold=0.7)  # same checkpoint, same workspace: validate re-runs
-    key07 = registry.release_key(at07)
+    key07 = release_key(at07)
     assert key07 != key05
     with pytest.raises(StepOrderError, match="thresholds"):
         register(at05)  # the workspace is now validated at 0.7: registering it as 0.5 would lie
@@ -282,7 +283,7 @@ def test_one_version_per_serving_configuration(tiny_checkpoint: Path) -> None:
     assert (v1.tags["release_key"], v2.tags["release_key"]) == (key05, key07)
     assert set(_serving_config(v1)["thresholds"].values()) == {0.5}
     assert set(_serving_config(v2)["thresholds"].values()) == {0.7}
-    assert registry.key_of(_serving_config(v2)) == key07  # the tag is the key's preimage
+    assert key_of(_serving_config(v2)) == key07  # the tag is the key's preimage
     assert _serving_config(v2)["fingerprint"] == v1.tags["fingerprint"] == at07.checkpoint.fingerprint
     assert c.get_run(v2.run_id).data.params["release_key"] == key07
 
@@ -309,7 +310,7 @@ def test_one_version_per_serving_configuration(tiny_checkpoint: Path) -> None:
 
 def test_legacy_version_without_release_key_is_found_by_fingerprint(tiny_checkpoint: Path) -> None:
     release = _validated(tiny_checkpoint)
-    key, fp = registry.release_key(release), release.checkpoint.fingerprint
+    key, fp = release_key(release), release.checkpoint.fingerprint
     register(release)
     c = registry.client(release.settings)
     for tag in ("release_key", "serving_config"):  # as registered before release keys existed
@@ -375,7 +376,7 @@ def test_an_mlflow_failure_is_not_alias_not_set(exc, tiny_checkpoint: Path, monk
     fake = _FailingClient(exc())
     monkeypatch.setattr(registry, "client", lambda settings: fake)
     with pytest.raises(RegistryError, match=r"MLflow failed reading alias 'champion'.*database is locked"):
-        registry._alias(fake, "seqcls", "champion")
+        registry.aliased_version(fake, "seqcls", "champion")
     with pytest.raises(RegistryError, match="database is locked"):
         registry.find_version(fake, "seqcls", "f" * 64, release_key="0" * 16)
     settings = Settings()
@@ -405,7 +406,7 @@ def test_an_mlflow_failure_is_not_alias_not_set(exc, tiny_checkpoint: Path, monk
     ],
 )
 def test_a_missing_alias_or_model_is_none(exc) -> None:
-    assert registry._alias(_FailingClient(exc()), "seqcls", "champion") is None
+    assert registry.aliased_version(_FailingClient(exc()), "seqcls", "champion") is None
 
 
 def test_find_version_scans_only_when_the_tag_filter_is_rejected() -> None:

@@ -15,6 +15,7 @@ from seqcls.config import ReleaseConfig
 from seqcls.errors import CheckpointError, ConversionError, GateError, StepOrderError
 from seqcls.steps import run_release
 from seqcls.workspace import open_release
+from tests.helpers.checkpoints import perturb_converted
 
 pytestmark = pytest.mark.slow
 
@@ -102,30 +103,6 @@ def test_corrupt_params_fail_export_and_are_recorded(tiny_checkpoint: Path) -> N
         from seqcls.steps.convert import convert
 
         convert(release)
-
-
-def _perturb(onnx_path: Path, scale: float) -> None:
-    import onnx
-    from onnx import numpy_helper
-
-    model = onnx.load(str(onnx_path))
-    biggest = max(model.graph.initializer, key=lambda t: int(np.prod(t.dims)))
-    arr = numpy_helper.to_array(biggest).copy()
-    arr += np.random.default_rng(0).normal(0, scale, arr.shape).astype(arr.dtype)
-    biggest.CopyFrom(numpy_helper.from_array(arr, biggest.name))
-    onnx.save(model, str(onnx_path))
-
-
-def perturb_converted(release, scale: float = 0.5) -> None:
-    """Perturb the converted ONNX weights and record the damaged file as convert's output, so
-    validate uses it — what a conversion bug would leave."""
-    from seqcls.checkpoints.checkpoint import sha256_file
-
-    onnx_path = release.workspace.root / "onnx" / "model.onnx"
-    _perturb(onnx_path, scale)
-    manifest = release.workspace.read()
-    manifest["steps"]["convert"]["outputs"]["onnx/model.onnx"] = sha256_file(onnx_path)
-    release.workspace.write(manifest)
 
 
 def test_gate_fails_on_perturbed_onnx(tiny_checkpoint: Path) -> None:

@@ -30,14 +30,14 @@ from pathlib import Path
 import pytest
 
 from seqcls import settings as seqcls_settings
-from seqcls.localtriton import LocalTriton, TritonServerConfig, free_ports
-from tests import test_airflow_dag as base
+from seqcls.localtriton import LocalTriton
+from tests.helpers.airflow import TASKS, airflow_db, parse_dag, private_airflow_home, run_dag, task_logs_reach_this_test
+from tests.helpers.triton import start_triton
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
-AIRFLOW_HOME = base.AIRFLOW_HOME  # private, set before anything imports airflow
-airflow_db = base.airflow_db
-_task_logs_reach_this_test = base._task_logs_reach_this_test
+AIRFLOW_HOME = private_airflow_home()  # before anything imports airflow
+__all__ = ["airflow_db", "task_logs_reach_this_test"]  # the fixtures, imported for this module's tests
 #: The Triton control key file of the key mechanism (issue 13); absent before it lands.
 KEY_FILE = getattr(seqcls_settings, "CONTROL_KEY_FILE", None)
 
@@ -71,16 +71,7 @@ def keyed_triton(tmp_path: Path) -> Iterator[tuple[LocalTriton, str]]:
         fd = os.open(repository / KEY_FILE, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "w", encoding="ascii") as f:
             f.write(key + "\n")
-    http, grpc, metrics = free_ports(3)
-    cfg = TritonServerConfig(
-        repository=repository,
-        http_port=http,
-        grpc_port=grpc,
-        metrics_port=metrics,
-        state_dir=tmp_path / "triton-state",
-    )
-    server = LocalTriton(cfg)
-    server.start()
+    server = start_triton(tmp_path, repository=repository)
     yield server, key
     server.stop()
 
@@ -96,8 +87,8 @@ def test_a_release_leaks_no_credential(
     capfd: pytest.CaptureFixture[str],
 ) -> None:
     import seqcls.registry.ledger as registry
-    from seqcls.airflow import TRITON_URL_KEY
     from seqcls.airflow.plugin import MlflowModelVersionLink, TritonModelLink
+    from seqcls.airflow.report import TRITON_URL_KEY
     from seqcls.settings import MLFLOW_CREDENTIAL_VARS, Settings
 
     server, triton_key = keyed_triton
@@ -140,12 +131,12 @@ def test_a_release_leaks_no_credential(
 
     monkeypatch.setattr(registry, "tracking_uri", spy)
 
-    dag = base._parse(monkeypatch, SEQCLS_PADDLE_PYTHON=None)
+    dag = parse_dag(monkeypatch, SEQCLS_PADDLE_PYTHON=None)
     t0 = time.perf_counter()
-    dr, states = base._run(dag, {"checkpoint": "run-1"})
+    dr, states = run_dag(dag, {"checkpoint": "run-1"})
     logs = "".join(capfd.readouterr())
     assert dr.state == "success", f"{states}\n{logs[-4000:]}"
-    assert states == {**{t: "success" for t in base.TASKS}, "rollback": "skipped"}
+    assert states == {**{t: "success" for t in TASKS}, "rollback": "skipped"}
     # the credentials did reach MLflow's variables, only while MLflow was used
     assert ("seqcls-release", needles["the MLflow password"]) in seen, "the MLflow password never reached MLflow"
     assert not any(os.environ.get(v) for v in MLFLOW_CREDENTIAL_VARS), "credentials left in the environment"

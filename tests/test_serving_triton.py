@@ -19,7 +19,7 @@ from seqcls.settings import PROJECT_ROOT, Settings
 from seqcls.steps import run_release
 from seqcls.steps.smoke import infer
 from seqcls.workspace import open_release
-from tests.conftest import settings_for
+from tests.helpers.triton import settings_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 

@@ -193,7 +193,8 @@ def seqcls_model(tmp_path, monkeypatch: pytest.MonkeyPatch):
     """``seqcls_model(inputs, batching=..., **graph)`` → (model, onnx file): the shipped model.py over ``_graph``."""
     import sys
 
-    from seqcls_tools.bench.per_text import fake_pb_utils, load_model
+    from seqcls_tools.bench.per_text import load_model
+    from seqcls_tools.fake_pb_utils import fake_pb_utils
 
     monkeypatch.setitem(sys.modules, "triton_python_backend_utils", fake_pb_utils())
     monkeypatch.setattr(sys, "path", list(sys.path))
@@ -209,7 +210,7 @@ def seqcls_model(tmp_path, monkeypatch: pytest.MonkeyPatch):
 
 
 def _req(ids, **others):
-    from seqcls_tools.bench.per_text import request
+    from seqcls_tools.fake_pb_utils import request
 
     ids = np.asarray(ids, dtype=np.int64)
     return request(input_ids=ids, **{k: np.asarray(v, dtype=np.int64) for k, v in others.items()})

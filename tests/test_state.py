@@ -9,7 +9,6 @@ from pathlib import Path
 import pytest
 
 from seqcls.errors import ServingError
-from seqcls.serving import state as st
 from seqcls.serving.state import (
     ServingState,
     backup_path,
@@ -60,7 +59,7 @@ def test_crash_before_rename_keeps_old_file_and_no_temp(tmp_path: Path, monkeypa
             raise OSError("simulated crash between temp write and rename")
         return real_replace(src, dst)
 
-    monkeypatch.setattr(st.os, "replace", crash)
+    monkeypatch.setattr(os, "replace", crash)
     with pytest.raises(OSError, match="simulated crash"):
         write_state(tmp_path, w1.with_candidate(2, "fp2", "run-2"), expected_generation=1)
     assert path.read_bytes() == before
