@@ -71,8 +71,17 @@ def test_int8_quantizes_and_passes_the_decision_gate(hf_checkpoints_src: dict[st
     release, facts, report = _released(hf_checkpoints_src[arch], "int8")
     q = facts["optimize"]["quantization"]
     assert q["method"] == "dynamic" and q["attempts"][0]["recipe"] == "dynamic"
-    # the heads PyTorch exports as Gemm stay fp32 (ORT's quantizer turns a Gemm into <name>_MatMul + Add)
-    assert q["fp32_nodes"] and all(name.endswith("Gemm") for name in q["fp32_nodes"])
+    # the heads PyTorch exports as Gemm stay fp32 (ORT's quantizer turns a Gemm into <name>_MatMul + Add);
+    # where the dynamic recipe agreed too little on this CPU's int8 kernels (tiny BERT on an AMX/VNNI host:
+    # 0.976), the fallback recipe keeps the feed-forward outputs in fp32 too, and only those
+    heads = [name for name in q["fp32_nodes"] if name.endswith("Gemm")]
+    others = [name for name in q["fp32_nodes"] if not name.endswith("Gemm")]
+    assert heads, q["fp32_nodes"]
+    if len(q["attempts"]) == 1:
+        assert not others, q["fp32_nodes"]
+    else:
+        assert q["attempts"][-1]["recipe"] == "dynamic-ffn_out-fp32", q["attempts"]
+        assert others and all(name.endswith("/output/dense/MatMul") for name in others), others
     assert q["calibration"] == {**q["calibration"], "source": "checkpoint golden.txt", "texts": len(HF_GOLDEN)}
     served = release.workspace.path("onnx/served.onnx")
     ops = _ops(served)
@@ -80,7 +89,8 @@ def test_int8_quantizes_and_passes_the_decision_gate(hf_checkpoints_src: dict[st
     if arch == "bert":
         assert ops["QAttention"] == 2 and ops["EmbedLayerNormalization"] == 1
     nodes = {n.name: n.op_type for n in onnx.load(str(served)).graph.node}
-    assert all(nodes.get(f"{name}_MatMul") == "MatMul" for name in q["fp32_nodes"])  # the head, unquantized
+    assert all(nodes.get(f"{name}_MatMul") == "MatMul" for name in heads)  # the head, unquantized
+    assert all(nodes.get(name) == "MatMul" for name in others)  # fallback's fp32 layers, unquantized
     assert report["numeric"]["gating"] is False
     assert report["decisions"]["agreement"] >= 0.995 and report["decisions"]["min_agreement"] == 0.995
     # calibrated as Triton tokenizes: the exported tokenizer.json and its pad id, not vocab.txt

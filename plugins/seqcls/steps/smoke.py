@@ -93,6 +93,20 @@ def _triton_counts(endpoint: Endpoint, route: str, version: int) -> dict[str, fl
         return None
 
 
+def _settled_counts(
+    endpoint: Endpoint, route: str, version: int, before: dict[str, float], sent: int, timeout: float = 2.0
+) -> dict[str, float] | None:
+    """The counters once Triton has counted every request sent: it updates them after the response
+    is on its way, so a scrape right after the last answer can miss that request (seen: 73 of 74)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        after = _triton_counts(endpoint, route, version)
+        done = after is None or sum(metrics.delta(before, after)[k] for k in metrics.COUNTERS[:2]) >= sent
+        if done or time.monotonic() > deadline:
+            return after
+        time.sleep(0.05)
+
+
 def smoke_endpoint(endpoint: Endpoint, version: int, expected: Expected, route: str) -> dict[str, Any]:
     client = TritonOps(endpoint)
     counted = _triton_counts(endpoint, route, version)
@@ -116,8 +130,8 @@ def smoke_endpoint(endpoint: Endpoint, version: int, expected: Expected, route: 
         batch_probs.append(pr)
     diffs += compare(items, batch_preds, np.concatenate(batch_probs), tol, f"batch of {BATCH}")
     lat = np.asarray(latencies)
-    after = _triton_counts(endpoint, route, version) if counted is not None else None
     sent = len(texts) + -(-len(texts) // BATCH)
+    after = _settled_counts(endpoint, route, version, counted, sent) if counted is not None else None
     agreement = None
     if expected.gate == "agreement":
         # A quantised profile was gated on decision agreement, not exactness: same rule here.
