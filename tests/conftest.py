@@ -11,6 +11,7 @@ import pytest
 
 from seqcls.localtriton import LocalTriton
 from tests.helpers.checkpoints import HF_GOLDEN
+from tests.helpers.drills import Drill, make_drill
 from tests.helpers.triton import start_triton
 
 # Keep every test off the user's real ~/.seqcls and ~/airflow, and the logs readable.
@@ -93,3 +94,29 @@ def server(tmp_path: Path) -> Iterator[LocalTriton]:
     yield srv
     srv.stop()
     assert not srv.status().running
+
+
+# --- the drill harness (tests/helpers/drills.py): one Triton per drill module, one release home per run
+
+
+@pytest.fixture(scope="session")
+def drill_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Shared by every drill: workspaces (exports of the tiny checkpoints) are reused across drills."""
+    return tmp_path_factory.mktemp("drill-home")
+
+
+@pytest.fixture(scope="module")
+def drill_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("drills")
+
+
+@pytest.fixture(scope="module")
+def drill_triton(drill_root: Path) -> Iterator[LocalTriton]:
+    server = start_triton(drill_root, "triton", repository=drill_root / "repo")
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def drill(drill_triton: LocalTriton, drill_home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Drill:
+    return make_drill(drill_triton, drill_home, tmp_path, monkeypatch)

@@ -15,50 +15,35 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
 import shutil
 import subprocess
 import sys
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from seqcls.config import ReleaseConfig
 from seqcls.errors import SeqclsError, ServingError
 from seqcls.localtriton import LocalTriton
 from seqcls.serving.names import ENSEMBLE
 from seqcls.serving.state import current_state
-from seqcls.settings import CONTROL_KEY_FILE as KEY_FILE
 from seqcls.settings import PROJECT_ROOT, Settings
 from seqcls.status import status
 from seqcls.steps import run_release
-from seqcls.sync import incomplete_versions, stale_temporaries, sync
+from seqcls.sync import sync
 from seqcls.workspace import open_release
+from tests.helpers.drills import RECORD, Drill, MlflowServer, champion, timed_sync, when, write_record
 from tests.helpers.triton import start_triton
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.drill]
 
 
-RECORD: list[dict] = []  # scenario → outcome → seconds to recover, written to var/test-artifacts/drills.json
-
-
 @pytest.fixture(scope="module", autouse=True)
 def _drill_record() -> Iterator[None]:
     yield
-    out = PROJECT_ROOT / "var" / "test-artifacts" / "drills.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(RECORD, indent=1, ensure_ascii=False), encoding="utf-8")
-
-
-def _timed_sync(settings: Settings, scenario: str, outcome: str) -> list:
-    t0 = time.perf_counter()
-    results = sync(settings)
-    RECORD.append({"scenario": scenario, "outcome": outcome, "recover_seconds": round(time.perf_counter() - t0, 2)})
-    return results
+    write_record("test_drills")
 
 
 def _start(root: Path, name: str, repository: Path) -> LocalTriton:
@@ -66,127 +51,10 @@ def _start(root: Path, name: str, repository: Path) -> LocalTriton:
 
 
 @pytest.fixture(scope="module")
-def drill_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("drills")
-
-
-@pytest.fixture(scope="module")
-def triton(drill_root: Path) -> Iterator[LocalTriton]:
-    server = _start(drill_root, "triton", drill_root / "repo")
-    yield server
-    server.stop()
-
-
-@pytest.fixture(scope="module")
 def ckpt_c(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from seqcls_tools.testing import build_tiny_checkpoint
 
     return build_tiny_checkpoint(tmp_path_factory.mktemp("ckpt") / "tiny_c", seed=2, logit_scale=300.0)
-
-
-def _reset(server: LocalTriton) -> None:
-    import tritonclient.grpc as grpcclient
-
-    client = grpcclient.InferenceServerClient(url=server.config.grpc_url)
-    headers = server.control_headers()
-    for m in client.get_model_repository_index(headers=headers).models:
-        if m.state == "READY":
-            client.unload_model(m.name, headers=headers)
-    deadline = time.monotonic() + 30
-    while any(m.state == "READY" for m in client.get_model_repository_index(headers=headers).models):
-        assert time.monotonic() < deadline, "models still loaded 30 s after unload"
-        time.sleep(0.2)
-    for p in server.config.repository.iterdir():  # everything but the server's control key file
-        if p.name != KEY_FILE:
-            shutil.rmtree(p) if p.is_dir() else p.unlink()
-
-
-@dataclass
-class Drill:
-    settings: Settings
-    server: LocalTriton
-    env: dict[str, str]
-
-    @property
-    def repo(self) -> Path:
-        return Path(str(self.settings.triton_repository))
-
-    def release(self, ckpt: Path, settings: Settings | None = None, **config) -> list:
-        return run_release(open_release(ckpt, ReleaseConfig(**config), settings or self.settings))
-
-    def cli(self, *args: str, timeout: float = 600, **env: str) -> subprocess.CompletedProcess:
-        return subprocess.run(
-            [sys.executable, "-m", "seqcls.cli", *args],
-            env={**self.env, **env},
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-        )
-
-    def state(self):
-        return current_state(self.repo, "seqcls")
-
-    def assert_invariant(self, *, served: int | None = None) -> None:
-        """The drill's end condition (see the module docstring)."""
-        reports = status(self.settings)
-        assert reports, "no recorded state at all"
-        for r in reports:
-            assert r.agree, "\n".join(r.lines())
-        if served is not None:
-            assert self.state().serving == served
-        leftovers = stale_temporaries(_repo(self.settings)) + incomplete_versions(_repo(self.settings), set())
-        leftovers += list(self.repo.glob(".tmp-*")) + list(self.repo.glob("*.tmp"))
-        assert not leftovers, f"temporary files left behind: {leftovers}"
-
-
-def _repo(settings: Settings):
-    from seqcls.serving.repository import Repository
-
-    return Repository.from_settings(settings, "seqcls")
-
-
-@pytest.fixture
-def drill(triton: LocalTriton, drill_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Drill:
-    _reset(triton)
-    home = drill_root / "home"  # shared: workspaces (exports) are reused across drills
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    env = {
-        "SEQCLS_HOME": str(home),
-        "SEQCLS_TRITON_REPOSITORY": str(triton.config.repository),
-        "SEQCLS_TRITON_GRPC": triton.config.grpc_url,
-        "SEQCLS_TRITON_HTTP": triton.config.http_url,
-        "SEQCLS_MLFLOW_TRACKING_URI": uri,
-    }
-    for key, value in env.items():
-        monkeypatch.setenv(key, value)
-    env = {**os.environ, **env, "PYTHONUNBUFFERED": "1"}
-    env.pop("SEQCLS_FAULT_PLAN", None)
-    return Drill(Settings.from_env(), triton, env)
-
-
-def _when(condition, action, *, timeout: float = 300.0) -> threading.Thread:
-    """Run ``action`` the moment ``condition()`` holds (polled every 20 ms), from a watcher thread."""
-
-    def watch() -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            try:
-                if condition():
-                    action()
-                    return
-            except Exception:  # a state file being replaced: look again
-                pass
-            time.sleep(0.02)
-
-    thread = threading.Thread(target=watch, daemon=True)
-    thread.start()
-    return thread
-
-
-def _champion(settings: Settings) -> int | None:
-    from seqcls.registry.ledger import CHAMPION, alias_version
-
-    return alias_version(settings, "seqcls", CHAMPION)
 
 
 # --- the four scenarios the issue reported ------------------------------------------------------
@@ -200,27 +68,27 @@ def test_rollback_of_a_release_that_is_not_served_refuses(drill: Drill, tiny_che
     assert out.returncode == 1 and "is neither in flight nor served" in out.stderr, out.stderr[-2000:]
     assert "seqcls rollback --model-name seqcls" in out.stderr
     drill.assert_invariant(served=2)
-    assert _champion(drill.settings) == 2
+    assert champion(drill.settings) == 2
     # what an operator means by rollback: the model's previous version, champion follows
     out = drill.cli("rollback", "--model-name", "seqcls")
     assert out.returncode == 0, out.stderr[-2000:]
     drill.assert_invariant(served=1)
-    assert _champion(drill.settings) == 1
+    assert champion(drill.settings) == 1
 
 
 def test_rerelease_while_triton_is_down_changes_nothing(drill: Drill, tiny_checkpoint_src, tiny_checkpoint_b_src):
     """Scenario 2: re-running the champion's release with Triton down moved champion 2 → 1."""
     drill.release(tiny_checkpoint_src)
     drill.release(tiny_checkpoint_b_src)
-    before = (drill.state(), _champion(drill.settings))
+    before = (drill.state(), champion(drill.settings))
     drill.server.stop()
     try:
         with pytest.raises(ServingError, match="seqcls triton start"):
             drill.release(tiny_checkpoint_b_src)
-        assert (drill.state(), _champion(drill.settings)) == before
+        assert (drill.state(), champion(drill.settings)) == before
     finally:
         drill.server.start()
-    _timed_sync(drill.settings, "re-release of the champion while Triton is down", "refused, nothing changed")
+    timed_sync(drill.settings, "re-release of the champion while Triton is down", "refused, nothing changed")
     drill.assert_invariant(served=2)
 
 
@@ -237,7 +105,7 @@ def test_triton_restart_comes_back_serving_the_recorded_state(drill: Drill, tiny
         assert drill.cli("triton", "stop").returncode == 0
         drill.server.start()
     assert not status(drill.settings)[0].agree  # a plain restart (no CLI) is empty until synced
-    assert all(r.ok for r in _timed_sync(drill.settings, "Triton stop + start", "empty until synced"))
+    assert all(r.ok for r in timed_sync(drill.settings, "Triton stop + start", "empty until synced"))
     drill.assert_invariant(served=1)
 
 
@@ -317,7 +185,7 @@ def test_kill_9_anywhere_then_one_sync_converges(drill: Drill, tiny_checkpoint_s
         served_before = drill.state().serving
         out = drill.cli("release", "--checkpoint", str(tiny_checkpoint_b_src), SEQCLS_FAULT_PLAN=f"die@{point}")
         assert out.returncode == -9, f"{point}: expected SIGKILL, got {out.returncode}: {out.stderr[-1500:]}"
-        results = _timed_sync(drill.settings, f"kill -9 at {point}", "")
+        results = timed_sync(drill.settings, f"kill -9 at {point}", "")
         assert all(r.ok for r in results), (point, [r.to_dict() for r in results])
         drill.assert_invariant()
         state = drill.state()
@@ -358,7 +226,7 @@ def test_triton_killed_and_restarted_mid_reload(drill: Drill, tiny_checkpoint_sr
     assert out.returncode == -9
     drill.server.stop()  # Triton dies with a half-done reload behind it
     drill.server.start()
-    assert all(r.ok for r in _timed_sync(drill.settings, "Triton killed + restarted mid-reload", "serves A"))
+    assert all(r.ok for r in timed_sync(drill.settings, "Triton killed + restarted mid-reload", "serves A"))
     out = drill.cli("sync", "--json")  # safe to run again at any time: nothing left to do
     assert out.returncode == 0 and json.loads(out.stdout)[0]["actions"] == [], out.stdout
     drill.assert_invariant(served=1)
@@ -385,7 +253,7 @@ def test_two_endpoints_one_killed_mid_switch(
         second.start()
         assert all(r.ok for r in sync(both))  # the candidate comes back on the restarted endpoint
         # now it dies *during* the switch: the moment the recorded state says 2
-        watcher = _when(lambda: current_state(drill.repo, "seqcls").serving == 2, second.stop)
+        watcher = when(lambda: current_state(drill.repo, "seqcls").serving == 2, second.stop)
         try:
             expose(release_b)
             outcome = "switched before it died"
@@ -396,7 +264,7 @@ def test_two_endpoints_one_killed_mid_switch(
         print(f"\nexpose with an endpoint killed mid-switch: {outcome}")
         assert current_state(drill.repo, "seqcls").serving == 2  # recorded before any endpoint was touched
         second.start()
-        results = _timed_sync(both, "2 endpoints, one killed mid-switch", outcome)
+        results = timed_sync(both, "2 endpoints, one killed mid-switch", outcome)
         assert all(r.ok for r in results), [r.to_dict() for r in results]
         reports = status(both)
         assert reports[0].agree, "\n".join(reports[0].lines())
@@ -511,45 +379,6 @@ def test_status_json_and_exit_codes(drill: Drill, tiny_checkpoint_src):
 # --- a real mlflow server killed at register, at promote and during undo ---------------------------
 
 
-class MlflowServer:
-    """``mlflow server`` on loopback that a drill can kill -9 and bring back (same port, same store)."""
-
-    def __init__(self, root: Path) -> None:
-        from seqcls.localtriton import free_port
-
-        self.root, self.port = root, free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.proc: subprocess.Popen | None = None
-
-    def start(self) -> None:
-        import urllib.request
-
-        log = open(self.root / "mlflow.log", "ab")  # noqa: SIM115 (the server owns it)
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", f"sqlite:///{self.root}/server.db",
-             "--artifacts-destination", str(self.root / "artifacts"), "--host", "127.0.0.1", "--port", str(self.port),
-             "--workers", "1"],
-            stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-            env={**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"},
-        )  # fmt: skip
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            try:
-                if urllib.request.urlopen(f"{self.url}/health", timeout=2).status == 200:
-                    return
-            except OSError:
-                time.sleep(0.5)
-            assert self.proc.poll() is None, (self.root / "mlflow.log").read_text()[-2000:]
-        pytest.fail("mlflow server did not become healthy in 120 s")
-
-    def kill(self) -> None:
-        import signal
-
-        if self.proc is not None and self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(timeout=30)
-
-
 @pytest.fixture(scope="module")
 def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MlflowServer]:
     server = MlflowServer(tmp_path_factory.mktemp("mlflow-server"))
@@ -607,7 +436,7 @@ def test_mlflow_killed_at_promote(
     finally:
         mlflow_server.start()
     assert not status(drill.settings)[0].agree  # champion lags behind what is served
-    assert all(r.ok for r in _timed_sync(drill.settings, "mlflow server killed at promote", "B serves, champion lags"))
+    assert all(r.ok for r in timed_sync(drill.settings, "mlflow server killed at promote", "B serves, champion lags"))
     drill.assert_invariant(served=2)
 
 
@@ -623,7 +452,7 @@ def test_mlflow_killed_during_undo(
     bad = Settings.from_env(model_repository_source=src)
     release_b = open_release(tiny_checkpoint_b_src, settings=bad)
     # MLflow dies once the candidate is staged: smoke fails → rollback meets a dead registry
-    watcher = _when(lambda: current_state(drill.repo, "seqcls").candidate is not None, mlflow_server.kill)
+    watcher = when(lambda: current_state(drill.repo, "seqcls").candidate is not None, mlflow_server.kill)
     try:
         with pytest.raises(SeqclsError, match="smoke test of seqcls version 2 failed"):
             run_release(release_b)  # Triton is restored first; the registry undo fails and says so

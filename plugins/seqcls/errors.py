@@ -60,6 +60,10 @@ class RegistryError(SeqclsError):
     """MLflow tracking or the model registry failed or is inconsistent."""
 
 
+class ResourceError(SeqclsError):
+    """A resource ran out (disk full, quota): the message names the path and what is free there."""
+
+
 __all__ = [
     "CheckpointError",
     "ConversionError",
@@ -67,6 +71,7 @@ __all__ = [
     "InputError",
     "LeaseError",
     "RegistryError",
+    "ResourceError",
     "SeqclsError",
     "ServingError",
     "SmokeError",

@@ -17,15 +17,17 @@ doing), which the holder writes into the lock file while it holds it.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import os
+import shutil
 import socket
 import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from seqcls.errors import ServingError
+from seqcls.errors import ResourceError, ServingError
 
 
 def fsync_dir(directory: Path) -> None:
@@ -110,3 +112,24 @@ def held(path: Path, *, timeout: float, what: str, error: type[Exception] = Serv
             fh.truncate()
             fh.flush()
             fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def out_of_space(exc: BaseException) -> bool:
+    """Whether ``exc`` (or what it was raised from) is a full disk or an exhausted quota."""
+    while exc is not None:
+        if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        exc = exc.__cause__ or exc.__context__  # type: ignore[assignment]
+    return False
+
+
+def resource_error(path: Path, exc: BaseException, what: str) -> ResourceError:
+    """The seqcls error for ``exc`` while ``what`` under ``path``: names the path and its free space."""
+    probe = Path(path)
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    try:
+        free = f"{shutil.disk_usage(probe).free / 1e6:.1f} MB free there"
+    except OSError:
+        free = "free space unknown"
+    return ResourceError(f"{path}: {what} failed — {exc} ({free}). Free space on that volume and retry.")
