@@ -109,13 +109,15 @@ def test_hostile_pickle_refused_by_run_release_until_export(tiny_checkpoint: Pat
 
 
 def test_weights_swapped_after_resolve_refused_by_export(tiny_checkpoint: Path, tmp_path: Path) -> None:
-    """The export step scans again: the file may change between the checkpoint and export tasks."""
+    """The export step scans again: the release's own copy (its snapshot) is what export reads, and even
+    that is scanned again before unpickling (the checkpoint directory itself is never read again)."""
     from seqcls.steps import run_release
     from seqcls.workspace import open_release
 
     marker = tmp_path / "pwned"
     release = open_release(tiny_checkpoint)  # clean at resolve time
-    weights = _hostile(tiny_checkpoint, _os_system_pickle(marker))
+    _hostile(tiny_checkpoint, _os_system_pickle(marker))  # never read again
+    weights = _hostile(release.checkpoint.path, _os_system_pickle(marker))  # the release's copy tampered with
     with pytest.raises(CheckpointError, match=r"(posix|os)\.system") as err:
         run_release(release, until="export")
     assert str(weights) in str(err.value)

@@ -206,7 +206,7 @@ def test_validate_refuses_max_length_over_max_position_embeddings(tmp_path: Path
     def release(max_length: int) -> SimpleNamespace:
         return SimpleNamespace(
             config=SimpleNamespace(max_length=max_length),
-            checkpoint=SimpleNamespace(max_position_embeddings=160, path=tmp_path),
+            checkpoint=SimpleNamespace(max_position_embeddings=160, origin=tmp_path),
         )
 
     check_max_length(release(160))  # equal is fine: positions 0..159

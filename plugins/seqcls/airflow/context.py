@@ -22,10 +22,10 @@ from typing import Any
 from seqcls.airflow.report import configure_logging, report
 from seqcls.airflow.roots import locate_checkpoint, model_root, refuse_root_param
 from seqcls.config import ReleaseConfig
-from seqcls.errors import CheckpointError, InputError
+from seqcls.errors import InputError
 from seqcls.settings import Settings
 from seqcls.steps import BY_NAME, STEPS, step
-from seqcls.workspace import Release, open_release
+from seqcls.workspace import Release, open_release, reopen_release
 
 #: DAG task id → the manifest step it runs (in order), derived from the step table.
 #: ``resolve_checkpoint`` opens the workspace; ``rollback`` runs only after a failure.
@@ -98,24 +98,25 @@ def open_for_task(
     fingerprint: str | None = None,
     checkpoints_root: str | None = None,
 ) -> Release:
-    """Re-open the release a run works on: from resolve_checkpoint's XCom, else from params.
+    """Re-open the release a run works on: the snapshot of the fingerprint resolve_checkpoint resolved.
 
-    ``checkpoint``/``fingerprint`` are what ``resolve_checkpoint`` resolved (empty under
-    ``airflow tasks test``, where the ``checkpoint`` param is used instead); either must be under the
-    model's checkpoints root (``settings``', else ``checkpoints_root``). A fingerprint that no longer
-    matches means the checkpoint directory changed during the run.
+    ``checkpoint``/``fingerprint`` are what ``resolve_checkpoint`` pushed. With a fingerprint the
+    release is its workspace's snapshot, verified (:func:`~seqcls.workspace.reopen_release`): a
+    checkpoint changed in place since resolve has no effect on the run, on this worker or another.
+    The directory (under the model's checkpoints root: ``settings``', else ``checkpoints_root``) is
+    read only to re-make a lost snapshot, and only while it still hashes to the fingerprint. Without
+    one (``airflow tasks test``) the ``checkpoint`` param is resolved as it is now.
     """
     values = as_params(params)
     settings = settings or settings_from_params(values, checkpoints_root=checkpoints_root)
     config = config_from_params(values)
-    path = locate_checkpoint(checkpoint or values.get("checkpoint"), settings)
-    release = open_release(path, config, settings)
-    if fingerprint and release.checkpoint.fingerprint != fingerprint:
-        raise CheckpointError(
-            f"{path}: fingerprint is now {release.checkpoint.short_fingerprint}, but this run resolved "
-            f"{fingerprint[:16]}: the checkpoint changed during the run; trigger a new run."
-        )
-    return release
+
+    def located() -> Path:
+        return locate_checkpoint(checkpoint or values.get("checkpoint"), settings)
+
+    if fingerprint:
+        return reopen_release(settings, config, fingerprint, source=located)
+    return open_release(located(), config, settings)
 
 
 def run_heavy_step(name: str, checkpoint: str, fingerprint: str, params_json: str, checkpoints_root: str) -> dict:

@@ -23,6 +23,8 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+import seqcls_contract
+
 from seqcls.checkpoints.safeload import check_weight_file, scan_pickle
 from seqcls.errors import CheckpointError
 
@@ -31,13 +33,22 @@ LABEL_FILE = "label.txt"
 GOLDEN_FILE = "golden.txt"
 #: Files whose bytes define the released model; their hashes make the fingerprint.
 MODEL_FILES = ("config.json", "vocab.txt", "tokenizer_config.json", "special_tokens_map.json", LABEL_FILE)
+#: Weights files of other libraries (pickles): an adapter refuses them or ignores them, by name.
+OTHER_WEIGHT_FILES = ("pytorch_model.bin", "tf_model.h5", "flax_model.msgpack")
 REQUIRED_TOKENS = ("[PAD]", "[CLS]", "[SEP]", "[UNK]")
+#: The longest text the server accepts (the serving contract's); a longer golden text is refused at intake.
+MAX_TEXT_BYTES: int = seqcls_contract.MAX_TEXT_BYTES
 BOM = "\ufeff"
 
 
 @dataclass(frozen=True)
 class Checkpoint:
-    """A validated checkpoint: where its files are and what the release needs to know."""
+    """A validated checkpoint: where its files are and what the release needs to know.
+
+    In a release ``path`` is the workspace's snapshot (:mod:`seqcls.checkpoints.snapshot`), the only
+    place a step reads checkpoint files from, and ``source`` the operator's directory it was taken
+    from (for messages and lineage: :attr:`origin`); resolved in place, ``source`` is None.
+    """
 
     path: Path
     weights: Path
@@ -52,6 +63,12 @@ class Checkpoint:
     golden_sha256: str | None = None
     framework: str = "paddle"  # the adapter's name (seqcls.frameworks): "paddle" (PaddleNLP) or "transformers"
     architecture: str = ""
+    source: Path | None = None
+
+    @property
+    def origin(self) -> Path:
+        """The operator's checkpoint directory (what messages, lineage and XCom name)."""
+        return self.source or self.path
 
     @property
     def vocab_file(self) -> Path:
@@ -69,6 +86,7 @@ class Checkpoint:
         d = asdict(self)
         d["path"] = str(self.path)
         d["weights"] = str(self.weights)
+        d["source"] = str(self.origin)
         d["labels"] = list(self.labels)
         d["golden_texts"] = None if self.golden_texts is None else len(self.golden_texts)
         return d
@@ -168,8 +186,18 @@ def read_labels(path: Path) -> tuple[str, ...]:
     return labels
 
 
-def read_golden(path: Path) -> tuple[str, ...]:
-    texts = tuple(t for t in _read_lines(path, "golden texts, one per line") if t.strip())
+def read_golden(path: Path, max_bytes: int = MAX_TEXT_BYTES) -> tuple[str, ...]:
+    """The golden texts (one per line, blank lines skipped); a text the server would refuse is refused here,
+    before any heavy step, rather than at smoke after register and publish."""
+    lines = _read_lines(path, "golden texts, one per line")
+    for i, line in enumerate(lines, start=1):
+        if (size := len(line.encode("utf-8"))) > max_bytes:
+            raise CheckpointError(
+                f"{path}: line {i} is {size} bytes, longer than the {max_bytes} bytes the server accepts for one text "
+                "(the serving contract's MAX_TEXT_BYTES; it would be refused at smoke, after register and publish) "
+                "— shorten it or remove that line."
+            )
+    texts = tuple(t for t in lines if t.strip())
     if not texts:
         raise CheckpointError(f"{path}: golden text file has no texts; remove it or add texts.")
     return texts

@@ -4,6 +4,11 @@ The common checks (the directory, links out of it, ``config.json``, labels, gold
 here; what differs by framework — weights it may read, its tokenizer, the files that define the
 model — is asked of the adapter :func:`seqcls.frameworks.detect` picks from ``config.json``. The
 readers both use are :mod:`seqcls.checkpoints.checkpoint`. Cheap: no paddle or torch import.
+
+A release does not validate the operator's directory in place: :func:`take_checkpoint` copies the
+files it reads into a snapshot (:mod:`seqcls.checkpoints.snapshot`), hashing the bytes it copies,
+and validates and fingerprints the copy — so the bytes checked, fingerprinted and later served
+are one and the same; its messages still name the operator's files.
 """
 
 from __future__ import annotations
@@ -12,9 +17,11 @@ import hashlib
 import logging
 from pathlib import Path
 
+from seqcls.checkpoints import snapshot
 from seqcls.checkpoints.checkpoint import (
     GOLDEN_FILE,
     LABEL_FILE,
+    OTHER_WEIGHT_FILES,
     WEIGHT_FILES,
     Checkpoint,
     inside_checkpoint,
@@ -32,6 +39,9 @@ log = logging.getLogger(__name__)
 
 #: Every model file any framework reads (a checkpoint's links are checked before its framework is known).
 READ_FILES = tuple(dict.fromkeys(name for framework in FRAMEWORKS for name in framework.model_files))
+#: What a snapshot takes from a checkpoint when present: every file a check reads or looks for by name,
+#: so the checks give the copy the verdict they would give the directory.
+TAKEN_FILES = tuple(dict.fromkeys((*READ_FILES, *WEIGHT_FILES, *OTHER_WEIGHT_FILES, GOLDEN_FILE)))
 
 
 def _checkpoint_root(path: str | Path) -> Path:
@@ -73,14 +83,18 @@ def _read_model_labels(label_path: Path, num_labels: int) -> tuple[str, ...]:
     return labels
 
 
-def _hash_model_files(root: Path, label_path: Path, weights: Path, framework: Framework) -> tuple[dict[str, str], str]:
-    """sha256 of every model-defining file present, and the fingerprint over them."""
+def _hash_model_files(
+    root: Path, label_path: Path, weights: Path, framework: Framework, known: dict[str, str] | None = None
+) -> tuple[dict[str, str], str]:
+    """sha256 of every model-defining file present (``known``: hashes taken as the files were copied), and
+    the fingerprint over them."""
+    known = known or {}
     files: dict[str, str] = {}
     for name in framework.model_files:
         p = label_path if name == LABEL_FILE else root / name
         if p.exists():
-            files[name] = sha256_file(p)
-    files[weights.name] = sha256_file(weights)
+            files[name] = known.get(name) or sha256_file(p)
+    files[weights.name] = known.get(weights.name) or sha256_file(weights)
     fingerprint = hashlib.sha256("\n".join(f"{k}={v}" for k, v in sorted(files.items())).encode()).hexdigest()
     return files, fingerprint
 
@@ -91,8 +105,13 @@ def resolve_checkpoint(
     label_file: str | Path | None = None,
     golden_file: str | Path | None = None,
     allow_unsafe_pickle: bool = False,
+    known: dict[str, str] | None = None,
+    source: Path | None = None,
 ) -> Checkpoint:
-    """Validate a checkpoint directory and fingerprint it (sha256 over the model-defining files)."""
+    """Validate a checkpoint directory and fingerprint it (sha256 over the model-defining files).
+
+    For a snapshot (:func:`take_checkpoint`): ``known`` are its files' hashes, taken as they were copied
+    or verified (not read again), ``source`` the directory it was taken from (recorded, and logged)."""
     root = _checkpoint_root(path)
     given = ((LABEL_FILE, label_file), (GOLDEN_FILE, golden_file))  # files given explicitly may live anywhere
     _refuse_outside_links(root, skip=frozenset(name for name, file in given if file))
@@ -104,7 +123,8 @@ def resolve_checkpoint(
     labels = _read_model_labels(label_path, num_labels)
     golden_path = Path(golden_file).expanduser().resolve() if golden_file else root / GOLDEN_FILE
     golden = read_golden(golden_path) if (golden_file or golden_path.exists()) else None
-    files, fingerprint = _hash_model_files(root, label_path, weights, framework)
+    files, fingerprint = _hash_model_files(root, label_path, weights, framework, known)
+    golden_sha256 = ((known or {}).get(GOLDEN_FILE) or sha256_file(golden_path)) if golden else None
 
     ckpt = Checkpoint(
         path=root,
@@ -117,13 +137,14 @@ def resolve_checkpoint(
         fingerprint=fingerprint,
         files=files,
         golden_texts=golden,
-        golden_sha256=sha256_file(golden_path) if golden else None,
+        golden_sha256=golden_sha256,
         framework=framework.name,
         architecture=str((config.get("architectures") or [""])[0]),
+        source=source,
     )
     log.info(
         "checkpoint %s (%s %s): %d labels, vocab %d, weights %s (%.1f MB), fingerprint %s",
-        root,
+        ckpt.origin,
         framework.name,
         ckpt.architecture or "?",
         num_labels,
@@ -142,3 +163,70 @@ def directory_fingerprint(path: str | Path) -> str:
     config = read_json(root / "config.json", "save_pretrained writes the model config there")
     framework = detect(config, root / "config.json")
     return _hash_model_files(root, root / LABEL_FILE, weights_path(root), framework)[1]
+
+
+def _origins(root: Path, label_file: str | Path | None, golden_file: str | Path | None) -> dict[str, Path]:
+    """Name in the snapshot -> the file it is read from: the checkpoint's own (a link followed only when it
+    stays inside), and the label/golden files given explicitly, wherever they are."""
+    given = {
+        name: Path(file).expanduser().resolve()
+        for name, file in ((LABEL_FILE, label_file), (GOLDEN_FILE, golden_file))
+        if file
+    }
+    weights_path(root)  # by name only: two weights files or a shard index are refused before copying anything
+    origins = {}
+    for name in TAKEN_FILES:
+        if name in given or not inside_checkpoint(root, name).is_file():
+            continue
+        target = (root / name).resolve()
+        if not target.is_relative_to(root):  # relinked since the check: refused the same way
+            inside_checkpoint(root, name)
+            raise CheckpointError(f"{root / name}: changed while the checkpoint was read; retry when it is complete.")
+        origins[name] = target
+    return {**origins, **given}
+
+
+def _at_source(exc: CheckpointError, staging: Path, root: Path, origins: dict[str, Path]) -> CheckpointError:
+    """``exc`` from checking the snapshot ``staging``, naming the operator's files instead of the copies."""
+    message = str(exc)
+    for name in (LABEL_FILE, GOLDEN_FILE):
+        if name in origins and origins[name] != root / name:
+            message = message.replace(str(staging / name), str(origins[name]))
+    return CheckpointError(message.replace(str(staging), str(root)))
+
+
+def take_checkpoint(
+    path: str | Path,
+    staging: Path,
+    *,
+    label_file: str | Path | None = None,
+    golden_file: str | Path | None = None,
+    allow_unsafe_pickle: bool = False,
+) -> tuple[Checkpoint, snapshot.Taken]:
+    """Copy the checkpoint's files into the new directory ``staging`` (hashing the bytes copied), then
+    validate and fingerprint the copy: the Checkpoint points at ``staging``, ``source`` at ``path``."""
+    root = _checkpoint_root(path)
+    origins = _origins(root, label_file, golden_file)
+    if LABEL_FILE not in origins:
+        origins[LABEL_FILE] = root / LABEL_FILE  # missing: the check below says so, naming it
+    if golden_file and not origins[GOLDEN_FILE].is_file():
+        read_golden(origins[GOLDEN_FILE])  # a golden file asked for must be there: its error names it
+    taken = snapshot.take({n: p for n, p in origins.items() if p.is_file()}, staging, root)
+    copy = staging.resolve()
+    try:  # the fingerprint is over the hashes of the bytes copied: what the snapshot holds, by construction
+        ckpt = resolve_checkpoint(copy, allow_unsafe_pickle=allow_unsafe_pickle, known=taken.files, source=root)
+    except CheckpointError as exc:
+        raise _at_source(exc, copy, root, origins) from exc
+    read = set(ckpt.files) | ({GOLDEN_FILE} if ckpt.golden_texts else set())
+    return ckpt, snapshot.keep_only(taken, staging, read)
+
+
+def check_snapshot(snap: Path, taken: snapshot.Taken, *, allow_unsafe_pickle: bool = False) -> Checkpoint:
+    """The Checkpoint of the snapshot ``snap`` just verified against ``taken`` (its checks run again on the
+    copy, its hashes are the verified ones; messages name the source)."""
+    root = Path(taken.source)
+    origins = {name: Path(p) for name, p in taken.origins.items()}
+    try:
+        return resolve_checkpoint(snap, allow_unsafe_pickle=allow_unsafe_pickle, known=taken.files, source=root)
+    except CheckpointError as exc:
+        raise _at_source(exc, snap.resolve(), root, origins) from exc

@@ -37,7 +37,14 @@ from typing import Any
 
 import numpy as np
 
-from seqcls.checkpoints.checkpoint import MODEL_FILES, Checkpoint, find_weights, read_json, read_vocab
+from seqcls.checkpoints.checkpoint import (
+    MODEL_FILES,
+    OTHER_WEIGHT_FILES,
+    Checkpoint,
+    find_weights,
+    read_json,
+    read_vocab,
+)
 from seqcls.config import ReleaseConfig
 from seqcls.errors import CheckpointError, ConversionError, InputError
 from seqcls.frameworks.common import Intake, Records, ServingTokenizer
@@ -63,7 +70,7 @@ SLOW_TOKENIZER_FILES = ("vocab.txt", "spm.model", "sentencepiece.bpe.model", "to
 HF_TOKENIZER_FILES = ("tokenizer.json", *SLOW_TOKENIZER_FILES)
 HF_MODEL_FILES = (*MODEL_FILES, *(n for n in HF_TOKENIZER_FILES if n not in MODEL_FILES), "added_tokens.json")
 #: What ``transformers`` would read instead of (or besides) ``model.safetensors``: pickles.
-HF_PICKLE_WEIGHTS = ("pytorch_model.bin", "tf_model.h5", "flax_model.msgpack")
+HF_PICKLE_WEIGHTS = OTHER_WEIGHT_FILES
 
 
 def check_config(config: dict, path: Path) -> None:
