@@ -210,17 +210,21 @@ def _cmd_release(args: argparse.Namespace) -> tuple[int, Printer]:
 def _cmd_triton(args: argparse.Namespace) -> tuple[int, Printer]:
     settings = Settings.from_env(home=args.home)
     server = LocalTriton(TritonServerConfig.from_settings(settings))
+    synced = []
     if args.action == "start":
         server_status = server.start()
         if server_status.live:  # explicit mode starts empty: serve what is recorded, by itself
-            sync(settings)
+            synced = sync(settings)  # one model's damage is reported; the others are loaded
     elif args.action == "stop":
         server.stop()
         server_status = server.status()
     else:
         server_status = server.status()
     data = server_status.to_dict()
+    not_synced = [r for r in synced if r.errors]  # what is served; an MLflow outage is `seqcls sync`'s to report
+    data["sync"] = [r.to_dict() for r in synced]
     code = 0 if args.action == "stop" or data.get("live") else 3
+    code = 1 if code == 0 and not_synced else code
 
     def show() -> None:
         if args.json:
@@ -231,6 +235,8 @@ def _cmd_triton(args: argparse.Namespace) -> tuple[int, Printer]:
                 f"triton: {state} (pid {data.get('pid')}) gRPC {data.get('grpc_url')} HTTP {data.get('http_url')}"
                 f" repository {data.get('repository')} log {data.get('log_path')}"
             )
+            for r in not_synced:
+                print(f"{r.model_name}: NOT served as recorded: " + "; ".join(r.errors.values()))
 
     return code, show
 

@@ -3,15 +3,19 @@
 One answer to the operator's question, per model: the recorded state (serving, previous kept
 warm, candidate in flight), every endpoint's READY versions of the five models, the MLflow
 ``champion``/``candidate`` aliases with their fingerprints, and the release lease holder. Each
-disagreement is a sentence naming the fix; exit 0 when there is none, 1 otherwise.
+disagreement is a sentence naming the fix; exit 0 when there is none, 1 otherwise. So is damage:
+a served/previous/candidate version whose files are missing or changed, an unreadable or lost
+state file, an unreadable lease — reported for that model, every other model still answered.
 """
 
 from __future__ import annotations
 
+import logging
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from seqcls.errors import SeqclsError, ServingError
 from seqcls.registry.ledger import CANDIDATE, CHAMPION, aliased_version, client, registered_version
 from seqcls.serving import control
 from seqcls.serving.client import endpoints_from_settings
@@ -20,9 +24,11 @@ from seqcls.serving.names import names_for
 from seqcls.serving.reconcile import desired_versions
 from seqcls.serving.release import served_release_key
 from seqcls.serving.repository import Repository, ServingOptions
-from seqcls.serving.state import ServingState, current_state
+from seqcls.serving.state import ServingState, current_state, state_damaged, state_path
 from seqcls.settings import Settings
-from seqcls.sync import models_in
+from seqcls.sync import models_in, version_problems
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -47,11 +53,11 @@ class ModelStatus:
             f"{self.model_name}: recorded serving {r['serving']} (fingerprint {str(r['fingerprint'])[:16]}), previous "
             f"{r['previous']}, candidate {r['candidate']}"
         ]
-        names = names_for(self.model_name)
+        names = names_for(self.model_name) if self.endpoints else None
         for ep, seen in self.endpoints.items():
             if isinstance(seen, str):
                 out.append(f"  {ep}: {seen}")
-            else:
+            elif names is not None:
                 out.append(
                     f"  {ep}: {names.ensemble} {seen[names.ensemble]}, candidate route {seen[names.candidate]}, "
                     f"composing {seen[names.tokenizer]}"
@@ -93,6 +99,28 @@ def _endpoint_problems(ep: str, seen: dict[str, list[int]] | str, want: dict[str
     return [f"endpoint {ep} serves {'; '.join(wrong)}: run `seqcls sync`"] if wrong else []
 
 
+def _state_problems(repo: Repository, state: ServingState) -> list[str]:
+    """The state file itself: unreadable (a copy stands in) or lost (reconstructed)."""
+    path, model = state_path(repo.root, repo.model_name), repo.model_name
+    damaged = state_damaged(repo.root, model)
+    if damaged:
+        return [
+            f"{path} is unreadable ({damaged[:160]}); its newest readable copy ({state.describe()}) stands in: "
+            f"`seqcls sync --model-name {model}` records it again"
+        ]
+    if not path.exists() and state.serving is not None:
+        return [
+            f"{path} is missing; reconstructed from the state log or the served configs ({state.describe()}): "
+            f"`seqcls sync --model-name {model}` records it again"
+        ]
+    if not path.exists() and repo.complete_versions():
+        return [
+            f"{path} is missing and nothing says which of the published versions {repo.complete_versions()} "
+            f"{model!r} serves; `seqcls sync --model-name {model}` changes nothing until one is released again"
+        ]
+    return []
+
+
 def model_status(settings: Settings, model_name: str) -> ModelStatus:
     repo = Repository.from_settings(settings, model_name)
     state: ServingState = current_state(repo.root, model_name)
@@ -100,7 +128,11 @@ def model_status(settings: Settings, model_name: str) -> ModelStatus:
     want = desired_versions(state, keep_previous=ServingOptions.from_settings(settings).keep_previous_loaded)
     endpoints = control.observe_all(endpoints_from_settings(settings), model_name)
     lease = ReleaseLease(repo.root, model_name)
-    holder = lease.holder()
+    try:
+        holder = lease.holder()
+        lease_problem = None
+    except ServingError as exc:  # an unreadable lease record: say so and how to break it
+        holder, lease_problem = None, str(exc)
     dead = lease.dead_reason(holder) if holder else None
     recorded = {
         "serving": state.serving,
@@ -116,6 +148,10 @@ def model_status(settings: Settings, model_name: str) -> ModelStatus:
         _registry(settings, model_name, fp, served_release_key(repo, state.serving)),
         {"holder": holder.describe(), "dead": dead} if holder else None,
     )
+    status.problems += _state_problems(repo, state) + version_problems(repo, state)
+    if lease_problem:
+        status.lease = {"holder": "unreadable", "dead": lease_problem}
+        status.problems.append(lease_problem)
     for ep, seen in endpoints.items():
         status.problems += _endpoint_problems(ep, seen, want)
     reg = status.registry
@@ -133,13 +169,30 @@ def model_status(settings: Settings, model_name: str) -> ModelStatus:
             f"{state.serving} (MLflow version {reg.get('expected')}, fingerprint {str(fp)[:16]}) is served: run "
             "`seqcls sync`"
         )
-    if state.candidate is not None and (holder is None or dead):
+    if state.candidate is not None and not lease_problem and (holder is None or dead):
         status.problems.append(
             f"candidate {state.candidate} has no live release ({dead or 'no lease holder'}): `seqcls sync` abandons it"
         )
     return status
 
 
+def _failed(model_name: str, exc: Exception) -> ModelStatus:
+    """The status of a model that could not be read at all (one model's damage is its own)."""
+    recorded = {"serving": None, "previous": None, "candidate": None, "fingerprint": None, "generation": None}
+    problem = str(exc) if isinstance(exc, SeqclsError) else f"{type(exc).__name__}: {exc}"
+    lease = {"holder": "not read", "dead": None}
+    return ModelStatus(model_name, recorded, {}, {"error": "not asked"}, lease, [problem[:1000]])
+
+
 def status(settings: Settings, model_names: list[str] | None = None) -> list[ModelStatus]:
+    for name in model_names or []:  # a name the operator typed: a bad one is their error, not a model's
+        names_for(name)
     names = model_names or models_in(Path(str(settings.triton_repository)))
-    return [model_status(settings, name) for name in names]
+    out = []
+    for name in names:
+        try:
+            out.append(model_status(settings, name))
+        except Exception as exc:
+            log.warning("status %s failed: %s", name, exc, exc_info=not isinstance(exc, SeqclsError))
+            out.append(_failed(name, exc))
+    return out

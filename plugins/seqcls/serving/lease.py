@@ -158,12 +158,14 @@ class ReleaseLease:
 
     def _read(self) -> LeaseHolder | None:
         try:
-            raw = self.path.read_text(encoding="utf-8")
+            raw = self.path.read_bytes()
         except FileNotFoundError:
             return None
-        try:
-            return LeaseHolder.from_dict(json.loads(raw))
-        except (ValueError, KeyError, TypeError) as exc:
+        except OSError as exc:
+            raise LeaseError(f"{self.path}: cannot read the release lease of {self.model_name!r}: {exc}") from exc
+        try:  # binary garbage is a UnicodeDecodeError, a ValueError: the same clear error as bad JSON
+            return LeaseHolder.from_dict(json.loads(raw.decode("utf-8")))
+        except (ValueError, KeyError, TypeError, RecursionError) as exc:
             raise LeaseError(
                 f"{self.path}: the release lease record of {self.model_name!r} is unreadable ({exc}). If no "
                 f"release of it is running, run `seqcls lease break --model-name {self.model_name}`."

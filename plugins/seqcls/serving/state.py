@@ -28,7 +28,7 @@ from typing import Any
 
 from seqcls.errors import ServingError
 from seqcls.files import atomic_write
-from seqcls.serving.names import CLASSIC
+from seqcls.serving.names import names_for
 from seqcls.serving.repository import Repository
 from seqcls.settings import validate_model_name
 
@@ -121,6 +121,11 @@ class ServingState:
     history: list[HistoryEntry] = field(default_factory=list)
     generation: int = 0
     updated_at: str = ""
+    #: Highest Triton version number ever allocated for this model: never decreases, so a version
+    #: number is never reused even when its directory was deleted.
+    published: int = 0
+    #: History entries appended since this state was read or written: what :func:`write_state` logs.
+    appended: int = field(default=0, compare=False, repr=False)
 
     @classmethod
     def empty(cls, model_name: str) -> ServingState:
@@ -137,11 +142,44 @@ class ServingState:
                 return entry.fingerprint
         return None
 
+    def describe(self) -> str:
+        live = f"serving {self.serving}, previous {self.previous}, candidate {self.candidate}"
+        return f"{live} (generation {self.generation})"
+
+    def known_versions(self) -> set[int]:
+        """Every version the state names, now or in its history."""
+        named = {v for v in (self.serving, self.previous, self.candidate) if v is not None}
+        return named | {e.version for e in self.history if e.version is not None}
+
+    def protected_versions(self, depth: int | None = None) -> set[int]:
+        """Serving, previous, candidate and what the next ``depth`` rollbacks serve (None: the whole chain,
+        until it stops or cycles) — what retention must never prune."""
+        protected = set(self.live_versions())
+        state, seen = self, set()
+        while state.previous is not None and (state.serving, state.previous) not in seen:
+            if depth is not None and len(seen) >= depth:
+                break
+            seen.add((state.serving, state.previous))
+            state = state.rolled_back("protected_versions")
+            protected.update(state.live_versions())
+        return protected
+
     # ------------------------------------------------------------------ transitions (no I/O)
 
+    def allocated(self, version: int) -> ServingState:
+        """Reserve ``version`` for a publish: it must be above every number ever allocated."""
+        _version(version, "allocated version")
+        if version <= self.published:
+            raise ServingError(
+                f"{self.model_name}: version {version} was already allocated (the highest allocated is "
+                f"{self.published}); a version number is never reused — publish as {self.published + 1} or above"
+            )
+        return replace(self, published=version)
+
     def _with(self, entry: HistoryEntry, **changes: Any) -> ServingState:
-        history = [*self.history, entry][-HISTORY_LIMIT:]
-        return replace(self, history=history, **changes)
+        named = [v for v in (entry.version, *changes.values()) if isinstance(v, int) and not isinstance(v, bool)]
+        new = replace(self, history=[*self.history, entry], published=max([self.published, *named]), **changes)
+        return replace(new, history=bounded_history(new.history, new.live_versions()), appended=self.appended + 1)
 
     def with_candidate(self, version: int, fingerprint: str | None, by: str) -> ServingState:
         """A release loads ``version`` beside the served one, on a route unpinned clients don't take."""
@@ -214,6 +252,7 @@ class ServingState:
             "candidate": self.candidate,
             "generation": self.generation,
             "updated_at": self.updated_at,
+            "published": self.published,
             "history": [e.to_dict() for e in self.history],
         }
 
@@ -232,7 +271,7 @@ class ServingState:
         history = d.get("history", [])
         if not isinstance(history, list):
             raise ValueError("history must be a list")
-        return cls(
+        state = cls(
             model_name=str(_text(d["model_name"], "model_name")),
             serving=_version(d["serving"], "serving"),
             previous=_version(d["previous"], "previous"),
@@ -241,38 +280,141 @@ class ServingState:
             generation=generation,
             updated_at=str(_text(d.get("updated_at", ""), "updated_at")),
         )
+        known = max(state.known_versions(), default=0)
+        published = d.get("published")
+        if published is None:  # written before the counter: derive it from what the state names
+            return replace(state, published=known)
+        if isinstance(published, bool) or not isinstance(published, int) or published < 0:
+            raise ValueError(f"published must be a non-negative integer, got {published!r}")
+        return replace(state, published=max(published, known))
+
+
+def bounded_history(history: list[HistoryEntry], live: list[int]) -> list[HistoryEntry]:
+    """``history`` cut to :data:`HISTORY_LIMIT` entries without forgetting what status and rollback need.
+
+    Pinned: the newest fingerprinted entry of each live version (the served fingerprint is how
+    status finds the champion). Dropped first: the oldest candidate/abandon entries (a scheduled
+    run retrying one checkpoint writes two per attempt), then the oldest releases/rollbacks. The
+    full record is the append-only log beside the state (:func:`log_path`).
+    """
+    excess = len(history) - HISTORY_LIMIT
+    if excess <= 0:
+        return history
+    pinned = set()
+    for version in live:
+        newest = [i for i, e in enumerate(history) if e.version == version and e.fingerprint]
+        pinned.update(newest[-1:])
+    unpinned = [i for i in range(len(history)) if i not in pinned]
+    noise = [i for i in unpinned if history[i].action not in _SERVING_ACTIONS]
+    served = [i for i in unpinned if history[i].action in _SERVING_ACTIONS]
+    drop = set((noise + served)[:excess])
+    return [e for i, e in enumerate(history) if i not in drop]
 
 
 # ---------------------------------------------------------------------------- disk
 
 
+def log_path(repository: Path, model_name: str) -> Path:
+    """The append-only log of every recorded change, one JSON line each (a plain file, like the state)."""
+    return Path(repository) / f"{STATE_PREFIX}{validate_model_name(model_name)}.log.jsonl"
+
+
 def _corrupt(path: Path, model_name: str, what: str) -> ServingError:
-    bak = backup_path(path)
-    restore = f"restore it from {bak} (the previous good copy)" if bak.is_file() else f"no {bak.name} exists"
+    bak, log_file = backup_path(path), log_path(path.parent, model_name)
+    copy = recovered_state(path.parent, model_name)
+    fix = (
+        f"`seqcls sync --model-name {model_name}` records its newest readable copy again (generation "
+        f"{copy.generation}, from {bak} or {log_file.name})"
+        if copy
+        else f"neither {bak} nor {log_file.name} holds a readable copy: delete {path.name} — seqcls then "
+        "reconstructs the state from what the repository's config.pbtxt files serve, and keeps serving it — and "
+        f"run `seqcls sync --model-name {model_name}`"
+    )
     return ServingError(
         f"{path}: the recorded serving state of {model_name!r} is unreadable ({what}). Nothing was changed. "
-        f"Check `seqcls status --model-name {model_name}`, then either {restore}, or delete {path.name} — "
-        f"seqcls then adopts what the repository's config.pbtxt files serve — and run "
-        f"`seqcls sync --model-name {model_name}` after that."
+        f"Check `seqcls status --model-name {model_name}`; {fix}."
     )
 
 
+def _parse(raw: bytes, model_name: str) -> ServingState:
+    """A state file's bytes as a ServingState; ValueError (naming the problem) for anything else."""
+    try:
+        state = ServingState.from_dict(json.loads(raw.decode("utf-8")))
+    except (UnicodeDecodeError, TypeError, KeyError, RecursionError) as exc:
+        raise ValueError(f"not a UTF-8 JSON state record: {str(exc)[:120]}") from exc
+    except ValueError as exc:  # json.JSONDecodeError is a ValueError
+        raise ValueError(str(exc)[:200] or "empty file") from exc
+    if state.model_name != model_name:
+        raise ValueError(f"it describes model {state.model_name!r}")
+    return state
+
+
+def _readable(path: Path, model_name: str) -> ServingState | None:
+    try:
+        return _parse(path.read_bytes(), model_name)
+    except (OSError, ValueError):
+        return None
+
+
+def read_log(repository: Path, model_name: str) -> ServingState | None:
+    """The newest state the append-only log records (its full history, bounded), None when it has none."""
+    path = log_path(repository, model_name)
+    try:
+        lines = path.read_bytes().splitlines()
+    except OSError:
+        return None
+    history: list[HistoryEntry] = []
+    last: dict[str, Any] | None = None
+    for number, line in enumerate(lines, 1):
+        try:
+            record = json.loads(line.decode("utf-8"))
+            history += [HistoryEntry.from_dict(e) for e in record["entries"]]
+            last = {**record["state"], "generation": record["generation"], "model_name": model_name}
+        except (ValueError, TypeError, KeyError) as exc:
+            log.warning("%s line %d: skipped, unreadable (%s)", path, number, str(exc)[:120])
+    if last is None:
+        return None
+    try:
+        state = ServingState.from_dict({**last, "history": []})
+    except ValueError:
+        return None
+    return replace(state, history=bounded_history(history, state.live_versions()))
+
+
+def recovered_state(repository: Path, model_name: str) -> ServingState | None:
+    """The newest readable copy of a damaged state file: its ``.bak`` or the log's last record."""
+    path = state_path(repository, model_name)
+    copies = [s for s in (_readable(backup_path(path), model_name), read_log(repository, model_name)) if s]
+    return max(copies, key=lambda s: s.generation) if copies else None
+
+
 def read_state(repository: Path, model_name: str) -> ServingState:
-    """The recorded state of ``model_name`` (an empty one, generation 0, when none was ever written)."""
+    """The recorded state of ``model_name`` (an empty one, generation 0, when none was ever written).
+
+    A damaged file (binary garbage, wrong JSON, wrong schema) is a ServingError naming it, so no
+    writer ever writes over it blindly; readers use :func:`current_state` (which falls back to a copy).
+    """
     path = state_path(repository, model_name)
     try:
-        raw = path.read_text(encoding="utf-8")
+        return _parse(path.read_bytes(), model_name)
     except FileNotFoundError:
         return ServingState.empty(model_name)
     except OSError as exc:
         raise ServingError(f"{path}: cannot read the recorded serving state: {exc}") from exc
+    except ValueError as exc:
+        raise _corrupt(path, model_name, str(exc)) from exc
+
+
+def state_damaged(repository: Path, model_name: str) -> str | None:
+    """Why the state file is unreadable (read_state then uses a copy), None when it reads (or is absent)."""
+    path = state_path(repository, model_name)
     try:
-        state = ServingState.from_dict(json.loads(raw))
-    except ValueError as exc:  # json.JSONDecodeError is a ValueError
-        raise _corrupt(path, model_name, str(exc) or "empty file") from exc
-    if state.model_name != model_name:
-        raise _corrupt(path, model_name, f"it describes model {state.model_name!r}")
-    return state
+        _parse(path.read_bytes(), model_name)
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        return str(exc)
+    return None
 
 
 @contextlib.contextmanager
@@ -295,7 +437,7 @@ def write_state(repository: Path, state: ServingState, *, expected_generation: i
     path = state_path(repository, state.model_name)
     repository.mkdir(parents=True, exist_ok=True)
     with _file_lock(repository / f"{STATE_PREFIX}{state.model_name}.lock"):
-        current_raw = path.read_text(encoding="utf-8") if path.is_file() else None
+        current_raw = path.read_bytes() if path.is_file() else None
         current = read_state(repository, state.model_name)
         if current.generation != expected_generation:
             last = current.history[-1] if current.history else None
@@ -309,6 +451,7 @@ def write_state(repository: Path, state: ServingState, *, expected_generation: i
         if current_raw is not None:
             atomic_write(backup_path(path), current_raw)
         atomic_write(path, json.dumps(written.to_dict(), indent=2) + "\n")
+        _append_log(repository, written)
     log.info(
         "recorded serving state of %s: serving %s, previous %s, candidate %s (generation %d)",
         written.model_name,
@@ -317,25 +460,36 @@ def write_state(repository: Path, state: ServingState, *, expected_generation: i
         written.candidate,
         written.generation,
     )
-    return written
+    return replace(written, appended=0)
+
+
+def _append_log(repository: Path, written: ServingState) -> None:
+    """One line per recorded change, after the state is written (the log holds only recorded states)."""
+    new = [e.to_dict() for e in written.history[len(written.history) - min(written.appended, len(written.history)) :]]
+    fields = {k: v for k, v in written.to_dict().items() if k not in ("history", "schema", "model_name")}
+    record = {"generation": written.generation, "at": written.updated_at, "state": fields, "entries": new}
+    try:
+        with open(log_path(repository, written.model_name), "a", encoding="utf-8") as fh:
+            fh.write(json.dumps(record, ensure_ascii=False) + "\n")
+    except OSError as exc:  # the state is recorded; a missing log line costs only old history
+        log.warning("%s: could not append to the state log: %s", log_path(repository, written.model_name), exc)
 
 
 def infer_legacy_state(repository: Path, model_name: str) -> ServingState:
-    """The state a repository written before state files implies, from its ``config.pbtxt`` policies.
+    """The state a repository without a state file implies, from its ``config.pbtxt`` policies.
 
     The ensemble's ``version_policy`` names the served version; any other version the composing
     models keep live is the warm previous one. Returned with generation 0 and an "adopt" entry,
-    for the caller to record with ``write_state(..., expected_generation=0)``. Only the default
-    model (the classic names) has such a past: any other model without a state file never served.
+    for the caller to record with ``write_state(..., expected_generation=0)``. A repository written
+    before state files (the default model's classic names), and any model whose state file was
+    lost, are read the same way: what its configs serve keeps being served.
     """
-    validate_model_name(model_name)
-    if model_name != CLASSIC.model_name:
-        return ServingState.empty(model_name)
-    repo = Repository(Path(repository), Path(repository), CLASSIC)
+    names = names_for(validate_model_name(model_name))
+    repo = Repository(Path(repository), Path(repository), names)
     serving = repo.serving_version()
     if serving is None:
         return ServingState.empty(model_name)
-    others = sorted({v for m in CLASSIC.composing for v in repo.live_versions(m)} - {serving})
+    others = sorted({v for m in names.composing for v in repo.live_versions(m)} - {serving})
     below = [v for v in others if v < serving]
     previous = below[-1] if below else (others[-1] if others else None)
     info = repo.release_info(serving) or {}
@@ -348,15 +502,50 @@ def infer_legacy_state(repository: Path, model_name: str) -> ServingState:
     history.append(
         HistoryEntry(serving, fingerprint, "adopt", now_iso(), "legacy", "adopted from the repository's config.pbtxt")
     )
-    return ServingState(model_name=model_name, serving=serving, previous=previous, history=history)
+    state = ServingState(model_name=model_name, serving=serving, previous=previous, history=history)
+    return replace(state, published=max(state.known_versions()), appended=len(history))
+
+
+def restore_state(repository: Path, model_name: str) -> ServingState | None:
+    """Record the newest readable copy over a damaged state file (the damaged bytes are kept as
+    ``<file>.damaged``); None when the file is not damaged. Call only after the copy was applied."""
+    path = state_path(repository, model_name)
+    with _file_lock(Path(repository) / f"{STATE_PREFIX}{model_name}.lock"):
+        why = state_damaged(repository, model_name)
+        copy = recovered_state(repository, model_name) if why else None
+        if copy is None:
+            return None
+        atomic_write(path.with_name(path.name + ".damaged"), path.read_bytes())
+        written = replace(copy, updated_at=now_iso())
+        atomic_write(path, json.dumps(written.to_dict(), indent=2) + "\n")
+    log.warning("%s was unreadable (%s): recorded its newest readable copy, %s", path, why, copy.describe())
+    return written
 
 
 def current_state(repository: Path, model_name: str) -> ServingState:
-    """The recorded state, or — for a repository that never had one — what its configs imply."""
+    """What ``model_name`` should serve: the recorded state; for a damaged file its newest readable copy
+    (.bak or log, with a warning); for a missing one what the log or the repository's configs imply."""
+    path = state_path(repository, model_name)
+    why = state_damaged(repository, model_name)
+    if why:
+        copy = recovered_state(repository, model_name)
+        if copy is None:
+            raise _corrupt(path, model_name, why)
+        log.warning("%s is unreadable (%s): using its newest readable copy, %s", path, why, copy.describe())
+        return copy
     state = read_state(repository, model_name)
-    if state.generation == 0 and not state_path(repository, model_name).exists():
-        return infer_legacy_state(repository, model_name)
+    if state.generation == 0 and not path.exists():
+        return reconstructed_state(repository, model_name)
     return state
+
+
+def reconstructed_state(repository: Path, model_name: str) -> ServingState:
+    """For a missing state file: the log's last record, else what the configs serve (generation 0 either
+    way, so the first writer records it with ``expected_generation=0``)."""
+    logged = read_log(repository, model_name)
+    if logged is not None:
+        return replace(logged, generation=0)
+    return infer_legacy_state(repository, model_name)
 
 
 __all__ = [
@@ -365,9 +554,16 @@ __all__ = [
     "HistoryEntry",
     "ServingState",
     "backup_path",
+    "bounded_history",
     "current_state",
     "infer_legacy_state",
+    "log_path",
+    "read_log",
     "read_state",
+    "reconstructed_state",
+    "recovered_state",
+    "restore_state",
+    "state_damaged",
     "state_path",
     "write_state",
 ]
