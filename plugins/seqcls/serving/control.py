@@ -3,8 +3,10 @@
 Every change of a model's serving state follows the same three moves, in this order:
 
 1. hold the model's release lease (:mod:`seqcls.serving.lease`) — one release at a time;
-2. write the new :class:`~seqcls.serving.state.ServingState` atomically, *before* any endpoint is
-   touched, so a crash at any later point leaves the truth on disk;
+2. check the new :class:`~seqcls.serving.state.ServingState` can be applied — every version it loads
+   is complete on disk and matches the hashes in its ``release.json`` (:func:`checked`) — then write
+   it atomically, *before* any endpoint is touched, so a crash at any later point leaves the truth
+   on disk and the truth is always something the repository can serve;
 3. :func:`~seqcls.serving.reconcile.reconcile` every endpoint to it (under the repository lock).
 
 Who holds the lease: a release is identified by model + fingerprint + serving configuration
@@ -22,7 +24,7 @@ import logging
 import os
 import socket
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from seqcls import faults
@@ -66,6 +68,11 @@ def lease_context(ctx: LeaseContext) -> Iterator[None]:
         _CONTEXT.reset(token)
 
 
+def is_release_owner(owner: str, model_name: str) -> bool:
+    """Whether lease owner ``owner`` is a release of ``model_name`` (see :func:`release_owner`)."""
+    return owner.startswith(f"release:{model_name}:")
+
+
 def release_owner(release: Release) -> str:
     """``release:<model>:<fingerprint16>:<release_key8>``: the same checkpoint released with other
     thresholds is another release (another owner, so the lease keeps the two apart)."""
@@ -92,6 +99,46 @@ def require_live(endpoints: Sequence[Endpoint]) -> None:
         op.require_live()
 
 
+def _fix(model_name: str, role: str, version: int, before: ServingState) -> str:
+    sync = f"`seqcls sync --model-name {model_name}` restores a version from its release workspace where it can"
+    if role == "serving" and before.serving == version:
+        return (
+            f"The served version must be intact before anything else changes: {sync}; otherwise serve the "
+            f"previous version with `seqcls rollback --model-name {model_name}`, then release again."
+        )
+    if role == "serving":
+        return f"It cannot be served again as it is: {sync}; or release the model you want instead."
+    return "Publish the release again (`seqcls release` writes a new version; a published version is never edited)."
+
+
+def checked(repo: Repository, before: ServingState, after: ServingState) -> ServingState:
+    """``after``, if the repository can serve it; else a ServingError naming the version, what is wrong, the fix.
+
+    The served version and the candidate must be complete and match their ``release.json`` hashes. A
+    *previous* that is gone (pruned, deleted, damaged) never blocks an otherwise valid change: it is
+    dropped from the new state with a warning — nothing could roll back to it anyway. A change that
+    only withdraws the candidate (undoing a failed attempt) loads nothing new and is always allowed.
+    """
+    withdrawing = after.serving == before.serving and after.candidate is None
+    for role, version in (("serving", after.serving), ("candidate", after.candidate)):
+        problems = [] if version is None or withdrawing else repo.problems(version)
+        if problems:
+            raise ServingError(
+                f"{after.model_name}: refusing to record version {version} as {role}: {'; '.join(problems[:5])}. "
+                f"Nothing was changed (still serving {before.serving}). "
+                + _fix(after.model_name, role, version, before)  # type: ignore[arg-type]
+            )
+    if after.previous is not None and (problems := repo.problems(after.previous)):
+        log.warning(
+            "%s: version %d cannot stay the previous version (%s); recording no previous version",
+            after.model_name,
+            after.previous,
+            "; ".join(problems[:3]),
+        )
+        after = replace(after, previous=None)
+    return after
+
+
 def transition(
     repo: Repository,
     model_name: str,
@@ -101,7 +148,8 @@ def transition(
     keep_previous: bool = True,
     live_first: bool = True,
 ) -> tuple[ServingState, ServingState, ReconcileReport]:
-    """``change(state) -> state``: write the result (if different), then reconcile every endpoint.
+    """``change(state) -> state``: check it can be applied (:func:`checked`), write it (if different),
+    then reconcile every endpoint. A refused change raises with nothing written or touched.
 
     Returns (before, after, report). The caller holds the lease; the repository lock serialises
     this against other reconciles (``seqcls sync``, another model's release on the same volume).
@@ -115,6 +163,7 @@ def transition(
         before = current_state(repo.root, model_name)
         after = change(before)
         if after is not before and after != before:
+            after = checked(repo, before, after)
             after = write_state(repo.root, after, expected_generation=before.generation)
             log.info(
                 "state %s: serving %s → %s, candidate %s → %s, previous %s → %s (generation %d)",

@@ -184,28 +184,54 @@ class _Reconciler:
         return self.report
 
 
+def _served_missing(repo: Repository, state: ServingState, missing: list[int]) -> ServingError:
+    legacy = repo.names != CLASSIC and set(missing) <= set(repo.for_model(CLASSIC.model_name).complete_versions())
+    hint = (
+        f" They exist under the classic names ({CLASSIC.ensemble}, {CLASSIC.tokenizer}, …): {state.model_name!r} "
+        "was released before seqcls named Triton models per model; release it again (it gets its own names)."
+        if legacy
+        else ""
+    )
+    model = state.model_name
+    return ServingError(
+        f"{repo.root}: version {state.serving}, which the recorded state of {model!r} serves, is not complete in "
+        f"the repository under its names ({', '.join(repo.names.models)}). Nothing was loaded or unloaded (a "
+        f"running Triton keeps answering from memory; a restarted one cannot load it). `seqcls sync --model-name "
+        f"{model}` restores a version from its release workspace where it can; otherwise serve the previous "
+        f"version: `seqcls rollback --model-name {model}`.{hint}"
+    )
+
+
 def reconcile(
     repo: Repository, state: ServingState, ops: Sequence[TritonOps], *, keep_previous: bool = True
 ) -> ReconcileReport:
-    """Make every endpoint in ``ops`` serve ``state``; the caller holds ``repo.lock()``."""
+    """Make every endpoint in ``ops`` serve ``state``; the caller holds ``repo.lock()``.
+
+    The served version comes first: if it is not complete on disk nothing is touched (ServingError).
+    A previous or candidate version that is not complete is left out — the rest converges — and
+    reported in ``errors`` under ``repository``, naming it, so a deleted warm version never keeps the
+    served one from loading (after a Triton restart, too).
+    """
     t0 = time.perf_counter()
     repo = repo.for_model(state.model_name)
     desired = desired_versions(state, keep_previous=keep_previous)
-    missing = sorted({v for vs in desired.values() for v in vs} - set(repo.complete_versions()))
-    if missing:
-        legacy = repo.names != CLASSIC and set(missing) <= set(repo.for_model(CLASSIC.model_name).complete_versions())
-        hint = (
-            f" They exist under the classic names ({CLASSIC.ensemble}, {CLASSIC.tokenizer}, …): {state.model_name!r} "
-            "was released before seqcls named Triton models per model; release it again (it gets its own names)."
-            if legacy
-            else ""
-        )
-        raise ServingError(
-            f"{repo.root}: the recorded state of {state.model_name!r} names version(s) {missing}, which are not "
-            f"complete in the repository under its names ({', '.join(repo.names.models)}); republish them (or roll "
-            f"back to a version that exists).{hint}"
-        )
+    complete = set(repo.complete_versions())
+    missing = sorted({v for vs in desired.values() for v in vs} - complete)
+    if state.serving in missing:
+        raise _served_missing(repo, state, missing)
+    problems = {}
+    for role, version in (("previous", state.previous), ("candidate", state.candidate)):
+        if version in missing:
+            problems[version] = (
+                f"version {version} ({role} of {state.model_name!r}) is not complete in {repo.root} (pruned or "
+                f"deleted); left unloaded, the served version {state.serving} converged. `seqcls sync --model-name "
+                f"{state.model_name}` restores it from its release workspace where it can; the next release or "
+                "rollback records a state without it."
+            )
+    desired = {m: [v for v in vs if v not in problems] for m, vs in desired.items()}
     report = _Reconciler(repo, ops, desired).run()
+    if problems:
+        report.errors["repository"] = " ".join(problems.values())
     report.seconds = time.perf_counter() - t0
     log.info(
         "reconcile %s: serving %s, candidate %s, previous %s — %d action(s), %d endpoint(s) already there, "

@@ -327,6 +327,15 @@ class Repository:
             problems.append(f"the four models of version {version} come from different releases")
         return problems
 
+    def problems(self, version: int) -> list[str]:
+        """Why ``version`` cannot be served as published (empty = complete and intact): missing for some
+        model, or files missing/changed since publish. Hashes every file, so call it before recording."""
+        present = [m for m in self.names.models if version in self.versions(m)]
+        if len(present) < len(self.names.models):
+            where = f"only {', '.join(present)} have it" if present else "no directory of it is left"
+            return [f"version {version} is missing from {self.root} ({where}; pruned or deleted)"]
+        return self.damaged_files(version)
+
     def config_text(self, model: str) -> str | None:
         p = self.root / model / "config.pbtxt"
         return p.read_text(encoding="utf-8") if p.is_file() else None

@@ -3,8 +3,16 @@
 Version N is assembled in a temporary directory inside the repository root (same filesystem)
 and each ``<model>/N`` is renamed into place, so a server never sees a half-written version;
 nothing live changes here (the ``config.pbtxt`` files that say what is served are switched by
-``reload``). Publishing the same release again reuses its version if every file is intact; older
-versions beyond ``retain`` are pruned, never one that a live config still names.
+``reload``). Publishing the same release again reuses its version if every file is intact.
+
+A version number is never reused: N = max(the state's ``published`` counter, every version on
+disk) + 1, recorded in the serving state *before* a directory is written — a deleted directory
+cannot hand its number (and Triton's in-memory copy of it) to other weights. Every file taken from
+the release (the checkpoint's tokenizer files, the workspace's ONNX) is hashed as it is copied and
+must equal the hash recorded when it was fingerprinted or written: publish ships exactly those
+bytes or nothing. Retention follows the recorded state: versions beyond ``retain`` are pruned, never
+the served, previous or candidate one, one the next ``retain - 1`` rollbacks would serve, or one a
+live config names. A release whose served version is missing or damaged is refused here, naming it.
 """
 
 from __future__ import annotations
@@ -34,7 +42,7 @@ from seqcls.serving.repository import (
     check_configs,
     render_config,
 )
-from seqcls.serving.state import current_state
+from seqcls.serving.state import ServingState, current_state, write_state
 from seqcls.steps import require
 from seqcls.workspace import Release, StepResult
 
@@ -118,13 +126,16 @@ def find_published(repo: Repository, key: str) -> int | None:
     return None
 
 
-def prune(repo: Repository, retain: int, recorded: set[int] | frozenset[int] = frozenset()) -> list[int]:
-    """Delete complete versions older than the newest ``retain``, except any a live config or the
-    recorded serving state names."""
+def prune(repo: Repository, retain: int, state: ServingState) -> list[int]:
+    """Delete complete versions older than the newest ``retain``, except what the recorded ``state``
+    needs — serving, previous, candidate and what the next ``retain - 1`` rollbacks reach (the whole
+    chain would be every release ever made; a rollback beyond it is refused by the transition check) —
+    and any a live config names."""
     models = repo.names.models
-    live = {v for m in models for v in repo.live_versions(m)} | set(recorded)
+    live = {v for m in models for v in repo.live_versions(m)}
+    recorded = state.protected_versions(depth=retain - 1)
     all_versions = sorted({v for m in models for v in repo.versions(m)})
-    keep = set(all_versions[-retain:]) | live
+    keep = set(all_versions[-retain:]) | live | recorded
     removed = []
     for v in all_versions:
         if v in keep:
@@ -133,8 +144,52 @@ def prune(repo: Repository, retain: int, recorded: set[int] | frozenset[int] = f
             shutil.rmtree(repo.root / m / str(v), ignore_errors=True)
         removed.append(v)
     if removed:
-        log.info("publish: pruned old versions %s (retain %d, live %s)", removed, retain, sorted(live))
+        log.info("publish: pruned old versions %s (retain %d, kept %s)", removed, retain, sorted(live | recorded))
     return removed
+
+
+def recorded_digests(release: Release) -> dict[str, str]:
+    """Absolute path → the sha256 recorded when the file was fingerprinted (checkpoint) or written (steps)."""
+    ws = release.workspace
+    out = {
+        os.path.abspath(ws.root / rel): digest
+        for rec in ws.read()["steps"].values()
+        for rel, digest in (rec.get("outputs") or {}).items()
+    }
+    ckpt = release.checkpoint
+    out.update({os.path.abspath(Path(ckpt.path) / name): digest for name, digest in ckpt.files.items()})
+    return out
+
+
+def copy_checked(src: Path, dst: Path, expected: str | None) -> str:
+    """Copy ``src`` to ``dst`` hashing the bytes as they are written (one read); ``expected`` must match."""
+    h = hashlib.sha256()
+    with open(src, "rb") as fin, open(dst, "xb") as fout:
+        while chunk := fin.read(1 << 20):
+            h.update(chunk)
+            fout.write(chunk)
+    digest = h.hexdigest()
+    if expected is not None and digest != expected:
+        raise ServingError(
+            f"{src}: changed since it was hashed for this release (sha256 {digest[:16]}…, recorded {expected[:16]}…). "
+            "Nothing was published and nothing served changed. Run the release again from the genuine files "
+            "(its steps redo what depended on them)."
+        )
+    return digest
+
+
+def _source_digest(release: Release, digests: dict[str, str], src: Path) -> str | None:
+    """The recorded hash a copied release file must have (None: not a release file, e.g. model.py)."""
+    path = os.path.abspath(src)
+    roots = (os.path.abspath(release.workspace.root), os.path.abspath(release.checkpoint.path))
+    if path in digests:
+        return digests[path]
+    if any(path.startswith(root + os.sep) for root in roots):
+        raise ServingError(
+            f"{src}: a file of the release with no hash recorded when it was fingerprinted or written; "
+            "nothing was published. Run the release again."
+        )
+    return None
 
 
 def _write_version(
@@ -162,6 +217,7 @@ def _write_version(
     }
     check_configs(configs, version, repo.names)
     published_at = datetime.now(UTC).isoformat(timespec="seconds")
+    digests = recorded_digests(release)
     sizes = {}
     for model in repo.names.models:
         vdir = tmp / model / str(version)
@@ -169,8 +225,7 @@ def _write_version(
         files: dict[str, str] = {}
         for name, src in sources[model].items():
             faults.point("publish:copy")
-            shutil.copy2(src, vdir / name)
-            files[name] = sha256_file(vdir / name)
+            files[name] = copy_checked(Path(src), vdir / name, _source_digest(release, digests, Path(src)))
         if "seqcls_text.py" in files and "vocab.txt" in files:  # the tokenizer's char classes, computed once
             table = shipped.text().write_char_classes(vdir / shipped.text().CHAR_CLASSES_FILE)
             files[table.name] = sha256_file(table)
@@ -192,6 +247,28 @@ def _write_version(
         (vdir / RELEASE_FILE).write_text(json.dumps(info, indent=1, ensure_ascii=False), encoding="utf-8")
         sizes[model] = sum(p.stat().st_size for p in vdir.iterdir())
     return sizes
+
+
+def require_served_intact(repo: Repository, state: ServingState) -> None:
+    """A release cannot load a candidate beside a served version that is missing or damaged: say so now."""
+    problems = [] if state.serving is None else repo.problems(state.serving)
+    if problems:
+        model = state.model_name
+        raise ServingError(
+            f"{model}: the served version {state.serving} is not intact ({'; '.join(problems[:5])}), so no release "
+            f"can be loaded beside it; nothing was published. Run `seqcls sync --model-name {model}` (it restores a "
+            f"version from its release workspace where it can), or serve the previous version with `seqcls rollback "
+            f"--model-name {model}`, then release again."
+        )
+
+
+def allocate(repo: Repository, state: ServingState) -> int:
+    """The next version number, recorded in the state before anything is written (caller holds the lease
+    and the repository lock): above every number ever allocated and every version directory on disk."""
+    on_disk = [v for m in repo.names.all for v in repo.versions(m)]
+    version = max([state.published, *on_disk]) + 1
+    write_state(repo.root, state.allocated(version), expected_generation=state.generation)
+    return version
 
 
 def publish(release: Release, options: ServingOptions | None = None, *, retain: int = DEFAULT_RETAIN) -> StepResult:
@@ -219,11 +296,12 @@ def publish(release: Release, options: ServingOptions | None = None, *, retain: 
         owner = control.release_owner(release)
         control.take_lease(repo.root, release.config.model_name, owner, STEP)
         with repo.lock(what=f"publish {release.config.model_name}"):
+            state = current_state(repo.root, release.config.model_name)
+            require_served_intact(repo, state)
             version = find_published(repo, key)
             reused = version is not None
             if version is None:
-                existing = [v for m in repo.names.models for v in repo.versions(m)]
-                version = max(existing, default=0) + 1
+                version = allocate(repo, state)
                 tmp = repo.root / TMP_PUBLISH.format(model=repo.model_name, pid=os.getpid(), version=version)
                 shutil.rmtree(tmp, ignore_errors=True)
                 try:
@@ -250,8 +328,7 @@ def publish(release: Release, options: ServingOptions | None = None, *, retain: 
                 )
             else:
                 log.info("publish: version %d already holds this release (files intact) — reusing it", version)
-            state = current_state(repo.root, release.config.model_name)
-            pruned = prune(repo, retain, set(state.live_versions()))
+            pruned = prune(repo, retain, current_state(repo.root, release.config.model_name))
         summary = Published(
             version, reused, str(repo.root), key, options.to_dict(), pruned, repo.complete_versions()
         ).to_dict()

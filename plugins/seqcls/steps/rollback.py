@@ -23,11 +23,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from seqcls.errors import InputError, StepOrderError
+from seqcls.errors import InputError, ServingError, StepOrderError
 from seqcls.records import OUT_DIRS, published_version
 from seqcls.registry.ledger import mirror_champion, undo
 from seqcls.serving import control
 from seqcls.serving.client import Endpoint, endpoints_from_settings
+from seqcls.serving.lease import ReleaseLease
 from seqcls.serving.release import served_release_key
 from seqcls.serving.repository import Repository, ServingOptions
 from seqcls.serving.state import ServingState, current_state
@@ -40,20 +41,43 @@ STEP = "rollback"
 OUT_DIR = OUT_DIRS[STEP]
 
 
+def refuse_during_release(repo: Repository, model_name: str) -> None:
+    """A live release of ``model_name`` holds its lease: refuse now rather than queue behind it."""
+    lease = ReleaseLease(repo.root, model_name)
+    holder = lease.holder()
+    if holder is not None and control.is_release_owner(holder.owner, model_name) and lease.dead_reason(holder) is None:
+        raise ServingError(
+            f"a release of {model_name} is in flight (holder {holder.describe()}); retry after it. Nothing was "
+            f"changed. If that release is surely dead, `seqcls lease break --model-name {model_name}` first."
+        )
+
+
 def rollback_model(settings: Settings, model_name: str, *, reason: str = "", by: str = "") -> dict[str, Any]:
-    """Serve the recorded previous version of ``model_name`` again; champion follows. Under its own lease."""
+    """Serve the recorded previous version of ``model_name`` again; champion follows. Under its own lease.
+
+    Asked while a release of the model is in flight (between publish and promote), it refuses at once,
+    naming the release: waiting would roll back whatever that release ends up serving — not what was
+    served when the rollback was asked. For the same reason, if the served version changed while this
+    rollback waited for the lease (a short holder such as ``seqcls sync``, or a release that took it
+    just after the check), it refuses too. Nothing is changed by a refusal.
+    """
     repo = Repository.from_settings(settings, model_name)
     endpoints = endpoints_from_settings(settings)
     owner = f"rollback:{model_name}:{by or 'cli'}"
+    refuse_during_release(repo, model_name)
+    asked = current_state(repo.root, model_name).serving
     control.take_lease(repo.root, model_name, owner, STEP)
+
+    def change(s: ServingState) -> ServingState:
+        if s.serving != asked:
+            raise ServingError(
+                f"{model_name}: the served version changed from {asked} to {s.serving} while this rollback waited "
+                "for the release lease; nothing was changed. Check `seqcls status` and ask again if still wanted."
+            )
+        return s.without_candidate(owner, reason).rolled_back(owner, reason)
+
     try:
-        before, after, report = control.transition(
-            repo,
-            model_name,
-            lambda s: s.without_candidate(owner, reason).rolled_back(owner, reason),
-            endpoints,
-            live_first=False,
-        )
+        before, after, report = control.transition(repo, model_name, change, endpoints, live_first=False)
         control.require_converged(report, f"rollback of {model_name}")
         key = served_release_key(repo, after.serving)
         registry = _registry(
@@ -133,7 +157,7 @@ def rollback(
             published = ws.step("publish") or {}
             if not (published.get("rolled_back") and published.get("failed_version") == version):
                 raise InputError(
-                    f"{release.config.model_name} version {version} ({release.checkpoint.path}) is neither in flight "
+                    f"{release.config.model_name} version {version} ({release.checkpoint.origin}) is neither in flight "
                     f"nor served (recorded: serving {state.serving}, candidate {state.candidate}): nothing to roll "
                     f"back. To serve the previous version: `seqcls rollback --model-name {release.config.model_name}`."
                 )

@@ -1,0 +1,300 @@
+"""Transitions checked before they are recorded; version numbers never reused; publish ships what was hashed.
+
+Issue 23, scenarios 1, 2, 3 and 13 and the hash-checked publish. Unit tests build a repository of
+fake versions on disk (no Triton: reconcile with no endpoint only writes configs); one drill per
+scenario runs it against the real local Triton and sqlite MLflow, and ends in the invariant, the
+same served answers after a Triton restart, and intact served/previous versions.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+
+from seqcls.checkpoints.checkpoint import sha256_file
+from seqcls.errors import SeqclsError, ServingError
+from seqcls.records import served_onnx, serving_tokenizer
+from seqcls.serving import control
+from seqcls.serving.client import TritonOps, endpoints_from_settings
+from seqcls.serving.names import CLASSIC
+from seqcls.serving.reconcile import reconcile
+from seqcls.serving.repository import RELEASE_FILE, SNAPSHOT, Repository
+from seqcls.serving.state import ServingState, read_state, write_state
+from seqcls.settings import Settings
+from seqcls.steps import run_release
+from seqcls.steps.publish import prune, publish
+from seqcls.steps.rollback import rollback_model
+from seqcls.workspace import open_release
+from tests.helpers.drills import Drill, champion, repo_of, timed_sync, when, write_record
+
+MODEL = CLASSIC.model_name
+MODULE = "test_transitions"  # the drills record of this module (var/test-artifacts/drills-test_transitions.json)
+SOURCE = Path(__file__).resolve().parents[1] / "model_repository"
+TEXTS = ["天气很好", "the service was slow and the food cold", "退款还没到账", "x"]
+
+
+# --- a repository of fake versions (no Triton) ----------------------------------------------------
+
+
+def _fake_version(root: Path, version: int) -> None:
+    for model in CLASSIC.models:
+        vdir = root / model / str(version)
+        vdir.mkdir(parents=True)
+        (vdir / "weights.bin").write_bytes(f"{model}-{version}".encode())
+        policy = f"version_policy: {{ specific: {{ versions: [ {version} ] }} }}"
+        (vdir / SNAPSHOT).write_text(f'name: "{model}"\n{policy}\n', encoding="utf-8")
+        files = {name: sha256_file(vdir / name) for name in ("weights.bin", SNAPSHOT)}
+        info = {"version": version, "model": model, "publish_key": f"key{version}", "files": files}
+        (vdir / RELEASE_FILE).write_text(json.dumps(info), encoding="utf-8")
+
+
+def _released(root: Path, versions: list[int], on_disk: list[int]) -> Repository:
+    """``versions`` released one after another (recorded), ``on_disk`` present in the repository."""
+    state = ServingState.empty(MODEL)
+    for v in versions:
+        state = state.with_candidate(v, f"fp{v}", "test").promoted(v, f"fp{v}", "test")
+    write_state(root, state, expected_generation=0)
+    for v in on_disk:
+        _fake_version(root, v)
+    return Repository(root, root, CLASSIC)
+
+
+@pytest.fixture
+def no_triton(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Reconcile against no endpoint at all: it only writes the configs."""
+    monkeypatch.setattr(control, "ops_for", lambda endpoints, **_: [])
+
+
+def _rollback(repo: Repository) -> ServingState:
+    _, after, report = control.transition(repo, MODEL, lambda s: s.rolled_back("test"), [], live_first=False)
+    assert report.converged, report.errors
+    return after
+
+
+def test_rollbacks_past_a_pruned_version_refuse_with_nothing_changed(tmp_path: Path, no_triton: None) -> None:
+    """Scenario 1: four releases, retain 3 pruned version 1; rollback #2 recorded it as previous."""
+    repo = _released(tmp_path, [1, 2, 3, 4], on_disk=[2, 3, 4])
+    assert (_rollback(repo).serving, read_state(tmp_path, MODEL).previous) == (3, 2)
+    after = _rollback(repo)  # serves 2; its previous (1) is gone, so none is recorded
+    assert (after.serving, after.previous) == (2, None)
+    before = read_state(tmp_path, MODEL)
+    with pytest.raises(ServingError, match="nothing to roll back to"):
+        _rollback(repo)
+    assert read_state(tmp_path, MODEL) == before
+
+
+def test_rollback_to_a_damaged_version_refuses_naming_it(tmp_path: Path, no_triton: None) -> None:
+    repo = _released(tmp_path, [1, 2], on_disk=[1, 2])
+    (tmp_path / CLASSIC.model / "1" / "weights.bin").write_bytes(b"edited")
+    before = read_state(tmp_path, MODEL)
+    with pytest.raises(ServingError, match=r"version 1 .*changed since publish") as err:
+        _rollback(repo)
+    assert "seqcls sync" in str(err.value)
+    assert read_state(tmp_path, MODEL) == before
+
+
+def test_a_transition_drops_a_previous_that_is_gone(tmp_path: Path, no_triton: None) -> None:
+    """A release goes on when the warm previous was deleted: the new state no longer names it."""
+    repo = _released(tmp_path, [1, 2], on_disk=[2, 3])
+    _, after, _ = control.transition(repo, MODEL, lambda s: s.with_candidate(3, "fp3", "test"), [], live_first=False)
+    assert (after.serving, after.previous, after.candidate) == (2, None, 3)
+
+
+def test_reconcile_serves_what_it_can_when_the_previous_is_missing(tmp_path: Path) -> None:
+    """Scenario 2: the warm previous deleted — sync failed and a restarted Triton loaded nothing."""
+    repo = _released(tmp_path, [1, 2], on_disk=[2])
+    report = reconcile(repo, read_state(tmp_path, MODEL), [])
+    assert "version 1" in " ".join(report.errors.values()), report.errors
+    assert repo.live_versions(CLASSIC.ensemble) == [2] and repo.live_versions(CLASSIC.model) == [2]
+
+
+def test_prune_keeps_the_recorded_versions_and_the_next_rollbacks(tmp_path: Path) -> None:
+    repo = _released(tmp_path, [1, 2, 3, 4, 5], on_disk=[1, 2, 3, 4, 5])
+    state = read_state(tmp_path, MODEL).rolled_back("test").rolled_back("test")  # serving 3, previous 2
+    write_state(tmp_path, state, expected_generation=read_state(tmp_path, MODEL).generation)
+    removed = prune(repo, 2, read_state(tmp_path, MODEL))
+    assert 2 in repo.complete_versions() and 3 in repo.complete_versions() and 5 in repo.complete_versions()
+    assert set(removed) <= {1, 4}
+
+
+def test_rollback_while_a_release_is_in_flight_refuses_at_once(tmp_path: Path, home: Path) -> None:
+    """Scenario 13 (unit): the rollback waited for the lease, then rolled back what finished meanwhile."""
+    settings = Settings(home=home, triton_repository=tmp_path / "repo", model_repository_source=SOURCE)
+    _released(tmp_path / "repo", [1, 2], on_disk=[1, 2])
+    owner = f"release:{MODEL}:0123456789abcdef:01234567"
+    control.take_lease(tmp_path / "repo", MODEL, owner, "smoke")
+    before = read_state(tmp_path / "repo", MODEL)
+    t0 = time.monotonic()
+    with (
+        control.lease_context(control.LeaseContext(timeout=3)),
+        pytest.raises(SeqclsError, match=f"a release of {MODEL} is in flight"),
+    ):
+        rollback_model(settings, MODEL)
+    assert time.monotonic() - t0 < 2, "the rollback waited for the release instead of refusing"
+    assert read_state(tmp_path / "repo", MODEL) == before
+    control.give_lease(tmp_path / "repo", MODEL, owner)
+
+
+# --- publish ships exactly the bytes intake and convert hashed ------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("which", ["onnx", "tokenizer"])
+def test_publish_refuses_a_file_changed_since_it_was_hashed(
+    which: str, tiny_checkpoint: Path, home: Path, tmp_path: Path
+) -> None:
+    repo = tmp_path / "triton-repo"
+    settings = Settings(home=home, triton_repository=repo, model_repository_source=SOURCE)
+    release = open_release(tiny_checkpoint, settings=settings)
+    run_release(release, until="validate")
+    target = served_onnx(release.workspace) if which == "onnx" else serving_tokenizer(release).file
+    data = target.read_bytes()
+    target.unlink()
+    target.write_bytes(data + b"\n")
+    with pytest.raises(ServingError, match=target.name) as err:
+        publish(release)
+    assert "changed since" in str(err.value)
+    assert not [p for p in repo.glob("*/*") if p.is_dir()], "a version was published"
+    assert not list(repo.glob(".tmp-*"))
+
+
+# --- drills: real Triton + sqlite MLflow -----------------------------------------------------------
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _drill_record():
+    yield
+    write_record(MODULE)
+
+
+def _answers(drill: Drill) -> tuple[str, list]:
+    preds, probs = TritonOps(endpoints_from_settings(drill.settings)[0]).infer(TEXTS)
+    return json.dumps(preds, sort_keys=True), probs.round(5).tolist()
+
+
+def _restart_keeps_answers(drill: Drill, scenario: str, outcome: str) -> None:
+    """The served answers for fixed texts are the same after a Triton restart and one sync."""
+    before = _answers(drill)
+    drill.server.stop()
+    drill.server.start()
+    results = timed_sync(drill.settings, scenario, outcome, module=MODULE)
+    assert all(r.ok for r in results), [r.to_dict() for r in results]
+    assert _answers(drill) == before
+
+
+def _assert_intact(drill: Drill) -> None:
+    state, repo = drill.state(), repo_of(drill.settings)
+    for v in {state.serving, state.previous} - {None}:
+        assert not repo.damaged_files(v), (v, repo.damaged_files(v))
+
+
+def _delete_version(drill: Drill, version: int) -> None:
+    for model in CLASSIC.models:
+        shutil.rmtree(drill.repo / model / str(version))
+
+
+@pytest.mark.slow
+@pytest.mark.integration
+@pytest.mark.drill
+def test_drill_four_releases_then_three_rollbacks(drill: Drill, tiny_checkpoint_src, tiny_checkpoint_b_src):
+    """Scenario 1: rollback #2 recorded a pruned previous, #3 a version that did not exist; then nothing served."""
+    for threshold in (0.5, 0.4):  # four release keys → four Triton versions, two exports
+        drill.release(tiny_checkpoint_src, threshold=threshold)
+        drill.release(tiny_checkpoint_b_src, threshold=threshold)
+    assert drill.state().serving == 4
+    for expected in (3, 2, 1):  # each rollback records only versions that are complete and intact
+        before = drill.state()
+        try:
+            served = rollback_model(drill.settings, MODEL)["serving_version"]
+        except ServingError as exc:  # retention pruned version 1: refused, nothing changed
+            assert expected == 1 and "nothing to roll back to" in str(exc), (expected, str(exc))
+            assert drill.state() == before
+            break
+        assert served == expected
+        _assert_intact(drill)
+    with pytest.raises(ServingError, match="nothing to roll back to"):
+        rollback_model(drill.settings, MODEL)
+    final = drill.state().serving
+    drill.assert_invariant(served=final)
+    assert champion(drill.settings) == final
+    _restart_keeps_answers(drill, "4 releases, 3 rollbacks", f"every rollback applied or refused, serving {final}")
+    drill.assert_invariant(served=final)
+
+
+@pytest.mark.slow
+@pytest.mark.integration
+@pytest.mark.drill
+def test_drill_warm_previous_deleted(drill: Drill, tiny_checkpoint_src, tiny_checkpoint_b_src):
+    """Scenario 2: sync failed; after a restart the intact served version was not loaded either."""
+    drill.release(tiny_checkpoint_src)
+    drill.release(tiny_checkpoint_b_src)
+    served = _answers(drill)
+    _delete_version(drill, 1)
+    results = timed_sync(drill.settings, "warm previous deleted", "served kept, previous reported", module=MODULE)
+    assert results[0].serving == 2
+    drill.server.stop()
+    drill.server.start()
+    results = timed_sync(drill.settings, "warm previous deleted + restart", "served loaded", module=MODULE)
+    if 1 not in repo_of(drill.settings).complete_versions():  # not restored: reported, naming it
+        assert "version 1" in json.dumps(results[0].to_dict()), results[0].to_dict()
+    assert _answers(drill) == served
+    drill.release(tiny_checkpoint_src, threshold=0.4)  # a release goes on; its state drops a gone previous
+    assert drill.state().serving == 3
+    drill.assert_invariant(served=3)
+    assert champion(drill.settings) == 3
+    _assert_intact(drill)
+    _restart_keeps_answers(drill, "warm previous deleted, then released", "serving 3")
+
+
+@pytest.mark.slow
+@pytest.mark.integration
+@pytest.mark.drill
+def test_drill_served_version_deleted_then_released(drill: Drill, tiny_checkpoint_src, tiny_checkpoint_b_src):
+    """Scenario 3: publish reused the deleted number; after a restart Triton served other weights."""
+    drill.release(tiny_checkpoint_src)
+    drill.release(tiny_checkpoint_b_src)
+    before = (drill.state().serving, drill.state().previous, champion(drill.settings))
+    _delete_version(drill, 2)
+    with pytest.raises(ServingError, match=r"version 2") as err:
+        drill.release(tiny_checkpoint_src, threshold=0.4)
+    assert "missing" in str(err.value) and "seqcls" in str(err.value)
+    assert (drill.state().serving, drill.state().previous, champion(drill.settings)) == before
+    assert 2 not in repo_of(drill.settings).versions()  # nothing was published under the deleted number
+    rollback_model(drill.settings, MODEL)  # the operator's way out: serve the intact previous version
+    drill.release(tiny_checkpoint_src, threshold=0.4)
+    state = drill.state()
+    assert state.serving >= 3, f"version number reused: {state.serving}"
+    drill.assert_invariant(served=state.serving)  # champion agrees (its MLflow number is 4: 3 was the refused one)
+    _assert_intact(drill)
+    _restart_keeps_answers(drill, "served version deleted, then released", "refused; rollback + release")
+
+
+@pytest.mark.slow
+@pytest.mark.integration
+@pytest.mark.drill
+def test_drill_rollback_asked_during_a_release_refuses(drill: Drill, tiny_checkpoint_src, tiny_checkpoint_b_src):
+    """Scenario 13: the rollback waited, then rolled back the release that finished after it was asked."""
+    drill.release(tiny_checkpoint_src)
+    outcome: dict = {}
+
+    def ask() -> None:
+        try:
+            outcome["result"] = rollback_model(drill.settings, MODEL, reason="asked during smoke")
+        except SeqclsError as exc:
+            outcome["error"] = str(exc)
+        outcome["serving_when_answered"] = drill.state().serving
+
+    watcher = when(lambda: drill.state().candidate is not None, ask)
+    drill.release(tiny_checkpoint_b_src)
+    watcher.join(timeout=120)
+    assert "error" in outcome, outcome
+    assert f"a release of {MODEL} is in flight" in outcome["error"] and "retry after it" in outcome["error"]
+    assert outcome["serving_when_answered"] == 1
+    drill.assert_invariant(served=2)
+    assert champion(drill.settings) == 2
+    _assert_intact(drill)
+    _restart_keeps_answers(drill, "rollback asked during smoke", "refused; release served")
