@@ -25,10 +25,11 @@ step; every step is idempotent, so re-running a run or a task redoes only what i
 - `expose_version` — the public ensemble `seqcls` serves N on every endpoint, the old version
   kept warm (extra link *Triton model*)
 - `promote` — alias `champion` → this version, which is now served (`previous-champion` kept)
-- `rollback` — only when `publish_repository`, `reload_triton`, `smoke_test` or `expose_version`
-  **failed**: this attempt's candidate is withdrawn and its registry changes reverted (a version
-  it created, the `candidate` alias it moved; never `champion`); what was served never changed.
-  The run still ends failed. A failure before publish leaves nothing to undo: rollback is skipped.
+- `rollback` — only when `register_model`, `publish_repository`, `reload_triton`, `smoke_test` or
+  `expose_version` **failed** (or was killed: Airflow's SIGTERM): this attempt's candidate is
+  withdrawn and its registry changes reverted (a version it created, the `candidate` alias it moved;
+  never `champion` — each change is journalled before it is made); what was served never changed.
+  The run still ends failed. A failure before register leaves nothing to undo: rollback is skipped.
   If an endpoint dies during `expose_version`, the recorded state already says N and
   `seqcls_sync` finishes the switch. A failed `promote` (MLflow unreachable) is not rolled back:
   the smoke-tested version keeps serving, and a re-run (or `seqcls_sync`) moves the alias.

@@ -219,6 +219,7 @@ def test_dag_imports_with_the_release_shape(monkeypatch: pytest.MonkeyPatch) -> 
     assert dag.doc_md and "seqcls_release" in dag.doc_md
     assert dag.get_task("rollback").trigger_rule == TriggerRule.ONE_FAILED
     assert dag.get_task("rollback").upstream_task_ids == {
+        "register_model",
         "publish_repository",
         "reload_triton",
         "smoke_test",

@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Iterator, Mapping
+from pathlib import Path
 from typing import Any
 
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
@@ -27,11 +28,12 @@ from seqcls.airflow.models_file import dag_id_for
 from seqcls.airflow.report import report
 from seqcls.airflow.roots import LATEST, locate_checkpoint
 from seqcls.errors import InputError, ServingError
+from seqcls.registry import journal
 from seqcls.registry.ledger import champion_fingerprint, champion_release_key
-from seqcls.serving.control import LeaseContext, lease_context
+from seqcls.serving.control import LeaseContext, give_lease, lease_context, release_owner, take_lease
 from seqcls.serving.release import release_key
 from seqcls.settings import Settings, scoped_environ
-from seqcls.steps import step
+from seqcls.steps import LEASE_FROM, sigterm_aborts, step
 from seqcls.sync import sync
 from seqcls.workspace import Release, open_release
 
@@ -86,7 +88,7 @@ def resolve_release(model_name: str, checkpoints_root: str, params, dag_run, ti)
     log.info(
         "%s run releases %s as %r: %d labels, vocab %d, weights %s, fingerprint %s → workspace %s",
         run_type,
-        ckpt.path,
+        ckpt.origin,
         config.model_name,
         ckpt.num_labels,
         ckpt.vocab_size,
@@ -94,10 +96,10 @@ def resolve_release(model_name: str, checkpoints_root: str, params, dag_run, ti)
         ckpt.short_fingerprint,
         release.workspace.root,
     )
-    ti.xcom_push(key="checkpoint", value=str(ckpt.path))
+    ti.xcom_push(key="checkpoint", value=str(ckpt.origin))
     ti.xcom_push(key="fingerprint", value=ckpt.fingerprint)
     return {
-        "checkpoint": str(ckpt.path),
+        "checkpoint": str(ckpt.origin),
         "fingerprint": ckpt.fingerprint,
         "model_name": config.model_name,
         "labels": ckpt.num_labels,
@@ -111,7 +113,7 @@ def champion_skip_reason(release: Release, *, model_name: str) -> str | None:
     champion = champion_fingerprint(release.settings, model_name)
     if champion_release_key(release.settings, model_name) == release_key(release):
         return (
-            f"checkpoint {release.checkpoint.path} (fingerprint {release.checkpoint.short_fingerprint}) is "
+            f"checkpoint {release.checkpoint.origin} (fingerprint {release.checkpoint.short_fingerprint}) is "
             f"already the MLflow champion of {model_name!r}: nothing to release"
         )
     log.info(
@@ -128,14 +130,28 @@ def run_task_step(
 ) -> dict:
     """One DAG task = one library step: settings from Connections, the run's release, the step, its story.
 
-    Serving steps take the model's release lease as this DAG run (kind ``run``), so the run's
-    later tasks — separate processes — re-enter it and another run waits.
+    From register on, steps take the model's release lease as this DAG run (kind ``run``), so the
+    run's later tasks — separate processes — re-enter it and another run waits; the run is one
+    registry-journal attempt (:mod:`seqcls.registry.journal`), alive while its lease is. Airflow's
+    SIGTERM (task timeout) aborts the step (:func:`~seqcls.steps.sigterm_aborts`); the failed task's
+    journalled changes — also those of a task SIGKILLed after the grace period — the rollback task undoes.
     """
     run = f"{getattr(ti, 'dag_id', 'dag')}/{getattr(ti, 'run_id', 'run')}"
     with connected(params, checkpoints_root=checkpoints_root) as settings:
         release = open_for_task(checkpoint, params, settings, fingerprint=fingerprint)
-        with lease_context(LeaseContext(kind="run", run=run)):
+        model, owner = release.config.model_name, release_owner(release)
+        attempt = journal.Attempt.new(model, owner, kind="run", run=run, workspace=str(release.workspace.root))
+        scope = lease_context(LeaseContext(kind="run", run=run))
+        with scope, journal.attempt_scope(attempt), sigterm_aborts(release) as sigterm:
+            if name == LEASE_FROM:
+                take_lease(Path(str(settings.triton_repository)), model, owner, name)
             result = step(name)(release, **kwargs)
+            sigterm.check()
+            if name == "expose":  # served: the run's registry changes stay
+                journal.end(settings, model, attempt.id, "completed")
+            if name == "rollback":
+                undone = journal.undo_attempt(settings, model, attempt.id, reason=kwargs.get("reason", ""))
+                result.summary["journal"] = undone
     summary = report(result, ti=ti, settings=settings, model_name=release.config.model_name)
     return {**summary, "model_name": release.config.model_name, "fingerprint": release.checkpoint.fingerprint}
 
@@ -158,8 +174,25 @@ def roll_back_failed_attempt(checkpoint: str, fingerprint: str, params, ti, *, c
     if not failed:
         raise AirflowSkipException(f"no serving step failed in this run ({states}); nothing to roll back")
     reason = f"{', '.join(failed)} failed in run {ti.run_id}"
+    if failed == [step(LEASE_FROM).task_id]:  # only the registry was reached, and only the journal knows what
+        return undo_registry_attempt(checkpoint, fingerprint, params, ti, reason, checkpoints_root=checkpoints_root)
     kwargs = {"reason": reason, "mode": "attempt"}
     return run_task_step("rollback", checkpoint, fingerprint, params, ti, checkpoints_root=checkpoints_root, **kwargs)
+
+
+def undo_registry_attempt(checkpoint: str, fingerprint: str, params, ti, reason: str, *, checkpoints_root: str) -> dict:
+    """Register failed (or was SIGTERM'd / killed) in this run: undo what the run journalled, give its lease back.
+
+    Not the rollback step: the workspace's register record may be an earlier attempt's, not this run's.
+    """
+    run = f"{getattr(ti, 'dag_id', 'dag')}/{getattr(ti, 'run_id', 'run')}"
+    with connected(params, checkpoints_root=checkpoints_root) as settings:
+        release = open_for_task(checkpoint, params, settings, fingerprint=fingerprint)
+        model = release.config.model_name
+        undone = journal.undo_attempt(settings, model, f"run:{run}", reason=reason)
+        give_lease(Path(str(settings.triton_repository)), model, release_owner(release))
+    log.info("rollback: registry changes of run %s %s", run, "; ".join(undone["actions"]) or "— none to undo")
+    return {"model_name": model, "fingerprint": release.checkpoint.fingerprint, "journal": undone}
 
 
 def sync_task(params, groups: list[dict[str, Any]] | None = None) -> list[dict]:
@@ -194,4 +227,5 @@ __all__ = [
     "run_task_step",
     "sync_task",
     "task_settings",
+    "undo_registry_attempt",
 ]

@@ -123,6 +123,19 @@ def aliased_version(c, name: str, alias: str):
         raise mlflow_failed(f"reading alias {alias!r} of {name!r}", exc) from exc
 
 
+def version_exists(c, name: str, version: int) -> bool:
+    """Whether version ``version`` of ``name`` exists (an MLflow failure is a RegistryError, not "no")."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        c.get_model_version(name, str(version))
+        return True
+    except MlflowException as exc:
+        if is_not_found(exc):
+            return False
+        raise mlflow_failed(f"reading version {version} of {name!r}", exc) from exc
+
+
 def _tagged(c, name: str, tag: str, value: str) -> list:
     """Versions of ``name`` whose tag ``tag`` is ``value``."""
     from mlflow.exceptions import MlflowException
@@ -199,7 +212,8 @@ def model_version_url(settings: Settings, model_name: str, version: int | str) -
     return f"{uri.rstrip('/')}/#/models/{model_name}/versions/{version}"
 
 
-def _history(c, name: str) -> list[dict[str, Any]]:
+def history(c, name: str) -> list[dict[str, Any]]:
+    """Every champion move of ``name`` (its ``champion_history`` tag; [] when unreadable)."""
     rm = c.get_registered_model(name)
     try:
         return json.loads(rm.tags.get(HISTORY_TAG, "[]"))
@@ -208,8 +222,8 @@ def _history(c, name: str) -> list[dict[str, Any]]:
 
 
 def _append_history(c, name: str, entry: dict[str, Any]) -> None:
-    history = [*_history(c, name), entry][-HISTORY_KEEP:]
-    c.set_registered_model_tag(name, HISTORY_TAG, json.dumps(history))
+    entries = [*history(c, name), entry][-HISTORY_KEEP:]
+    c.set_registered_model_tag(name, HISTORY_TAG, json.dumps(entries))
 
 
 def undo(release: Release, *, reason: str = "", champion: bool = True) -> dict[str, Any]:
@@ -231,7 +245,7 @@ def undo(release: Release, *, reason: str = "", champion: bool = True) -> dict[s
         if previous is not None:
             c.set_registered_model_alias(cfg.model_name, CHAMPION, previous.version)
             actions.append(f"{CHAMPION} back to version {previous.version}")
-            older = [h for h in _history(c, cfg.model_name) if h.get("champion") == int(previous.version)]
+            older = [h for h in history(c, cfg.model_name) if h.get("champion") == int(previous.version)]
             replaced = older[-1].get("replaced") if older else None
             if replaced:
                 c.set_registered_model_alias(cfg.model_name, PREVIOUS, str(replaced))
@@ -259,8 +273,10 @@ def undo(release: Release, *, reason: str = "", champion: bool = True) -> dict[s
         else:
             c.delete_registered_model_alias(cfg.model_name, CANDIDATE)
             actions.append(f"{CANDIDATE} removed")
-    was_champion = any(h.get("champion") == version for h in _history(c, cfg.model_name))
-    if reg.created and not was_champion:
+    was_champion = any(h.get("champion") == version for h in history(c, cfg.model_name))
+    if reg.created and not was_champion and not version_exists(c, cfg.model_name, version):
+        log.info("registry: version %d of %s was deleted already (a dead attempt undone)", version, cfg.model_name)
+    elif reg.created and not was_champion:
         c.delete_model_version(cfg.model_name, str(version))
         actions.append(f"version {version} deleted (created by this release, never champion)")
         if reg.created_registered_model and not c.search_model_versions(f"name = '{cfg.model_name}'"):

@@ -7,8 +7,9 @@ passed), its figures as metrics, the release parameters as params and the tags
 id is recorded in the manifest's ``validate`` record (``mlflow_run_id``), so the evidence is one
 click from the task. A failed gate's run is ``FAILED`` with ``seqcls.outcome=gate_failed`` and
 the gate's message in ``seqcls.gate_error``; a passed gate's run waits with
-``seqcls.outcome=validated`` until ``register`` adopts it (:func:`adopt_run`): the model, lineage
-and the version then hang off the same run (``seqcls.outcome=reused`` and the version number when
+``seqcls.outcome=validated`` until ``register`` adopts it (:func:`adopt_run`; ``registering`` while it
+logs, ``registered`` once the version exists, ``failed`` with ``seqcls.error`` if it could not: :func:`mark_failed`):
+the model, lineage and the version then hang off the same run (``seqcls.outcome=reused`` and the version number when
 that configuration was registered before: :func:`mark_reused`). When validate logged nothing (skipped, or MLflow
 unavailable where it ran), register opens its own run with the same contents (:func:`open_run`).
 
@@ -24,7 +25,10 @@ import time
 from dataclasses import fields
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote, urlparse
 
+from seqcls.errors import ResourceError
+from seqcls.files import out_of_space, resource_error
 from seqcls.records import OUT_DIRS, PARITY_REPORT, ParityReport
 from seqcls.registry.ledger import RELEASE_KEY_TAG, client, experiment
 from seqcls.serving.release import release_key
@@ -38,6 +42,8 @@ OUTCOME_TAG = "seqcls.outcome"
 GATE_ERROR_TAG = "seqcls.gate_error"
 RUN_ID_KEY = "mlflow_run_id"  # in the manifest's validate record
 VALIDATED, GATE_FAILED, REGISTERED, REUSED = "validated", "gate_failed", "registered", "reused"
+REGISTERING, FAILED = "registering", "failed"  # register took the run / the registration failed
+ERROR_TAG = "seqcls.error"
 OUTCOMES = ("passed", "failed")
 
 
@@ -45,7 +51,7 @@ def run_params(release: Release, report: ParityReport) -> dict[str, Any]:
     """What the MLflow run records as params: the release's inputs, one value each."""
     cfg, ckpt = release.config, release.checkpoint
     return {
-        "checkpoint": str(ckpt.path),
+        "checkpoint": str(ckpt.origin),
         "fingerprint": ckpt.fingerprint,
         "opset": cfg.opset,
         "max_length": cfg.max_length,
@@ -163,3 +169,35 @@ def mark_reused(c, validate_record: dict[str, Any], key: str, version: int) -> N
     if run_id:
         c.set_tag(run_id, OUTCOME_TAG, REUSED)
         c.set_tag(run_id, "seqcls.registered_version", str(version))
+
+
+def mark_failed(c, run_id: str, exc: BaseException) -> Path | str:
+    """Tag a registration's run ``failed`` with the error (never raises: MLflow may be why it failed);
+    returns where its artifacts go (a local path when the store is a directory), for the error message."""
+    where: Path | str = run_id
+    try:
+        artifact_uri = c.get_run(run_id).info.artifact_uri
+        where = Path(unquote(urlparse(artifact_uri).path)) if artifact_uri.startswith("file:") else artifact_uri
+        c.set_tag(run_id, OUTCOME_TAG, FAILED)
+        c.set_tag(run_id, ERROR_TAG, f"{type(exc).__name__}: {exc}"[:5000])
+        c.set_terminated(run_id, "FAILED" if isinstance(exc, Exception) else "KILLED")
+    except Exception as tag_exc:
+        log.warning("register: could not tag MLflow run %s failed (%s)", run_id, tag_exc)
+    return where
+
+
+def out_of_space_error(where: Path | str, exc: BaseException, run_id: str) -> ResourceError | None:
+    """The ResourceError for a full disk while logging run ``run_id`` (None: ``exc`` is not one).
+
+    A local store: the file that could not be written (else the run's artifact directory) and the
+    free space there. A tracking server's store reports it in a 5xx body: its URI, no free space.
+    """
+    what = f"logging the release to MLflow run {run_id}"
+    if out_of_space(exc):
+        cause: BaseException | None = exc
+        while cause is not None and not (isinstance(cause, OSError) and cause.filename):
+            cause = cause.__cause__ or cause.__context__
+        return resource_error(Path(cause.filename) if cause is not None else Path(where), exc, what)
+    if "No space left on device" in str(exc):
+        return ResourceError(f"{where}: {what} failed — MLflow's artifact store is full ({exc}). Free space there.")
+    return None

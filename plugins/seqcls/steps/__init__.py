@@ -18,13 +18,17 @@ from __future__ import annotations
 import contextlib
 import importlib
 import logging
-from collections.abc import Callable
+import signal
+import threading
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from seqcls import faults
 from seqcls.errors import SeqclsError
+from seqcls.registry import journal
+from seqcls.registry.ledger import undo
 from seqcls.serving.control import current_context, release_owner
 from seqcls.serving.lease import ReleaseLease
 from seqcls.workspace import Release, StepResult
@@ -73,6 +77,7 @@ STEPS: tuple[Step, ...] = (
         "register_model",
         "MLflow model version with lineage, alias candidate (idempotent per fingerprint)",
         ("convert", "validate"),
+        undo_on_failure=True,
     ),
     Step(
         "publish",
@@ -140,35 +145,131 @@ def require(release: Release, name: str) -> dict[str, dict[str, Any]]:
     return {req: release.workspace.require(req) for req in step(name).requires}
 
 
+class Terminated(SeqclsError):
+    """SIGTERM (Airflow's task timeout, an operator's ``kill``) ended a release: this attempt was undone."""
+
+
+#: The step from which a release holds the model's lease (and from which its failure is undone).
+LEASE_FROM = "register"
+
+
 def run_release(release: Release, *, until: str | None = None) -> list[StepResult]:
     """Run every step in order (skipping those already done); stop after ``until`` if given.
 
-    The serving steps run under the model's release lease, held (and renewed) by this process from
-    the first of them to the end. If a step marked ``undo_on_failure`` fails, this attempt is
-    undone (its candidate withdrawn, its registry changes reverted) and the error re-raised.
+    From ``register`` on, this process holds the model's release lease (renewed by a heartbeat)
+    to the end. Any failure there — taking the lease too, or SIGTERM (a graceful abort in the
+    main thread) — undoes this attempt (its candidate withdrawn, its journalled registry changes
+    reverted, never champion) before the error propagates; the lease is then released. The
+    attempt's registry changes are kept once it completed (exposed, or returned normally).
     """
     if until is not None:
         step(until)
-    results = []
-    with contextlib.ExitStack() as lease:  # entered at publish, held (with a heartbeat) to the end
-        for s in STEPS:
-            faults.point(f"step:before:{s.name}")
-            if s.name == "publish":
-                lease.enter_context(_release_lease(release))
-            try:
+    results: list[StepResult] = []
+    cfg = release.config
+    attempt = journal.Attempt.new(
+        cfg.model_name,
+        release_owner(release),
+        workspace=str(release.workspace.root),
+        fingerprint=release.checkpoint.fingerprint,
+    )
+    with sigterm_aborts(release) as sigterm, journal.attempt_scope(attempt), contextlib.ExitStack() as lease:
+        current: Step | None = None
+        try:
+            for s in STEPS:
+                sigterm.rearm()
+                faults.point(f"step:before:{s.name}")
+                current = s
+                if s.name == LEASE_FROM:
+                    lease.enter_context(_release_lease(release))
                 result = s(release)
-            except SeqclsError as exc:
-                if s.undo_on_failure:
-                    log.error("%s failed — rolling back this attempt: %s", s.name, exc)
-                    rb = BY_NAME["rollback"](release, reason=f"{s.name} failed: {str(exc)[:300]}", mode="attempt")
-                    log.info("%s", rb.line())
-                raise
-            faults.point(f"step:after:{s.name}")
-            log.info("%s", result.line())
-            results.append(result)
-            if s.name == until:
-                break
+                if s.name == "expose":  # served: this attempt's registry changes stay, nothing is undone now
+                    journal.end(release.settings, cfg.model_name, attempt.id, "completed")
+                    current = None
+                sigterm.check()
+                faults.point(f"step:after:{s.name}")
+                log.info("%s", result.line())
+                results.append(result)
+                if s.name == until:
+                    break
+        except BaseException as exc:
+            if current is not None and current.undo_on_failure:
+                undo_attempt(release, attempt, current.name, exc)
+            raise
+    journal.end(release.settings, cfg.model_name, attempt.id, "completed")
     return results
+
+
+def undo_attempt(release: Release, attempt: journal.Attempt, failed: str, exc: BaseException) -> None:
+    """Undo this attempt after step ``failed`` raised ``exc``: Triton (from publish on) and the registry.
+
+    A failure in register (or in taking the lease) reached only the registry, and only through the
+    journal: the workspace's register record may be an earlier attempt's, which is not ours to undo.
+    The rollback step failing too (an unreadable state, Triton down) still reverts the registry.
+    """
+    reason = f"{failed} failed: {str(exc)[:300] or type(exc).__name__}"
+    log.error("%s failed — rolling back this attempt: %s", failed, str(exc) or type(exc).__name__)
+    if failed != LEASE_FROM:
+        try:
+            log.info("%s", BY_NAME["rollback"](release, reason=reason, mode="attempt").line())
+        except Exception as rb_exc:
+            log.error("rollback of this attempt failed (%s); reverting its registry changes alone", rb_exc)
+            with contextlib.suppress(Exception):
+                undo(release, reason=reason, champion=False)
+    try:
+        done = journal.undo_attempt(release.settings, release.config.model_name, attempt.id, reason=reason)
+        if done["actions"]:
+            log.info("registry journal: %s", "; ".join(done["actions"]))
+    except Exception as j_exc:  # MLflow down: the next release or `seqcls sync` undoes it (journal kept)
+        log.error("registry changes of this attempt not undone (%s); the next release or `seqcls sync` will", j_exc)
+
+
+@dataclass
+class Sigterm:
+    """What :func:`sigterm_aborts` yields: the exception once SIGTERM came, and :meth:`rearm`."""
+
+    fired: list[Terminated]
+    handler: Callable[..., None] | None = None
+
+    def rearm(self) -> None:
+        """Install the handler again: importing Paddle replaces SIGTERM's C handler with its own (which dies)."""
+        if self.handler is not None:
+            signal.signal(signal.SIGTERM, self.handler)
+
+    def check(self) -> None:
+        """Re-raise the signal's exception should the code it interrupted have swallowed it (a broad retry loop)."""
+        if self.fired:
+            raise self.fired[0]
+
+
+@contextlib.contextmanager
+def sigterm_aborts(release: Release) -> Iterator[Sigterm]:
+    """SIGTERM raises :class:`Terminated` in the main thread (once: the undo it triggers is not interrupted);
+    a previous Python handler (Airflow's task runner calls the operator's ``on_kill``) runs first."""
+    term = Sigterm([])
+    if threading.current_thread() is not threading.main_thread():
+        yield term
+        return
+
+    def handler(signum: int, frame: Any) -> None:
+        if term.fired:
+            log.warning("SIGTERM again: still undoing this attempt (SIGKILL would leave it to the next release)")
+            return
+        term.fired.append(
+            Terminated(
+                f"release of {release.config.model_name} ({release.checkpoint.origin}) terminated by SIGTERM; "
+                "this attempt is undone (what is served and the registry as before it)."
+            )
+        )
+        if callable(previous):
+            previous(signum, frame)
+        raise term.fired[0]
+
+    term.handler = handler
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield term
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _release_lease(release: Release):

@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from seqcls import faults
 from seqcls.errors import StepOrderError
 from seqcls.frameworks import for_checkpoint
 from seqcls.records import (
@@ -35,7 +36,7 @@ from seqcls.records import (
     serving_tokenizer,
     static_dir,
 )
-from seqcls.registry import runs
+from seqcls.registry import journal, runs
 from seqcls.registry.ledger import (
     CANDIDATE,
     RELEASE_KEY_TAG,
@@ -47,8 +48,10 @@ from seqcls.registry.ledger import (
     mlflow_failed,
 )
 from seqcls.serving import shipped
+from seqcls.serving.control import release_owner
 from seqcls.serving.release import float32, key_of, release_values, serving_config
 from seqcls.serving.repository import ServingOptions
+from seqcls.settings import Settings
 from seqcls.steps import require
 from seqcls.workspace import Release, StepResult, package_versions
 
@@ -78,7 +81,7 @@ def lineage_tags(
         "profile": cfg.profile,
         "seqcls_version": str(versions.get("seqcls")),
         "num_labels": str(ckpt.num_labels),
-        "checkpoint": str(ckpt.path),
+        "checkpoint": str(ckpt.origin),
         "parity.logits_max_abs_diff": str(report.numeric.get("logits_max_abs_diff")),
         "parity.decision_agreement": str(report.decisions.get("agreement")),
     }
@@ -86,18 +89,14 @@ def lineage_tags(
     return tags
 
 
-def log_run(c, release: Release, validate_record: dict[str, Any], key: str):
-    """Adopt validate's run (or open one), log the pyfunc model and the release's files; returns (run_id, info)."""
+def log_run(c, release: Release, run_id: str):
+    """Log the pyfunc model and the release's files to run ``run_id``; returns the pyfunc's ModelInfo."""
     import mlflow
 
     ws, ckpt = release.workspace, release.checkpoint
-    run_id = runs.adopt_run(c, validate_record, key)
-    if run_id is None:
-        run_id = runs.open_run(c, release, ParityReport.load(ws), key, parity="passed", outcome=runs.REGISTERED)
-        c.log_artifacts(run_id, str(ws.path(OUT_DIRS["validate"])), "parity")
-    c.set_tag(run_id, runs.OUTCOME_TAG, runs.REGISTERED)
     with mlflow.start_run(run_id=run_id):
         info = log_pyfunc(release)
+    faults.point("register:artifacts")
     c.log_artifacts(run_id, str(static_dir(ws)), for_checkpoint(ckpt).artifact_dir)
     for name in TOKENIZER_FILES:
         if (ckpt.path / name).is_file():
@@ -106,8 +105,17 @@ def log_run(c, release: Release, validate_record: dict[str, Any], key: str):
         c.log_artifact(run_id, str(path), "checkpoint")
     if fp32_onnx(ws) != served_onnx(ws):
         c.log_artifact(run_id, str(fp32_onnx(ws)), "onnx_fp32")
-    c.set_terminated(run_id)
-    return run_id, info
+    return info
+
+
+def start_run(c, release: Release, validate_record: dict[str, Any], key: str) -> tuple[str, bool]:
+    """Adopt validate's run (or open one: then True), tagged ``registering`` until the version exists."""
+    run_id = runs.adopt_run(c, validate_record, key)
+    if run_id is not None:
+        c.set_tag(run_id, runs.OUTCOME_TAG, runs.REGISTERING)  # never adopted twice
+        return run_id, False
+    ws = release.workspace
+    return runs.open_run(c, release, ParityReport.load(ws), key, parity="passed", outcome=runs.REGISTERING), True
 
 
 def pyfunc_signature():
@@ -156,8 +164,8 @@ def log_pyfunc(release: Release):
         )
 
 
-def ensure_registered_model(c, name: str) -> bool:
-    """Create the registered model if missing; True when this call created it."""
+def ensure_registered_model(c, settings: Settings, name: str) -> bool:
+    """Create the registered model if missing (journalled first); True when this call created it."""
     from mlflow.exceptions import MlflowException
 
     try:
@@ -166,6 +174,7 @@ def ensure_registered_model(c, name: str) -> bool:
     except MlflowException as exc:
         if not is_not_found(exc):
             raise mlflow_failed(f"reading registered model {name!r}", exc) from exc
+        journal.record(settings, name, "registered_model", model=name)
         c.create_registered_model(
             name, tags={"seqcls": "true"}, description="PaddleNLP ERNIE sequence classifier released by seqcls"
         )
@@ -173,15 +182,36 @@ def ensure_registered_model(c, name: str) -> bool:
 
 
 def register_new(release: Release, config: dict[str, Any], validate_record: dict[str, Any]) -> Registered:
-    """Log the run, create the model version with lineage and serving configuration, point ``candidate`` at it."""
-    cfg, ckpt = release.config, release.checkpoint
+    """Log the run, create the model version with lineage and serving configuration, point ``candidate`` at it.
+
+    Each registry change is journalled before it is made (:mod:`seqcls.registry.journal`). A failure
+    tags the run ``failed``; a full disk under MLflow's artifact store is a ResourceError naming it.
+    """
     c = client(release.settings)
+    run_id, opened = start_run(c, release, validate_record, key_of(config))
+    try:
+        if opened:  # validate's evidence, as validate would have logged it
+            c.log_artifacts(run_id, str(release.workspace.path(OUT_DIRS["validate"])), "parity")
+        reg = _new_version(c, release, config, run_id)
+    except BaseException as exc:
+        full = runs.out_of_space_error(runs.mark_failed(c, run_id, exc), exc, run_id)
+        if full is not None:
+            raise full from exc
+        raise
+    c.set_tag(run_id, runs.OUTCOME_TAG, runs.REGISTERED)
+    c.set_terminated(run_id)
+    return reg
+
+
+def _new_version(c, release: Release, config: dict[str, Any], run_id: str) -> Registered:
+    cfg, ckpt, settings = release.config, release.checkpoint, release.settings
     t0 = time.perf_counter()
     report = ParityReport.load(release.workspace)
     versions = package_versions()
     key = key_of(config)
-    run_id, info = log_run(c, release, validate_record, key)
-    created_rm = ensure_registered_model(c, cfg.model_name)
+    info = log_run(c, release, run_id)
+    created_rm = ensure_registered_model(c, settings, cfg.model_name)
+    journal.record(settings, cfg.model_name, "version", model=cfg.model_name, run_id=run_id, release_key=key)
     mv = c.create_model_version(
         cfg.model_name,
         source=info.model_uri,
@@ -190,7 +220,13 @@ def register_new(release: Release, config: dict[str, Any], validate_record: dict
         description=f"fingerprint {ckpt.fingerprint}, serving configuration {key}",
         model_id=info.model_id,
     )
+    journal.record(settings, cfg.model_name, "created", model=cfg.model_name, run_id=run_id, version=int(mv.version))
+    faults.point("register:version-created")
     prev_candidate = aliased_version(c, cfg.model_name, CANDIDATE)
+    previous = int(prev_candidate.version) if prev_candidate else None
+    journal.record(
+        settings, cfg.model_name, "alias", alias=CANDIDATE, target=int(mv.version), previous=previous, run_id=run_id
+    )
     c.set_registered_model_alias(cfg.model_name, CANDIDATE, mv.version)
     return Registered(
         model_name=cfg.model_name,
@@ -198,7 +234,7 @@ def register_new(release: Release, config: dict[str, Any], validate_record: dict
         run_id=run_id,
         created=True,
         created_registered_model=created_rm,
-        previous_candidate=int(prev_candidate.version) if prev_candidate else None,
+        previous_candidate=previous,
         model_uri=f"models:/{cfg.model_name}/{mv.version}",
         logged_model=info.model_uri,
         seconds=round(time.perf_counter() - t0, 3),
@@ -247,6 +283,9 @@ def register(release: Release) -> StepResult:
     }
 
     def body(out: Path) -> tuple[dict, str]:
+        dead = journal.undo_dead_attempts(release.settings, cfg.model_name)
+        if dead.get("undone") or dead.get("error"):
+            log.warning("register: dead attempts of %s: %s", cfg.model_name, dead)
         existing = find_version(client(release.settings), cfg.model_name, ckpt.fingerprint, release_key=key)
         if existing is not None and existing.tags.get(RELEASE_KEY_TAG) == key:  # not a legacy (untagged) one
             reg = Registered(cfg.model_name, int(existing.version), existing.run_id, release_key=key)
@@ -264,4 +303,5 @@ def register(release: Release) -> StepResult:
         (out / "registry.json").write_text(json.dumps(reg.to_dict(), indent=1), encoding="utf-8")
         return reg.to_dict(), msg
 
-    return release.workspace.run_step(STEP, inputs, body, out_dir=OUT_DIR, always_run=True)
+    with journal.standalone(release.settings, cfg.model_name, release_owner(release), str(release.workspace.root)):
+        return release.workspace.run_step(STEP, inputs, body, out_dir=OUT_DIR, always_run=True)
