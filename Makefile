@@ -106,7 +106,7 @@ bench: setup-perf
 # The test suite CI runs (.ci/run calls exactly this): lint, then every test tier.
 test: setup-torch setup-perf
 	$(VENV)/bin/ruff check .
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest --durations=40 $(PYTEST_ARGS)
 
 lint: setup
 	$(VENV)/bin/ruff check .

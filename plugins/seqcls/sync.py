@@ -5,44 +5,94 @@ MLflow outage, per model:
 
 1. a candidate whose release is gone (its lease holder is dead or expired) is abandoned;
 2. every endpoint is reconciled to the recorded state (load/unload, readiness per version);
-3. the MLflow ``champion`` alias is moved to the registered version of the served fingerprint;
-4. half-written publish/candidate directories left by a killed process are removed.
+3. a damaged state file is recorded again from its newest readable copy (``.bak`` or the log), a
+   lost one from what the log or the configs say is served — only after that state converged;
+4. the MLflow ``champion`` alias is moved to the registered version of the served fingerprint;
+5. half-written publish/candidate directories left by a killed process are removed.
 
 A live release in flight is left alone (its candidate stays); sync never changes *what* should
-be served — that only releases and rollbacks do, under the lease.
+be served — that only releases and rollbacks do, under the lease. One model's damage (an
+unreadable state or lease, a missing version) is reported for that model; the others converge.
+A lost state that nothing reconstructs is never read as "serve nothing": sync then changes nothing.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
 import shutil
 import socket
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from seqcls.checkpoints.checkpoint import sha256_file
+from seqcls.errors import SeqclsError, ServingError
+from seqcls.files import replace_file
+from seqcls.registry import journal
 from seqcls.registry.ledger import mirror_champion
 from seqcls.serving import control
 from seqcls.serving.client import endpoints_from_settings
 from seqcls.serving.lease import ReleaseLease, pid_alive
-from seqcls.serving.names import CLASSIC
+from seqcls.serving.names import CLASSIC, names_for
 from seqcls.serving.release import served_release_key
-from seqcls.serving.repository import Repository
-from seqcls.serving.state import STATE_PREFIX, ServingState, current_state
-from seqcls.settings import DEFAULT_MODEL_NAME, Settings
+from seqcls.serving.repository import RELEASE_FILE, Repository
+from seqcls.serving.state import (
+    STATE_PREFIX,
+    ServingState,
+    current_state,
+    restore_state,
+    state_damaged,
+    state_path,
+    write_state,
+)
+from seqcls.settings import DEFAULT_MODEL_NAME, Settings, validate_model_name
+from seqcls.workspace import Workspace
 
 log = logging.getLogger(__name__)
 
 
 def models_in(root: Path) -> list[str]:
-    """Models with a recorded state in the repository, plus the default one if a legacy layout (no
-    state file, the classic ensemble configured) serves it."""
-    names = sorted(p.name[len(STATE_PREFIX) : -len(".json")] for p in Path(root).glob(f"{STATE_PREFIX}*.json"))
-    if DEFAULT_MODEL_NAME not in names and Repository(Path(root), Path(root)).serving_version() is not None:
-        names = sorted([*names, DEFAULT_MODEL_NAME])
-    return names
+    """Models with a recorded state (or its log) in the repository, plus every model that has published
+    versions — one whose state file was lost, and the default one in a legacy layout (no state file)."""
+    root = Path(root)
+    names = {p.name[len(STATE_PREFIX) : -len(".json")] for p in root.glob(f"{STATE_PREFIX}*.json")}
+    names |= {p.name[len(STATE_PREFIX) : -len(".log.jsonl")] for p in root.glob(f"{STATE_PREFIX}*.log.jsonl")}
+    names |= set(_published_models(root))
+    if Repository(root, root).serving_version() is not None:
+        names.add(DEFAULT_MODEL_NAME)
+    return sorted(n for n in names if _valid(n))
+
+
+def _valid(name: str) -> bool:
+    try:
+        validate_model_name(name)
+    except SeqclsError:
+        return False
+    return True
+
+
+def _published_models(root: Path) -> list[str]:
+    """Model names whose ensemble directory holds a version published for that model (``release.json``)
+    and a live config: what it serves, even when its state file is lost. (Versions without any config
+    are a first release that never got as far as a candidate: nothing of it is served.)"""
+    found = []
+    for ensemble in root.iterdir() if root.is_dir() else ():
+        if not (ensemble / "config.pbtxt").is_file():
+            continue
+        versions = sorted((int(p.name) for p in ensemble.glob("[0-9]*") if p.name.isdigit()), reverse=True)
+        for version in versions[:1]:
+            try:
+                info = json.loads((ensemble / str(version) / RELEASE_FILE).read_text(encoding="utf-8"))
+            except (OSError, ValueError):
+                continue
+            if isinstance(info, dict) and info.get("model") == ensemble.name:
+                name = info.get("model_name")
+                found += [name] if isinstance(name, str) and name == ensemble.name else []
+    return found
 
 
 @dataclass
@@ -158,25 +208,199 @@ def _clean(repo: Repository, keep: set[int]) -> list[str]:
     return removed
 
 
+def _release_command(repo: Repository, version: int) -> str:
+    """The exact command that republishes ``version``'s checkpoint (from its release workspace's manifest)."""
+    checkpoint = "<its checkpoint>"
+    for model in repo.names.models:
+        try:
+            info = json.loads((repo.root / model / str(version) / RELEASE_FILE).read_text(encoding="utf-8"))
+            manifest = Workspace(Path(info["workspace"])).read()
+            checkpoint = str(manifest["checkpoint"].get("source") or manifest["checkpoint"]["path"])
+            break
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+    return f"`seqcls release --checkpoint {checkpoint} --model-name {repo.model_name}`"
+
+
+def _copies_of(repo: Repository, version: int) -> Iterator[Path]:
+    """Where byte-identical copies of ``version``'s files may be: its release workspace (the snapshot and
+    export publish shipped from), the other versions of the same Triton models, the serving code."""
+    for model in repo.names.models:
+        try:
+            info = json.loads((repo.root / model / str(version) / RELEASE_FILE).read_text(encoding="utf-8"))
+            yield from sorted(Path(info["workspace"]).rglob("*"))
+            break
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+    for model in repo.names.models:
+        for other in repo.versions(model):
+            if other != version:
+                yield from sorted((repo.root / model / str(other)).rglob("*"))
+    yield from sorted(Path(repo.source).rglob("*"))
+
+
+def restore_version(repo: Repository, version: int) -> list[str]:
+    """Put back the missing or changed files of ``version`` whose ``release.json`` survives, from copies
+    with the recorded hash (checked again after copying); returns what was restored. A version whose
+    directory (with its ``release.json``) is gone cannot be checked, so it is not restored."""
+    wanted: dict[Path, str] = {}
+    for model in repo.names.models:
+        vdir = repo.root / model / str(version)
+        try:
+            files = json.loads((vdir / RELEASE_FILE).read_text(encoding="utf-8"))["files"]
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        for rel, digest in files.items():
+            if not (vdir / rel).is_file() or sha256_file(vdir / rel) != digest:
+                wanted[vdir / rel] = digest
+    found: dict[str, Path] = {}
+    for path in _copies_of(repo, version) if wanted else ():
+        if set(wanted.values()) <= set(found):
+            break
+        if path.is_file() and not path.is_symlink() and path not in wanted:
+            found.setdefault(sha256_file(path), path)
+    restored = []
+    for target, digest in wanted.items():
+        if digest not in found:
+            continue
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.with_name(f".tmp-restore-{os.getpid()}-{target.name}")
+        try:
+            shutil.copyfile(found[digest], tmp)
+            if sha256_file(tmp) == digest:
+                replace_file(tmp, target)
+                restored.append(f"{target.relative_to(repo.root)} (from {found[digest]})")
+        finally:
+            tmp.unlink(missing_ok=True)
+    if restored:
+        log.warning("sync %s: restored version %d: %s", repo.model_name, version, "; ".join(restored))
+    return restored
+
+
+def version_problems(repo: Repository, state: ServingState) -> list[str]:
+    """The served, previous and candidate versions whose files are missing or changed, each with its fix."""
+    problems = []
+    roles = {state.serving: "served", state.previous: "previous", state.candidate: "candidate"}
+    for version, role in sorted((v, r) for v, r in roles.items() if v is not None):
+        missing = [f"{m}/{version}" for m in repo.names.models if version not in repo.versions(m)]
+        changed = [p for p in repo.damaged_files(version) if not any(p.startswith(f"{d}/") for d in missing)]
+        if not missing and not changed:
+            continue
+        what = "; ".join(([f"missing {', '.join(missing)}"] if missing else []) + changed[:3])
+        command = _release_command(repo, version)
+        fix = {
+            "served": f"Triton keeps what it loaded, but a restart cannot load it: release it again ({command}; "
+            f"a new version number) or `seqcls rollback --model-name {repo.model_name}`",
+            "previous": f"`seqcls rollback` cannot use it: republish it with {command} (that serves it, as a new "
+            "version), or leave it — the next release makes the served version the previous",
+            "candidate": "its release cannot pass smoke; `seqcls sync` abandons it once that release is gone",
+        }[role]
+        problems.append(f"{role} version {version} of {repo.model_name!r} is damaged ({what}): {fix}")
+    return problems
+
+
+def _sync_model(settings: Settings, model: str, endpoints) -> SyncResult:
+    repo = Repository.from_settings(settings, model)
+    damaged = state_damaged(repo.root, model)
+    lost = not state_path(repo.root, model).exists()
+    errors: dict[str, str] = {}
+    undone = _undo_dead_registry(settings, repo, model)
+    if "error" in undone:
+        errors["journal"] = f"registry changes of a dead attempt not undone yet: {undone['error']}"
+    abandoned = None
+    try:
+        abandoned = None if damaged else _abandon_orphan(repo, model, endpoints)
+    except ServingError as exc:  # an unreadable lease: reported, the recorded state still converges
+        errors["lease"] = str(exc)
+    state = current_state(repo.root, model)  # a damaged file: its newest readable copy (or a clear error)
+    if lost and state.serving is None and repo.complete_versions() and not _in_flight(repo, model):
+        errors["state"] = (
+            f"{state_path(repo.root, model)} is missing and neither its log nor the configs say which version "
+            f"{model!r} serves (published: {repo.complete_versions()}); nothing was changed. Release the version "
+            f"to serve: {_release_command(repo, repo.complete_versions()[-1])}"
+        )
+        return SyncResult(model, None, None, errors=errors)
+    restored = [f"restored {r}" for r in _restore_live(repo, state)]
+    errors.update({f"version {i + 1}": p for i, p in enumerate(version_problems(repo, state))})
+    try:
+        state, report = control.reconcile_recorded(repo, model, endpoints)
+    except ServingError as exc:  # e.g. a recorded version is missing: the problems above say what to do
+        errors.setdefault("reconcile", str(exc))
+        return SyncResult(model, state.serving, state.candidate, abandoned, restored, errors)
+    result = SyncResult(model, state.serving, state.candidate, abandoned, report.actions, {**errors, **report.errors})
+    result.actions[:0] = restored
+    if report.converged and (damaged or (lost and state.serving is not None)):
+        result.actions.append(_record_again(repo, model, state, damaged))
+        if damaged and "lease" not in result.errors:
+            result.abandoned = _abandon_orphan(repo, model, endpoints)
+    result.registry = {**_mirror(settings, state), "journal": undone}
+    result.removed = _clean(repo, set(state.live_versions()))  # an incomplete older version is no rollback target
+    return result
+
+
+def _restore_live(repo: Repository, state: ServingState) -> list[str]:
+    """Restore the served, previous and candidate versions where byte-identical copies exist."""
+    restored: list[str] = []
+    damaged = [v for v in state.live_versions() if v in repo.complete_versions() and repo.damaged_files(v)]
+    if damaged:
+        with repo.lock(what=f"sync restore {repo.model_name}"):
+            for version in damaged:
+                restored += restore_version(repo, version)
+    return restored
+
+
+def _undo_dead_registry(settings: Settings, repo: Repository, model: str) -> dict[str, Any]:
+    """Undo the MLflow changes journalled by dead attempts, under the model's lease: never while a live
+    release holds it (an Airflow run between tasks is alive while its lease is)."""
+    try:
+        if _in_flight(repo, model):
+            return {"skipped": "a live release holds the lease; its journal is its own"}
+        owner = f"sync:{socket.gethostname()}:{os.getpid()}"
+        control.take_lease(repo.root, model, owner, "sync")
+    except ServingError as exc:  # an unreadable lease: reported by the lease check below
+        return {"skipped": f"lease unreadable ({str(exc)[:200]})"}
+    try:
+        return journal.undo_dead_attempts(settings, model, reason="undone by seqcls sync")
+    finally:
+        control.give_lease(repo.root, model, owner)
+
+
+def _in_flight(repo: Repository, model: str) -> bool:
+    """A live release holds the lease (a first release between publish and its first state write)."""
+    lease = ReleaseLease(repo.root, model)
+    holder = lease.holder()
+    return holder is not None and lease.dead_reason(holder) is None
+
+
+def _record_again(repo: Repository, model: str, state: ServingState, damaged: str | None) -> str:
+    """A converged copy (damaged file) or reconstruction (lost file) becomes the recorded state again."""
+    if damaged:
+        restore_state(repo.root, model)
+        return f"state file was unreadable ({damaged[:120]}): recorded its newest readable copy again"
+    write_state(repo.root, state, expected_generation=0)
+    return f"state file was missing: recorded what is served again ({state.describe()})"
+
+
 def sync(settings: Settings, model_names: list[str] | None = None) -> list[SyncResult]:
     """Recover every (or the named) model of the repository; see the module docstring."""
     root = Path(str(settings.triton_repository))
     endpoints = endpoints_from_settings(settings)
+    for model in model_names or []:  # a name the operator typed: a bad one is their error, not a model's
+        names_for(model)
     results = []
     for model in model_names or models_in(root):
-        repo = Repository.from_settings(settings, model)
-        abandoned = _abandon_orphan(repo, model, endpoints)
-        state, report = control.reconcile_recorded(repo, model, endpoints)
-        result = SyncResult(model, state.serving, state.candidate, abandoned, report.actions, report.errors)
-        result.registry = _mirror(settings, state)
-        result.removed = _clean(repo, set(state.live_versions()))
+        try:
+            result = _sync_model(settings, model, endpoints)
+        except Exception as exc:  # one model's damage is its own: report it, converge the others
+            log.warning("sync %s failed: %s", model, exc, exc_info=not isinstance(exc, SeqclsError))
+            result = SyncResult(model, None, None, errors={"sync": f"{type(exc).__name__}: {exc}"[:1000]})
         log.info(
             "sync %s: serving %s on %d endpoint(s), %d action(s), %d error(s); registry %s",
             model,
-            state.serving,
+            result.serving,
             len(endpoints),
-            len(report.actions),
-            len(report.errors),
+            len(result.actions),
+            len(result.errors),
             result.registry,
         )
         results.append(result)
