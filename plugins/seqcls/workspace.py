@@ -223,7 +223,9 @@ class Workspace:
                 summary, message = body(staging)
             except BaseException as exc:
                 seconds = time.perf_counter() - t0
-                error = resource_error(self.root, exc, f"step {name}") if out_of_space(exc) else exc
+                full = out_of_space(exc) and not isinstance(exc, SeqclsError)  # a seqcls error already says where
+                where = Path(getattr(exc, "filename", None) or self.root)
+                error = resource_error(where, exc, f"step {name}") if full else exc
                 self._record_failure(name, inputs, key, error, staging, out_dir, started, seconds)
                 if isinstance(error, SeqclsError):
                     log.error("%s: failed after %.1fs — %s", name, seconds, error)
