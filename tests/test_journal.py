@@ -14,15 +14,15 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from seqcls.errors import LeaseError, ResourceError, SeqclsError
 from seqcls.settings import Settings
-from seqcls.sync import sync
 from seqcls.workspace import open_release
-from tests.helpers.drills import Drill, when
+from tests.helpers.drills import Drill, timed_sync, when, write_record
 
 MODEL = "seqcls"
 
@@ -210,6 +210,15 @@ def test_sigterm_raises_in_the_main_thread_then_the_handler_is_restored() -> Non
 # --- drills: real Triton, real sqlite MLflow ------------------------------------------------------
 
 
+MODULE = "test_journal"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _drill_record() -> Iterator[None]:
+    yield
+    write_record(MODULE)
+
+
 @pytest.mark.slow
 @pytest.mark.integration
 @pytest.mark.drill
@@ -262,7 +271,7 @@ def test_sigterm_during_reload_or_smoke_undoes_the_attempt(drill: Drill, tiny_ch
     assert ReleaseLease(drill.repo, MODEL).holder() is None
     assert drill.state().candidate is None and drill.state().serving == 1
     # a load the signal interrupted may still finish on the server after the undo's reconcile: one sync at most
-    assert all(r.ok for r in sync(drill.settings))
+    assert all(r.ok for r in timed_sync(drill.settings, "8: SIGTERM during smoke", "undone", module=MODULE))
     drill.assert_invariant(served=1)
 
 

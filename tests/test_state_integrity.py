@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -23,7 +24,7 @@ from seqcls.serving.state import ServingState, current_state, read_state, state_
 from seqcls.settings import Settings
 from seqcls.status import status
 from seqcls.sync import models_in, sync
-from tests.helpers.drills import Drill
+from tests.helpers.drills import Drill, timed_sync, write_record
 
 NAME = "seqcls"
 GARBAGE = {
@@ -391,6 +392,15 @@ def _back_to_the_drill_server(d: Drill) -> None:
     d.server.start()
 
 
+MODULE = "test_state_integrity"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _drill_record() -> Iterator[None]:
+    yield
+    write_record(MODULE)
+
+
 @drill_test
 def test_drill_lost_state_of_a_non_default_model_keeps_it_served(drill: Drill, tiny_checkpoint_src: Path) -> None:
     """Scenario 4: alpha's state file deleted (as the corrupt-state message advised): sync unloaded it."""
@@ -429,7 +439,7 @@ def test_drill_garbage_state_of_one_model_leaves_the_others_served(drill: Drill,
         assert read_state(d.repo, "alpha").serving == 1  # recorded again
     finally:
         _back_to_the_drill_server(d)
-    assert all(r.ok for r in sync(d.settings))
+    assert all(r.ok for r in timed_sync(d.settings, "5: garbage state of one model", "others served", module=MODULE))
     # without any copy: alpha is reported (naming its file), the default model still converges
     path.write_bytes(GARBAGE["binary"])
     for copy in (path.with_name(path.name + ".bak"), d.repo / ".seqcls-state.alpha.log.jsonl"):
@@ -455,7 +465,7 @@ def test_drill_failed_attempts_keep_the_served_fingerprint(drill: Drill, tiny_ch
     s = read_state(d.repo, NAME)
     for _ in range(25):  # what each failed attempt records: a candidate, then its abandon
         s = write_state(d.repo, _failed_attempts(s, 2, 1), expected_generation=s.generation)
-    assert all(r.ok for r in sync(d.settings))
+    assert all(r.ok for r in timed_sync(d.settings, "9: 25 failed attempts", "fingerprint kept", module=MODULE))
     out = d.cli("status")
     assert out.returncode == 0, out.stdout[-3000:]
     assert _answers(d) == before
@@ -505,5 +515,6 @@ def test_drill_damaged_served_and_missing_previous_versions(drill: Drill, tiny_c
     assert _answers(d) == before
     out = d.cli("release", "--checkpoint", str(tiny_checkpoint_src))  # the fix it names
     assert out.returncode == 0, out.stderr[-3000:]
-    assert all(r.ok for r in sync(d.settings))  # removes what is left of version 1 (no rollback target)
+    # removes what is left of version 1 (no rollback target)
+    assert all(r.ok for r in timed_sync(d.settings, "2: served damaged, previous gone", "restored", module=MODULE))
     d.assert_invariant(served=3)
