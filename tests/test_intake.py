@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from seqcls import files
 from seqcls.airflow.context import open_for_task
 from seqcls.checkpoints import snapshot
 from seqcls.checkpoints.checkpoint import sha256_file
@@ -274,7 +275,7 @@ def test_a_full_disk_while_taking_the_snapshot_is_a_resource_error(
         fh = real_open(path, mode, *args, **kwargs)
         return Full(fh) if "w" in mode or "x" in mode else fh
 
-    monkeypatch.setattr(snapshot, "open", full, raising=False)
+    monkeypatch.setattr(files, "open", full, raising=False)  # where the snapshot's copies are written
     with pytest.raises(ResourceError, match=r"releases/.*No space left on device.*MB free there"):
         open_release(ckpt, settings=settings)
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import hashlib
 import os
 import shutil
 import socket
@@ -26,6 +27,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import BinaryIO
 
 from seqcls.errors import ResourceError, ServingError
 
@@ -112,6 +114,18 @@ def held(path: Path, *, timeout: float, what: str, error: type[Exception] = Serv
             fh.truncate()
             fh.flush()
             fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def copy_hashed(source: BinaryIO, dst: Path, *, chunk: int = 1 << 20) -> tuple[str, int]:
+    """Copy the open ``source`` into the new file ``dst`` (never over an existing one), hashing the bytes
+    as they are written: (sha256, size). One read — what was hashed is what was written."""
+    h, size = hashlib.sha256(), 0
+    with open(dst, "xb") as out:
+        while block := source.read(chunk):
+            h.update(block)
+            out.write(block)
+            size += len(block)
+    return h.hexdigest(), size
 
 
 def out_of_space(exc: BaseException) -> bool:

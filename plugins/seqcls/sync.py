@@ -31,7 +31,7 @@ from typing import Any
 
 from seqcls.checkpoints.checkpoint import sha256_file
 from seqcls.errors import SeqclsError, ServingError
-from seqcls.files import replace_file
+from seqcls.files import copy_hashed, replace_file
 from seqcls.registry import journal
 from seqcls.registry.ledger import mirror_champion
 from seqcls.serving import control
@@ -266,8 +266,10 @@ def restore_version(repo: Repository, version: int) -> list[str]:
         target.parent.mkdir(parents=True, exist_ok=True)
         tmp = target.with_name(f".tmp-restore-{os.getpid()}-{target.name}")
         try:
-            shutil.copyfile(found[digest], tmp)
-            if sha256_file(tmp) == digest:
+            tmp.unlink(missing_ok=True)
+            with open(found[digest], "rb") as fin:
+                copied, _ = copy_hashed(fin, tmp)
+            if copied == digest:
                 replace_file(tmp, target)
                 restored.append(f"{target.relative_to(repo.root)} (from {found[digest]})")
         finally:

@@ -14,7 +14,6 @@ the copy, so both move into place with one rename) lists each file's sha256, siz
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -26,7 +25,7 @@ from pathlib import Path
 
 from seqcls.checkpoints.checkpoint import sha256_file
 from seqcls.errors import CheckpointError
-from seqcls.files import atomic_write, out_of_space, replace_dir, resource_error
+from seqcls.files import atomic_write, copy_hashed, out_of_space, replace_dir, resource_error
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +55,7 @@ class Taken:
         return sum(self.sizes.values()) / 1e6
 
 
-def copy_hashed(src: Path, dst: Path) -> tuple[str, int]:
+def copy_file(src: Path, dst: Path) -> tuple[str, int]:
     """Copy ``src`` to the new file ``dst``, hashing the bytes copied: (sha256, size).
 
     ``src`` is opened without following a link in its last component (the caller resolved it and
@@ -68,21 +67,15 @@ def copy_hashed(src: Path, dst: Path) -> tuple[str, int]:
         raise CheckpointError(f"{src}: disappeared while the checkpoint was read; retry when it is complete.") from exc
     except OSError as exc:
         raise CheckpointError(f"{src}: cannot be read ({exc.strerror}); a checkpoint holds readable files.") from exc
-    h, size = hashlib.sha256(), 0
     with open(fd, "rb") as fin:
         if not stat.S_ISREG(os.fstat(fin.fileno()).st_mode):
             raise CheckpointError(f"{src}: is not a regular file; a checkpoint holds plain files.")
         try:
-            with open(dst, "xb") as fout:
-                while block := fin.read(CHUNK):
-                    h.update(block)
-                    fout.write(block)
-                    size += len(block)
+            return copy_hashed(fin, dst, chunk=CHUNK)
         except OSError as exc:
             if out_of_space(exc):
                 raise resource_error(dst.parent, exc, f"copying {src.name} into the release workspace") from exc
             raise
-    return h.hexdigest(), size
 
 
 def take(origins: dict[str, Path], into: Path, source: Path) -> Taken:
@@ -96,7 +89,7 @@ def take(origins: dict[str, Path], into: Path, source: Path) -> Taken:
         raise
     files, sizes = {}, {}
     for name, origin in origins.items():
-        files[name], sizes[name] = copy_hashed(origin, into / name)
+        files[name], sizes[name] = copy_file(origin, into / name)
     taken = Taken(str(source), files, sizes, {name: str(p) for name, p in origins.items()})
     try:
         atomic_write(into / RECORD, taken.to_json())

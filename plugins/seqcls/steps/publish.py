@@ -29,7 +29,7 @@ from typing import Any
 from seqcls import faults
 from seqcls.checkpoints.checkpoint import sha256_file
 from seqcls.errors import ServingError
-from seqcls.files import replace_dir
+from seqcls.files import copy_hashed, replace_dir
 from seqcls.records import OUT_DIRS, Published, served_onnx, serving_tokenizer
 from seqcls.serving import control, shipped
 from seqcls.serving.names import MODEL, POSTPROCESS, TOKENIZER, ServingNames
@@ -163,12 +163,8 @@ def recorded_digests(release: Release) -> dict[str, str]:
 
 def copy_checked(src: Path, dst: Path, expected: str | None) -> str:
     """Copy ``src`` to ``dst`` hashing the bytes as they are written (one read); ``expected`` must match."""
-    h = hashlib.sha256()
-    with open(src, "rb") as fin, open(dst, "xb") as fout:
-        while chunk := fin.read(1 << 20):
-            h.update(chunk)
-            fout.write(chunk)
-    digest = h.hexdigest()
+    with open(src, "rb") as fin:
+        digest, _ = copy_hashed(fin, dst)
     if expected is not None and digest != expected:
         raise ServingError(
             f"{src}: changed since it was hashed for this release (sha256 {digest[:16]}…, recorded {expected[:16]}…). "
