@@ -22,24 +22,21 @@ from pathlib import Path
 
 import pytest
 
+from seqcls.airflow.context import TASK_ORDER
+
 ROOT = Path(__file__).resolve().parents[2]
 DAGS = ROOT / "dags"
 PLUGINS = ROOT / "plugins"
 DAG_ID = "seqcls_release"
 SYNC_DAG_ID = "seqcls_sync"
-TASKS = (
-    "resolve_checkpoint",
-    "export_static",
-    "convert_onnx",
-    "validate_parity",
-    "register_model",
-    "publish_repository",
-    "reload_triton",
-    "smoke_test",
-    "expose_version",
-    "promote",
-    "rollback",
-)
+#: Every task of the release DAG in order (rollback last), derived from the step table (no Airflow import).
+TASKS: tuple[str, ...] = TASK_ORDER
+
+
+def tasks_between(first: str | None, last: str | None) -> tuple[str, ...]:
+    """The release tasks strictly after ``first`` and strictly before ``last`` (None: from the start / to the end)."""
+    start = TASKS.index(first) + 1 if first else 0
+    return TASKS[start : TASKS.index(last) if last else len(TASKS)]
 
 
 def private_airflow_home() -> Path:
