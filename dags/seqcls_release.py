@@ -16,6 +16,11 @@ step; every step is idempotent, so re-running a run or a task redoes only what i
 - `export_static` — checkpoint → Paddle static graph
 - `convert_onnx` — static graph → ONNX (paddle2onnx), output `logits`
 - `validate_parity` — the parity gate: tokenizer ids, logits within atol/rtol, label sets
+- `evaluate_quality` — the quality gate: the serving graph and the served champion (re-scored from
+  its published files) on the same labeled eval set (`eval_set`, else the checkpoint's own
+  `test`/`dev` file); refuses a candidate below a floor or worse than the champion beyond the
+  rules (`max_f1_drop`, per level, per label; `max_profile_f1_drop` vs fp32). Evidence:
+  `quality/evaluation.json`, `bad_cases.tsv`, `labels.png`, the MLflow run (`seqcls.quality`)
 - `register_model` — MLflow model version + alias `candidate` (extra link *MLflow model version*)
 - `publish_repository` — new immutable Triton version N of the four models; nothing live changes
 - `reload_triton` — every Triton endpoint loads N beside the served version as the *candidate*
@@ -180,6 +185,13 @@ def release_tasks(model_name: str, checkpoints_root: str = "") -> None:
         return resolve_release(model_name, checkpoints_root, params, dag_run, ti)
 
     @task
+    def evaluate_quality(checkpoint: str, fingerprint: str, checkpoints_root: str, params=None, ti=None) -> dict:
+        """The quality gate: the serving graph vs the served champion on the labeled eval set."""
+        from seqcls.airflow.tasks import run_task_step
+
+        return run_task_step("evaluate", checkpoint, fingerprint, params, ti, checkpoints_root=checkpoints_root)
+
+    @task
     def register_model(checkpoint: str, fingerprint: str, checkpoints_root: str, params=None, ti=None) -> dict:
         """MLflow model version for this fingerprint (idempotent) + alias `candidate`."""
         from seqcls.airflow.tasks import run_task_step
@@ -238,13 +250,26 @@ def release_tasks(model_name: str, checkpoints_root: str = "") -> None:
     exported = heavy_task(export_static)(params_json=PARAMS_JSON, **step)
     converted = heavy_task(convert_onnx)(params_json=PARAMS_JSON, **step)
     validated = heavy_task(validate_parity)(params_json=PARAMS_JSON, **step)
+    evaluated = evaluate_quality(**step)
     registered = register_model(**step)
     published = publish_repository(**step)
     reloaded = reload_triton(**step)
     smoked = smoke_test(**step)
     exposed = expose_version(**step)
     promoted = promote(**step)
-    tasks = [resolved, exported, converted, validated, registered, published, reloaded, smoked, exposed, promoted]
+    tasks = [
+        resolved,
+        exported,
+        converted,
+        validated,
+        evaluated,
+        registered,
+        published,
+        reloaded,
+        smoked,
+        exposed,
+        promoted,
+    ]
     chain(*tasks)
     # Rollback after the steps the table marks undo_on_failure (the task checks they really failed).
     [t for t in tasks if t.operator.task_id in ROLLBACK_ON] >> rollback(**step)

@@ -36,7 +36,7 @@ pytestmark = pytest.mark.slow
 
 def _validated(ckpt: Path, settings: Settings | None = None, **config) -> Release:
     release = open_release(ckpt, ReleaseConfig(**config), settings=settings)
-    run_release(release, until="validate")
+    run_release(release, until="evaluate")
     return release
 
 

@@ -25,11 +25,13 @@ from seqcls import __version__, config
 from seqcls.checkpoints.completion import find_latest, mark_complete, read_marker
 from seqcls.errors import InputError, SeqclsError
 from seqcls.localtriton import LocalTriton, TritonServerConfig
+from seqcls.records import EVALUATION
 from seqcls.serving.layout import calibrate_layout
 from seqcls.serving.lease import ReleaseLease
 from seqcls.settings import Settings
 from seqcls.status import status
 from seqcls.steps import EXTRA_STEPS, ORDER, STEPS, run_release, step
+from seqcls.steps.evaluate import OWN_EVAL_FILES, preflight_eval_set
 from seqcls.steps.rollback import rollback_model
 from seqcls.sync import sync
 from seqcls.workspace import open_release
@@ -201,6 +203,52 @@ def _cmd_step(args: argparse.Namespace) -> tuple[int, Printer]:
     return 0, lambda: _print_results(args, release.workspace.root, [result])
 
 
+def _cmd_evaluate(args: argparse.Namespace) -> tuple[int, Printer]:
+    """The quality gate alone: the steps before it (skipped when done), then evaluate. Exit 0 passed,
+    1 refused (or an earlier gate failed), 2 bad input (the eval set, a param, the checkpoint)."""
+    error: SeqclsError | None = None
+    current = ""
+    try:
+        release = _release_from_args(args)
+        if preflight_eval_set(release) is None:
+            raise InputError(
+                "no eval set: give --eval-set FILE (PaddleNLP's text<TAB>label,label or JSONL "
+                f'{{"text", "labels"}}), or put one of {", ".join(OWN_EVAL_FILES)} in the checkpoint'
+            )
+        for s in STEPS[: ORDER.index("evaluate") + 1]:
+            current = s.name
+            s(release)
+    except InputError as exc:
+        message = f"error: {exc}"
+        return 2, lambda: print(message, file=sys.stderr)
+    except SeqclsError as exc:  # a refusal, or a failed export/convert/parity gate before it
+        error = exc
+    ws = release.workspace
+    path = ws.path(EVALUATION) if error is None else ws.failed_dir("evaluate") / "evaluation.json"
+    ran = current == "evaluate" and path.is_file()  # an earlier step's failure: no verdict to show
+    evaluation = json.loads(path.read_text(encoding="utf-8")) if ran else None
+
+    def show() -> None:
+        if args.json and evaluation is not None:
+            print(json.dumps(evaluation, indent=2, ensure_ascii=False))
+        elif evaluation is not None:
+            print(f"workspace: {ws.root}")
+            print(f"evaluate: {evaluation.get('summary', '')}")
+            for who in ("candidate", "champion", "fp32"):
+                sc = evaluation.get(who)
+                if sc:
+                    where = f" (Triton v{evaluation['champion_version']})" if who == "champion" else ""
+                    print(
+                        f"  {who}{where}: micro-F1 {sc['micro_f1']:.4f}, macro-F1 {sc['macro_f1']:.4f}, "
+                        f"sample accuracy {sc['sample_accuracy']:.4f}"
+                    )
+            print(f"  evidence: {path.parent if path else ws.root}")
+        if error is not None:
+            print(f"error: {error}", file=sys.stderr)
+
+    return (1 if error is not None else 0), show
+
+
 def _cmd_release(args: argparse.Namespace) -> tuple[int, Printer]:
     release = _release_from_args(args)
     results = run_release(release, until=args.until)
@@ -269,7 +317,7 @@ def build_parser() -> argparse.ArgumentParser:
     for s in (*STEPS, *EXTRA_STEPS):
         p = sub.add_parser(s.name, help=s.help)
         _add_release_args(p, checkpoint_required=s.name != "rollback")
-        p.set_defaults(func=_cmd_step if s.name != "rollback" else _cmd_rollback)
+        p.set_defaults(func={"rollback": _cmd_rollback, "evaluate": _cmd_evaluate}.get(s.name, _cmd_step))
         if s.name == "rollback":
             p.add_argument("--reason", default=None, help="why (recorded in the serving history)")
     for name, func, text in (

@@ -166,6 +166,86 @@ FIELDS: tuple[Field, ...] = (
         exclusive=False,
     ),
     Field(
+        "eval_set",
+        "string",
+        "Eval set",
+        "Labeled texts the quality gate scores candidate and champion on: PaddleNLP's text<TAB>label,label "
+        'or JSONL {"text", "labels"}. In a DAG run: a path under the model\'s checkpoints root. '
+        "Unset = the checkpoint's own test/dev file, if it has one.",
+        nullable=True,
+    ),
+    Field(
+        "min_micro_f1",
+        "number",
+        "Min micro-F1",
+        "Quality floor: refuse a candidate below this micro-F1.",
+        0,
+        1,
+        nullable=True,
+    ),
+    Field(
+        "min_macro_f1",
+        "number",
+        "Min macro-F1",
+        "Quality floor: refuse a candidate below this macro-F1.",
+        0,
+        1,
+        nullable=True,
+    ),
+    Field(
+        "max_f1_drop",
+        "number",
+        "Max F1 drop",
+        "Largest absolute drop vs the served champion of micro-F1, macro-F1 and sample accuracy (same eval set).",
+        0,
+        1,
+        nullable=True,
+    ),
+    Field(
+        "max_f1_drop_relative",
+        "number",
+        "Max relative F1 drop",
+        "Largest relative drop (0.05 = 5 %) vs the champion of micro-F1, macro-F1 and sample accuracy.",
+        0,
+        1,
+        nullable=True,
+    ),
+    Field(
+        "max_level_f1_drop",
+        "number",
+        "Max per-level F1 drop",
+        "Largest absolute drop vs the champion of each hierarchy level's micro- and macro-F1.",
+        0,
+        1,
+        nullable=True,
+    ),
+    Field(
+        "max_label_f1_drop",
+        "number",
+        "Max per-label F1 drop",
+        "Largest absolute drop vs the champion of one label's F1 (labels with Min label support).",
+        0,
+        1,
+        nullable=True,
+    ),
+    Field(
+        "min_label_support",
+        "integer",
+        "Min label support",
+        "Gold texts a label needs in the eval set before its own F1 is gated.",
+        1,
+        1_000_000,
+    ),
+    Field(
+        "max_profile_f1_drop",
+        "number",
+        "Max profile F1 drop",
+        "fp32-fused / int8: largest drop of micro- and macro-F1 vs the fp32 graph on the same eval set.",
+        0,
+        1,
+        nullable=True,
+    ),
+    Field(
         "allow_unsafe_pickle",
         "boolean",
         "Allow unsafe pickle",
@@ -201,6 +281,15 @@ class ReleaseConfig:
     require_gpu: bool = False
     profile: str = "fp32"
     min_decision_agreement: float = 0.995
+    eval_set: str | None = None
+    min_micro_f1: float | None = None
+    min_macro_f1: float | None = None
+    max_f1_drop: float | None = 0.02
+    max_f1_drop_relative: float | None = None
+    max_level_f1_drop: float | None = 0.03
+    max_label_f1_drop: float | None = 0.15
+    min_label_support: int = 20
+    max_profile_f1_drop: float | None = 0.005
     allow_unsafe_pickle: bool = False
 
     def __post_init__(self) -> None:

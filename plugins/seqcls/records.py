@@ -22,6 +22,7 @@ OUT_DIRS: dict[str, str] = {
     "export": "static",
     "convert": "onnx",
     "validate": "parity",
+    "evaluate": "quality",
     "register": "registry",
     "publish": "publish",
     "reload": "reload",
@@ -36,6 +37,8 @@ SERVED_ONNX = f"{OUT_DIRS['convert']}/served.onnx"  # a profile's optimised grap
 PARITY_REPORT = f"{OUT_DIRS['validate']}/report.json"
 PARITY_EXPECTED = f"{OUT_DIRS['validate']}/expected.json"
 PARITY_PLOT = f"{OUT_DIRS['validate']}/plot.png"
+EVALUATION = f"{OUT_DIRS['evaluate']}/evaluation.json"
+BAD_CASES = f"{OUT_DIRS['evaluate']}/bad_cases.tsv"
 
 R = TypeVar("R")
 
@@ -219,6 +222,8 @@ def published_version(release: Release) -> int:
 
 
 __all__ = [
+    "BAD_CASES",
+    "EVALUATION",
     "MODEL_ONNX",
     "OUT_DIRS",
     "PARITY_EXPECTED",

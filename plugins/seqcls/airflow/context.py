@@ -74,6 +74,23 @@ def config_from_params(params: Mapping[str, Any] | str | None) -> ReleaseConfig:
     return ReleaseConfig.from_dict({k: v for k, v in values.items() if k in RELEASE_PARAMS})
 
 
+def confined_eval_set(config: ReleaseConfig, settings: Settings) -> ReleaseConfig:
+    """The ``eval_set`` param as a file under the model's checkpoints root (absolute, or relative to it):
+    whoever triggers a run may make the workers read only what the deployment put there."""
+    if not config.eval_set:
+        return config
+    root = Path(settings.checkpoints_root or ".").expanduser().resolve()
+    given = Path(config.eval_set).expanduser()
+    real = (given if given.is_absolute() else root / given).resolve()
+    if not real.is_relative_to(root):
+        raise InputError(
+            f"eval_set {config.eval_set!r} resolves to {real}, outside this model's checkpoints root {root}: a DAG "
+            "run reads eval sets only from under that root. Copy the file there (symlinks leaving it do not count) "
+            "and give its path relative to the root."
+        )
+    return replace(config, eval_set=str(real))
+
+
 def settings_from_params(
     params: Mapping[str, Any] | str | None, *, checkpoints_root: str | Path | None = None, **overrides: Any
 ) -> Settings:
@@ -109,7 +126,7 @@ def open_for_task(
     """
     values = as_params(params)
     settings = settings or settings_from_params(values, checkpoints_root=checkpoints_root)
-    config = config_from_params(values)
+    config = confined_eval_set(config_from_params(values), settings)
 
     def located() -> Path:
         return locate_checkpoint(checkpoint or values.get("checkpoint"), settings)
@@ -137,6 +154,7 @@ __all__ = [
     "TASK_STEPS",
     "as_params",
     "config_from_params",
+    "confined_eval_set",
     "open_for_task",
     "run_heavy_step",
     "settings_from_params",

@@ -22,7 +22,14 @@ from typing import Any
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
 from seqcls.airflow.assets import record_champion
-from seqcls.airflow.context import ROLLBACK_ON, as_params, config_from_params, open_for_task, settings_from_params
+from seqcls.airflow.context import (
+    ROLLBACK_ON,
+    as_params,
+    config_from_params,
+    confined_eval_set,
+    open_for_task,
+    settings_from_params,
+)
 from seqcls.airflow.hooks import MlflowHook, TritonHook
 from seqcls.airflow.models_file import dag_id_for
 from seqcls.airflow.report import report
@@ -34,6 +41,7 @@ from seqcls.serving.control import LeaseContext, give_lease, lease_context, rele
 from seqcls.serving.release import release_key
 from seqcls.settings import Settings, scoped_environ
 from seqcls.steps import LEASE_FROM, sigterm_aborts, step
+from seqcls.steps.evaluate import preflight_eval_set
 from seqcls.sync import sync
 from seqcls.workspace import Release, open_release
 
@@ -70,7 +78,7 @@ def resolve_release(model_name: str, checkpoints_root: str, params, dag_run, ti)
     automatic = run_type != "manual"
     try:  # an InputError is the user's input (params, checkpoint, Connection): no retry can fix it
         with connected(params, checkpoints_root=checkpoints_root) as settings:
-            config = config_from_params(params)
+            config = confined_eval_set(config_from_params(params), settings)
             if config.model_name != model_name:  # the lease, max_active_runs and the champion Asset are per model
                 raise InputError(
                     f"this DAG releases {model_name!r}, not model_name {config.model_name!r}: trigger that "
@@ -78,6 +86,7 @@ def resolve_release(model_name: str, checkpoints_root: str, params, dag_run, ti)
                 )
             path = locate_checkpoint(LATEST if automatic else params.get("checkpoint"), settings)
             release = open_release(path, config, settings)
+            eval_set = preflight_eval_set(release)  # a bad eval set fails here, not after export
             skip = automatic or params.get("skip_if_champion", True)
             reason = champion_skip_reason(release, model_name=config.model_name) if skip else None
     except InputError as exc:
@@ -104,6 +113,7 @@ def resolve_release(model_name: str, checkpoints_root: str, params, dag_run, ti)
         "model_name": config.model_name,
         "labels": ckpt.num_labels,
         "workspace": str(release.workspace.root),
+        "eval_set": eval_set.summary() if eval_set else None,
     }
 
 

@@ -29,7 +29,7 @@ from urllib.parse import unquote, urlparse
 
 from seqcls.errors import ResourceError
 from seqcls.files import out_of_space, resource_error
-from seqcls.records import OUT_DIRS, PARITY_REPORT, ParityReport
+from seqcls.records import EVALUATION, OUT_DIRS, PARITY_REPORT, ParityReport
 from seqcls.registry.ledger import RELEASE_KEY_TAG, client, experiment
 from seqcls.serving.release import release_key
 from seqcls.workspace import Release
@@ -37,7 +37,10 @@ from seqcls.workspace import Release
 log = logging.getLogger(__name__)
 
 VALIDATE_STEP = "validate"
+EVALUATE_STEP = "evaluate"
 PARITY_TAG = "seqcls.gates.parity"
+QUALITY_TAG = "seqcls.quality"
+QUALITY_FAILED = "quality_failed"
 OUTCOME_TAG = "seqcls.outcome"
 GATE_ERROR_TAG = "seqcls.gate_error"
 RUN_ID_KEY = "mlflow_run_id"  # in the manifest's validate record
@@ -201,3 +204,65 @@ def out_of_space_error(where: Path | str, exc: BaseException, run_id: str) -> Re
     if "No space left on device" in str(exc):
         return ResourceError(f"{where}: {what} failed — MLflow's artifact store is full ({exc}). Free space there.")
     return None
+
+
+def _quality_metrics(evaluation: dict[str, Any]) -> dict[str, float]:
+    """``eval.<metric>`` for the candidate, ``eval.champion.<metric>`` / ``eval.fp32.<metric>`` beside it."""
+    out: dict[str, float] = {"eval.passed": float(bool(evaluation.get("passed")))}
+    for who, prefix in (("candidate", "eval."), ("champion", "eval.champion."), ("fp32", "eval.fp32.")):
+        scores = evaluation.get(who) or {}
+        for key, value in scores.items():
+            if isinstance(value, int | float) and not isinstance(value, bool):
+                out[prefix + key] = float(value)
+        for level, row in (scores.get("per_level") or {}).items():
+            for key in ("micro_f1", "macro_f1"):
+                if key in row:
+                    out[f"{prefix}level_{level}.{key}"] = float(row[key])
+    if isinstance(evaluation.get("champion_disagreements"), int):
+        out["eval.champion_disagreements"] = float(evaluation["champion_disagreements"])
+    return out
+
+
+def _log_quality(release: Release, outcome: str) -> str:
+    from mlflow.entities import Metric
+
+    ws = release.workspace
+    directory = ws.failed_dir(EVALUATE_STEP) if outcome == "failed" else ws.path(OUT_DIRS[EVALUATE_STEP])
+    c = client(release.settings)
+    run_id = adopt_run(c, ws.step(VALIDATE_STEP) or {}, release_key(release))
+    if run_id is None:  # validate's run is gone, or an earlier refusal closed it: a new run with the parity evidence
+        run_id = _log_evidence(release, "passed")
+        ws.mark(VALIDATE_STEP, **{RUN_ID_KEY: run_id})
+    path = directory / Path(EVALUATION).name
+    evaluation = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+    now = int(time.time() * 1000)
+    c.log_batch(run_id, metrics=[Metric(k, v, now, 0) for k, v in _quality_metrics(evaluation).items()])
+    c.set_tag(run_id, QUALITY_TAG, outcome)
+    if directory.is_dir() and any(directory.iterdir()):
+        c.log_artifacts(run_id, str(directory), "quality")
+    if outcome == "failed":
+        error = (ws.step(EVALUATE_STEP) or {}).get("error", "")
+        c.set_tag(run_id, OUTCOME_TAG, QUALITY_FAILED)
+        c.set_tag(run_id, GATE_ERROR_TAG, error[:5000])
+        c.set_terminated(run_id, "FAILED")
+    return run_id
+
+
+def log_quality_evidence(release: Release, outcome: str) -> str | None:
+    """Log the quality gate's evaluation, bad cases and plot to the release's run, tagged ``seqcls.quality``.
+
+    The run is validate's (register adopts it, so the model version carries both gates' evidence),
+    else a new one with the parity evidence too. ``outcome``: ``passed``, ``skipped`` (no eval set) or
+    ``failed`` (the run then ends FAILED with ``seqcls.outcome=quality_failed``: nothing adopts it).
+    Never raises (the gate's verdict is the step's outcome); records the run id in the evaluate record.
+    """
+    if outcome not in (*OUTCOMES, "skipped"):
+        raise ValueError(f"outcome {outcome!r}; expected passed, failed or skipped")
+    try:
+        run_id = _log_quality(release, outcome)
+    except Exception as exc:  # no mlflow here, MLflow down: the evidence stays in the workspace
+        log.warning("evaluate: quality evidence not logged to MLflow (%s: %s)", type(exc).__name__, exc)
+        return None
+    release.workspace.mark(EVALUATE_STEP, **{RUN_ID_KEY: run_id})
+    log.info("evaluate: quality evidence (%s) logged to MLflow run %s", outcome, run_id)
+    return run_id

@@ -21,6 +21,18 @@ from seqcls.workspace import Release
 
 #: Release parameters that change what is served or how its decision is made: in :func:`release_key`.
 SERVING_PARAMS = ("profile", "opset", "max_length", "threshold", "thresholds", "hierarchy")
+#: The quality gate's parameters (the eval set and its rules): whether a model may go live, not what it answers.
+QUALITY_PARAMS = (
+    "eval_set",
+    "min_micro_f1",
+    "min_macro_f1",
+    "max_f1_drop",
+    "max_f1_drop_relative",
+    "max_level_f1_drop",
+    "max_label_f1_drop",
+    "min_label_support",
+    "max_profile_f1_drop",
+)
 #: Release parameters that only decide whether (and where) the parity gate passes: not in it.
 GATE_ONLY_PARAMS = (
     "atol",
@@ -32,6 +44,7 @@ GATE_ONLY_PARAMS = (
     "require_gpu",
     "min_decision_agreement",
     "allow_unsafe_pickle",
+    *QUALITY_PARAMS,
 )
 
 

@@ -72,11 +72,18 @@ STEPS: tuple[Step, ...] = (
         heavy=True,
     ),
     Step(
+        "evaluate",
+        "evaluate",
+        "evaluate_quality",
+        "quality gate: the serving graph vs the served champion on a labeled eval set",
+        ("convert", "validate"),
+    ),
+    Step(
         "register",
         "register",
         "register_model",
         "MLflow model version with lineage, alias candidate (idempotent per fingerprint)",
-        ("convert", "validate"),
+        ("convert", "validate", "evaluate"),
         undo_on_failure=True,
     ),
     Step(

@@ -1,0 +1,267 @@
+"""Step 4 — evaluate: the quality gate. A model no better than the one it replaces never goes live.
+
+The parity gate proves the served graph computes what the checkpoint computes; it cannot tell a
+good checkpoint from a bad retrain. This step scores the candidate's *serving* graph (the chosen
+profile's ONNX, the serving tokenizer, the served decision rule: :mod:`seqcls.quality.scoring`) on
+a labeled eval set, re-scores the model that is served now — the champion — from its published
+Triton files on the same texts, and judges both with the release's quality rules
+(:mod:`seqcls.quality.rules`): floors always, drops vs the champion when one is served (skipped,
+and said so, for a first release), and for a reduced-precision profile the drop vs the fp32 graph.
+
+The eval set is the operator's (``eval_set``: CLI ``--eval-set``, DAG param, models file
+``params``); only when none is configured is the checkpoint's own ``test``/``dev`` file used, and
+the report says so. No eval set at all: the gate is skipped with a warning (recorded as such).
+It is read once and hashed; a changed file, champion or rule re-runs the step.
+
+Writes ``quality/evaluation.json`` (what ``seqcls evaluate --json`` prints), ``bad_cases.tsv`` and
+``labels.png``; the figures go to the release's MLflow run (``eval.*``, tag ``seqcls.quality``),
+also when refused. A refusal raises :class:`GateError` naming each failed rule with both values;
+nothing was registered or published, so what is served is unchanged.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from seqcls.checkpoints.checkpoint import inside_checkpoint, sha256_file
+from seqcls.errors import GateError, InputError
+from seqcls.gates import runtime
+from seqcls.quality.evalset import EvalSet, read_eval_set
+from seqcls.quality.metrics import Scores, bad_cases, score, write_bad_cases
+from seqcls.quality.plot import plot_labels
+from seqcls.quality.rules import QualityRules, Verdict, judge
+from seqcls.quality.scoring import Graph, Predictions, decide_vector, predict, served_graph
+from seqcls.records import OUT_DIRS, fp32_onnx, served_onnx, serving_tokenizer
+from seqcls.registry.runs import log_quality_evidence
+from seqcls.serving import shipped
+from seqcls.serving.release import QUALITY_PARAMS
+from seqcls.serving.repository import Repository
+from seqcls.serving.state import current_state
+from seqcls.steps import require
+from seqcls.workspace import Release, StepResult
+
+log = logging.getLogger(__name__)
+
+STEP = "evaluate"
+OUT_DIR = OUT_DIRS[STEP]
+#: The checkpoint's own labeled files, in the order they are taken when no eval set is configured
+#: (test before dev: dev chose the training's best epoch, so it flatters the model).
+OWN_EVAL_FILES = ("test.jsonl", "test.txt", "test.tsv", "dev.jsonl", "dev.txt", "dev.tsv")
+
+
+def locate_eval_set(release: Release) -> tuple[Path, str] | None:
+    """The eval set's file and where it came from: configured, else the checkpoint's own, else None."""
+    configured = release.config.eval_set
+    if configured:
+        path = Path(configured).expanduser()
+        if not path.is_file():
+            raise InputError(
+                f"eval_set {configured!r}: no such file. Give a labeled file (PaddleNLP's text<TAB>label,label "
+                'or JSONL {"text", "labels"}) with --eval-set / the eval_set param.'
+            )
+        return path, "configured"
+    origin = Path(release.checkpoint.origin)
+    for name in OWN_EVAL_FILES:
+        path = inside_checkpoint(origin, name)
+        if path.is_file():
+            return path, f"the checkpoint's own {name} (no eval set configured)"
+    return None
+
+
+def preflight_eval_set(release: Release) -> EvalSet | None:
+    """The eval set read and checked against the checkpoint's labels — at resolve, so a typo fails in
+    seconds, before any export (evaluate reads it again: the bytes it scores are the bytes it hashes)."""
+    found = locate_eval_set(release)
+    if found is None:
+        return None
+    es = read_eval_set(found[0], list(release.checkpoint.labels), source=found[1])
+    log.info("eval set %s: %d labeled texts (%s), sha256 %s", es.path, len(es.texts), es.source, es.sha256[:12])
+    return es
+
+
+def _champion(release: Release) -> tuple[Repository, int | None, str | None]:
+    """The repository, the version served now (None: nothing yet) and its publish key."""
+    repo = Repository.from_settings(release.settings, release.config.model_name)
+    version = current_state(repo.root, release.config.model_name).serving
+    info = repo.release_info(version) if version is not None else None
+    return repo, version, (info or {}).get("publish_key")
+
+
+def gate_inputs(release: Release, es: EvalSet | None, champion: dict[str, Any] | None) -> dict[str, Any]:
+    """Everything the verdict depends on: a change re-runs the gate."""
+    cfg = release.config
+    common = shipped.common_dir(release.settings)
+    return {
+        "eval_set": es.sha256 if es else None,
+        "graph": release.workspace.require("convert")["outputs"],
+        "rules": {k: getattr(cfg, k) for k in QUALITY_PARAMS if k != "eval_set"},
+        "decision": {k: getattr(cfg, k) for k in ("threshold", "thresholds", "hierarchy", "max_length", "profile")},
+        "champion": champion,
+        "serving_code": {m: sha256_file(common / f"{m}.py") for m in shipped.MODULES},
+    }
+
+
+def candidate_graphs(release: Release) -> list[Graph]:
+    """The candidate's serving graph, and the fp32 graph beside it when the profile is another."""
+    cfg, ckpt, ws = release.config, release.checkpoint, release.workspace
+    tok = serving_tokenizer(release)
+    tokenizer = tok.build(shipped.text(release.settings), cfg.max_length)
+    labels = list(ckpt.labels)
+    try:
+        thresholds = decide_vector(labels, cfg.threshold, cfg.thresholds)
+    except ValueError as exc:
+        raise InputError(f"thresholds: {exc}") from exc
+    graphs = [
+        Graph("candidate", served_onnx(ws), tokenizer, tok.pad_id, labels, thresholds, cfg.hierarchy, cfg.profile)
+    ]
+    if cfg.profile != "fp32":
+        graphs.append(Graph("fp32", fp32_onnx(ws), tokenizer, tok.pad_id, labels, thresholds, cfg.hierarchy, "fp32"))
+    return graphs
+
+
+def answer_all(release: Release, es: EvalSet, repo: Repository, champion_version: int | None) -> dict[str, Predictions]:
+    """The eval set through the candidate's graph(s) and, when one is served, the champion's published version."""
+    providers = runtime.choose_providers(release.config.provider, False)
+    answers = {g.name: predict(g, es.texts, providers) for g in candidate_graphs(release)}
+    if champion_version is not None:
+        with tempfile.TemporaryDirectory(prefix=".champion-", dir=release.workspace.root) as scratch:
+            graph = served_graph(repo, champion_version, Path(scratch))
+            answers["champion"] = predict(graph, es.texts, providers)
+    return answers
+
+
+def write_evidence(
+    release: Release,
+    es: EvalSet,
+    answers: dict[str, Predictions],
+    scores: dict[str, Scores],
+    verdict: Verdict,
+    champion_version: int | None,
+    out: Path,
+) -> dict[str, Any]:
+    """``evaluation.json`` (what ``seqcls evaluate --json`` prints), ``bad_cases.tsv``, ``labels.png``."""
+    cfg, cand, champ = release.config, answers["candidate"], answers.get("champion")
+    pairs = list(zip(es.labels, cand.labels, strict=True))
+    rows = bad_cases(
+        es.texts, es.labels, cand.labels, [cand.confidences(i, [*g, *p]) for i, (g, p) in enumerate(pairs)]
+    )
+    write_bad_cases(out / "bad_cases.tsv", rows)
+    disagree = None if champ is None else sum(set(a) != set(b) for a, b in zip(cand.labels, champ.labels, strict=True))
+    evaluation = {
+        "model_name": cfg.model_name,
+        "fingerprint": release.checkpoint.fingerprint,
+        "profile": cfg.profile,
+        "passed": verdict.passed,
+        "summary": verdict.summary(),
+        **{who: scores[who].to_dict() if who in scores else None for who in ("candidate", "champion", "fp32")},
+        "champion_version": champion_version,
+        "failures": [c.failure() for c in verdict.failures],
+        "checks": [c.failure() | {"passed": c.passed} for c in verdict.checks],
+        "skipped": verdict.skipped,
+        "eval_set": es.summary(),
+        "champion_disagreements": disagree,
+        "bad_cases": len(rows),
+        "seconds": {name: p.seconds for name, p in answers.items()},
+    }
+    (out / "evaluation.json").write_text(json.dumps(evaluation, indent=1, ensure_ascii=False), encoding="utf-8")
+    title = _title(release, champion_version)
+    plot_labels(out / "labels.png", scores["candidate"], scores.get("champion"), title=title)
+    return evaluation
+
+
+def run_gate(
+    release: Release, es: EvalSet, repo: Repository, champion_version: int | None, out: Path
+) -> tuple[dict, str]:
+    """Score, judge, write the evidence; raise GateError (evidence kept in ``failed/evaluate/``) when refused."""
+    t0 = time.perf_counter()
+    champion = f"Triton v{champion_version}" if champion_version is not None else "none (first release)"
+    log.info("evaluate: %d labeled texts from %s (%s), champion %s", len(es.texts), es.path, es.source, champion)
+    answers = answer_all(release, es, repo, champion_version)
+    scores = {name: score(es.labels, p.labels, list(release.checkpoint.labels)) for name, p in answers.items()}
+    rules = QualityRules.from_mapping(release.config.to_dict())
+    verdict = judge(scores["candidate"], scores.get("champion"), rules, fp32=scores.get("fp32"))
+    evaluation = write_evidence(release, es, answers, scores, verdict, champion_version, out)
+    if not verdict.passed:
+        raise GateError(refusal(release, es, champion_version, verdict.summary()))
+    c, ch = scores["candidate"], scores.get("champion")
+    summary = {
+        "passed": True,
+        "micro_f1": round(c.micro_f1, 4),
+        "macro_f1": round(c.macro_f1, 4),
+        "champion_version": champion_version,
+        "champion_micro_f1": round(ch.micro_f1, 4) if ch else None,
+        "champion_macro_f1": round(ch.macro_f1, 4) if ch else None,
+        "champion_disagreements": evaluation["champion_disagreements"],
+        "eval_set": es.summary(),
+        "seconds": round(time.perf_counter() - t0, 3),
+    }
+    vs = (
+        f" vs champion {champion} {ch.micro_f1:.4f}/{ch.macro_f1:.4f} "
+        f"({evaluation['champion_disagreements']} of {len(es.texts)} label sets differ)"
+        if ch
+        else " (first release: change rules skipped)"
+    )
+    return (
+        summary,
+        f"quality gate passed on {len(es.texts)} texts: micro/macro-F1 {c.micro_f1:.4f}/{c.macro_f1:.4f}{vs}",
+    )
+
+
+def _title(release: Release, champion_version: int | None) -> str:
+    cfg = release.config
+    champion = f" vs champion Triton v{champion_version}" if champion_version is not None else ""
+    return f"{cfg.model_name} {release.checkpoint.short_fingerprint} ({cfg.profile}){champion}: F1 per label"
+
+
+def refusal(release: Release, es: EvalSet, champion_version: int | None, why: str) -> str:
+    cfg, ws = release.config, release.workspace
+    champion = f"the served champion (Triton v{champion_version})" if champion_version is not None else "no champion"
+    return (
+        f"Quality gate refused model {cfg.model_name!r} (fingerprint {release.checkpoint.short_fingerprint}, profile "
+        f"{cfg.profile}) against {champion} on {es.path} ({len(es.texts)} texts, sha256 {es.sha256[:12]}): {why}. "
+        f"Nothing was registered or published; what is served is unchanged. Evidence: "
+        f"{ws.failed_dir(STEP)}/evaluation.json, bad_cases.tsv, labels.png (and the MLflow run tagged "
+        f"seqcls.quality=failed)."
+    )
+
+
+def _skip(release: Release, out: Path) -> tuple[dict, str]:
+    why = (
+        "no eval set: none configured (--eval-set / the eval_set param) and the checkpoint has none of "
+        f"{', '.join(OWN_EVAL_FILES)} — the quality gate did not run"
+    )
+    log.warning("evaluate: %s", why)
+    (out / "evaluation.json").write_text(json.dumps({"passed": True, "skipped": [why]}, indent=1), encoding="utf-8")
+    return {"passed": True, "skipped": why}, f"skipped — {why}"
+
+
+def evaluate(release: Release) -> StepResult:
+    """Run the quality gate (or skip it, saying why, when there is no eval set)."""
+    require(release, STEP)
+    ws = release.workspace
+    es = preflight_eval_set(release)
+    if es is None:
+        result = ws.run_step(STEP, gate_inputs(release, None, None), lambda out: _skip(release, out), out_dir=OUT_DIR)
+        if result.status == "ok":
+            log_quality_evidence(release, "skipped")
+        return result
+    repo, version, key = _champion(release)
+    champion = {"version": version, "publish_key": key} if version is not None else None
+    try:
+        result = ws.run_step(
+            STEP,
+            gate_inputs(release, es, champion),
+            lambda out: run_gate(release, es, repo, version, out),
+            out_dir=OUT_DIR,
+        )
+    except GateError:
+        log_quality_evidence(release, "failed")
+        raise
+    if result.status == "ok":
+        log_quality_evidence(release, "passed")
+    return result
