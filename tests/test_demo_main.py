@@ -1,5 +1,6 @@
 """The main job (`make demo` → `seqcls demo`) end to end: train, release through the Airflow DAG,
-report; the second run says the checkpoint is already released; nothing is left running."""
+report; a worse retrain refused by the quality gate with serving unchanged; the second run says the
+checkpoint is already released (and refuses the retrain again); nothing is left running."""
 
 from __future__ import annotations
 
@@ -38,10 +39,13 @@ def test_demo_main_job_twice(tmp_path: Path) -> None:
     assert "golden texts answered as validated" in out and "Predictions over gRPC:" in out
     assert out.count("→") == 5 and "mlflow ui --backend-store-uri" in out
     assert "already released" not in out
+    assert "refused by the quality gate" in out and "max_f1_drop on micro_f1" in out, out[-3000:]
+    assert "Triton still serves seqcls version 1; MLflow champion still version 1." in out
 
     second = _run(env)
     assert second.returncode == 0, second.stderr[-3000:]
     assert "was already released" in second.stdout and "version 1" in second.stdout
+    assert "Triton still serves seqcls version 1; MLflow champion still version 1." in second.stdout
     leftovers = [
         p for p in psutil.process_iter(["cmdline"]) if any(str(tmp_path) in part for part in (p.info["cmdline"] or []))
     ]

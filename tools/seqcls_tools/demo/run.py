@@ -3,7 +3,10 @@
 What ``make demo`` runs (``seqcls demo``): build (or reuse) the demo checkpoint, start the local
 Triton, run the ``seqcls_release`` DAG with ``airflow dags test`` on a sqlite Airflow and a sqlite
 MLflow — everything on loopback, under one directory — then report what is served and ask it a
-few questions over gRPC. Airflow is driven through its CLI (a subprocess with a timeout), so this
+few questions over gRPC. Then the scheduled-retraining story: a worse retrain (2 epochs) goes
+through the same DAG and the quality gate refuses it, with what is served and the champion
+unchanged. Both runs are judged on the demo's held-out split, the operator's eval set
+(``<checkpoints root>/demo-eval.jsonl``). Airflow is driven through its CLI (a subprocess with a timeout), so this
 module imports no Airflow. Nothing is left running unless ``keep_servers`` is set.
 """
 
@@ -35,6 +38,28 @@ EXAMPLES = (
 )
 
 
+#: The worse retrain: the demo model trained for 2 epochs (held-out micro-F1 ~0.7 against ~0.99).
+RETRAIN = "demo-v2-retrain"
+RETRAIN_EPOCHS = 2
+#: The operator's eval set, under the checkpoints root (a DAG run reads eval sets only from there).
+EVAL_SET = "demo-eval.jsonl"
+
+
+@dataclass
+class Retrain:
+    """What happened to the worse retrain: refused by the quality gate, and what is served after it."""
+
+    checkpoint: Path
+    trained: dict[str, Any] | None
+    refused: bool
+    reason: str
+    candidate: dict[str, float]
+    champion: dict[str, float]
+    served_version: int | None
+    champion_version: int | None
+    seconds: float
+
+
 @dataclass
 class DemoResult:
     checkpoint: Path
@@ -48,6 +73,7 @@ class DemoResult:
     dag_log: Path | None = None
     settings: Settings | None = None
     kept_servers: bool = False
+    retrain: Retrain | None = None
 
 
 def demo_dir() -> Path:
@@ -106,8 +132,22 @@ def airflow_cli(args: list[str], env: dict[str, str], *, timeout: float, log_fil
             out.close()
 
 
-def ensure_checkpoint(settings: Settings, *, quick: bool = False) -> tuple[Path, dict[str, Any] | None]:
-    ckpt = Path(settings.checkpoints_root or settings.home / "checkpoints") / "demo-v1"
+def ensure_eval_set(settings: Settings) -> Path:
+    """The demo's held-out split as the operator's eval set, under the checkpoints root."""
+    from seqcls_tools.demo import DATA_DIR
+
+    target = Path(settings.checkpoints_root or settings.home / "checkpoints") / EVAL_SET
+    data = (DATA_DIR / "test.jsonl").read_bytes()
+    if not target.is_file() or target.read_bytes() != data:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(data)
+    return target
+
+
+def ensure_checkpoint(
+    settings: Settings, *, quick: bool = False, name: str = "demo-v1", epochs: int | None = None
+) -> tuple[Path, dict[str, Any] | None]:
+    ckpt = Path(settings.checkpoints_root or settings.home / "checkpoints") / name
     if (ckpt / "config.json").is_file() and (ckpt / "label.txt").is_file():
         metrics = ckpt / "metrics.json"
         log.info("demo: reusing the trained checkpoint %s", ckpt)
@@ -119,8 +159,9 @@ def ensure_checkpoint(settings: Settings, *, quick: bool = False) -> tuple[Path,
     from seqcls_tools.demo.train import train_demo_checkpoint
 
     log.info("demo: training the demo classifier into %s (bundled dataset, 2 CPU cores)", ckpt)
-    # epoch-bound, not time-bound: the same F1 on a busy machine as on a quiet one
-    result = train_demo_checkpoint(ckpt, quick=quick, max_seconds=None if quick else 3600)
+    # epoch-bound, not time-bound: the same F1 on a busy machine as on a quiet one (quick too: under load
+    # its 40 s budget once stopped after 1 epoch at micro-F1 0.0, and a worse retrain then looked better)
+    result = train_demo_checkpoint(ckpt, quick=quick, epochs=epochs, max_seconds=3600)
     return ckpt, {
         "micro_f1": result.micro_f1,
         "macro_f1": result.macro_f1,
@@ -144,6 +185,7 @@ def run_demo(*, keep_servers: bool = False, quick: bool = False, timeout: float 
     timings: dict[str, float] = {}
     t0 = time.perf_counter()
     ckpt, trained = ensure_checkpoint(settings, quick=quick)
+    ensure_eval_set(settings)
     timings["checkpoint"] = time.perf_counter() - t0
     release = open_release(ckpt, settings=settings)
     already = registry.champion_release_key(settings, release.config.model_name) == release_key(release)
@@ -166,7 +208,7 @@ def run_demo(*, keep_servers: bool = False, quick: bool = False, timeout: float 
         stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S")
         dag_log = logs / f"dag-test-{stamp}.log"
         # skip_if_champion off: a re-run re-verifies (and reloads a restarted Triton) instead of skipping
-        conf = json.dumps({"checkpoint": str(ckpt), "skip_if_champion": False})
+        conf = json.dumps({"checkpoint": str(ckpt), "skip_if_champion": False, "eval_set": EVAL_SET})
         t1 = time.perf_counter()
         proc = airflow_cli(
             ["dags", "test", DAG_ID, datetime.now(UTC).isoformat(timespec="seconds"), "-c", conf],
@@ -182,11 +224,13 @@ def run_demo(*, keep_servers: bool = False, quick: bool = False, timeout: float 
             )
         repo = Repository.from_settings(settings, release.config.model_name)
         version = repo.serving_version()
+        retrain = release_retrain(settings, env, logs, stamp, quick=quick, timeout=timeout)
         client = TritonOps(endpoints_from_settings(settings)[0])
         if not client.ready(repo.names.ensemble, version):
             raise ServingError(f"{repo.names.ensemble} version {version} is not ready after the run")
         preds, _ = client.infer(list(EXAMPLES), model=repo.names.ensemble)
         champion = registry.alias_version(settings, release.config.model_name, registry.CHAMPION)
+        timings["retrain_refused"] = retrain.seconds
         timings["total"] = time.perf_counter() - t0
         return DemoResult(
             checkpoint=ckpt,
@@ -200,10 +244,54 @@ def run_demo(*, keep_servers: bool = False, quick: bool = False, timeout: float 
             dag_log=dag_log,
             settings=settings,
             kept_servers=keep_servers,
+            retrain=retrain,
         )
     finally:
         if started_here and not keep_servers:
             server.stop()
+
+
+def release_retrain(
+    settings: Settings, env: dict[str, str], logs: Path, stamp: str, *, quick: bool, timeout: float
+) -> Retrain:
+    """Train (or reuse) the worse retrain, run the DAG on it, and check the quality gate refused it with
+    nothing changed: the served version and MLflow's champion as before. Anything else is an error."""
+    from seqcls.registry import ledger as registry
+    from seqcls.serving.repository import Repository
+    from seqcls.workspace import open_release
+
+    t0 = time.perf_counter()
+    ckpt, trained = ensure_checkpoint(settings, quick=True, name=RETRAIN, epochs=RETRAIN_EPOCHS)
+    release = open_release(ckpt, settings=settings)
+    repo = Repository.from_settings(settings, release.config.model_name)
+    before = (repo.serving_version(), registry.alias_version(settings, release.config.model_name, registry.CHAMPION))
+    log.info("demo: releasing the retrain %s — the quality gate should refuse it", ckpt)
+    conf = json.dumps({"checkpoint": str(ckpt), "skip_if_champion": False, "eval_set": EVAL_SET})
+    dag_log = logs / f"dag-test-{stamp}-retrain.log"
+    when = datetime.now(UTC).isoformat(timespec="seconds")
+    proc = airflow_cli(["dags", "test", DAG_ID, when, "-c", conf], env, timeout=timeout, log_file=dag_log)
+    record = release.workspace.step("evaluate") or {}
+    after = (repo.serving_version(), registry.alias_version(settings, release.config.model_name, registry.CHAMPION))
+    gate = record.get("status") == "failed" and "Quality gate refused" in record.get("error", "")
+    refused = proc.returncode != 0 and gate
+    if not refused or after != before:
+        raise SeqclsError(
+            f"the worse retrain {ckpt} was not refused by the quality gate as expected (exit {proc.returncode}, "
+            f"evaluate {record.get('status')}; served/champion {before} -> {after}); task logs: {dag_log}"
+        )
+    evaluation = json.loads((release.workspace.failed_dir("evaluate") / "evaluation.json").read_text(encoding="utf-8"))
+    pick = ("micro_f1", "macro_f1")
+    return Retrain(
+        checkpoint=ckpt,
+        trained=trained,
+        refused=True,
+        reason=evaluation.get("summary", ""),
+        candidate={k: evaluation["candidate"][k] for k in pick},
+        champion={k: evaluation["champion"][k] for k in pick} if evaluation.get("champion") else {},
+        served_version=after[0],
+        champion_version=after[1],
+        seconds=time.perf_counter() - t0,
+    )
 
 
 def report(result: DemoResult) -> str:
@@ -230,6 +318,18 @@ def report(result: DemoResult) -> str:
     for text, preds in result.predictions:
         labels = ", ".join(f"{p['label']} ({p['confidence']:.2f})" for p in preds) or "(no label above threshold)"
         lines.append(f"  {text}\n      → {labels}")
+    rt = result.retrain
+    if rt is not None:
+        trained = f" (held-out micro-F1 {rt.trained['micro_f1']:.3f} at training)" if rt.trained else ""
+        lines += [
+            "",
+            f"Retrain {rt.checkpoint.name}{trained}: refused by the quality gate —",
+            f"  candidate micro/macro-F1 {rt.candidate['micro_f1']:.3f}/{rt.candidate['macro_f1']:.3f} vs champion "
+            f"{rt.champion.get('micro_f1', 0):.3f}/{rt.champion.get('macro_f1', 0):.3f} on {EVAL_SET}",
+            f"  {rt.reason[:400]}",
+            f"  Triton still serves seqcls version {rt.served_version}; MLflow champion still version "
+            f"{rt.champion_version}.",
+        ]
     timing = ", ".join(f"{k} {v:.0f}s" for k, v in result.seconds.items())
     lines += [
         "",
