@@ -96,6 +96,8 @@ def test_first_release_then_a_worse_retrain_is_refused_and_an_equal_one_goes_liv
     assert ev["passed"] and ev["champion_version"] is None and ev["micro_f1"] > 0.8, ev
     assert ev["eval_set"]["sha256"] == hashlib.sha256(eval_set.read_bytes()).hexdigest()
     assert "first release" in first["evaluate"].message
+    assert first["smoke"].summary["shadow"] == {**first["smoke"].summary["shadow"], "offline_mismatch": 0}
+    assert "disagree" not in first["smoke"].summary["shadow"]  # nothing served beside the first release
     drill.assert_invariant(served=1)
     versions = _versions(drill)
 
@@ -125,6 +127,9 @@ def test_first_release_then_a_worse_retrain_is_refused_and_an_equal_one_goes_liv
     ev = second["evaluate"].summary
     assert ev["passed"] and ev["champion_version"] == 1 and ev["champion_disagreements"] == 0, ev
     assert ev["micro_f1"] == ev["champion_micro_f1"]
+    shadow = second["smoke"].summary["shadow"]  # the live champion and candidate side by side on Triton
+    assert shadow["texts"] == 64 and shadow["disagree"] == 0 and shadow["offline_mismatch"] == 0, shadow
+    assert shadow["champion_version"] == 1
     drill.assert_invariant(served=2)
     passed = [r for r in _mlflow_runs(drill, "passed") if r.data.tags.get("seqcls.outcome") == "registered"]
     assert len(passed) == 2  # each released version's run holds both gates' evidence

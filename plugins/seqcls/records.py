@@ -8,6 +8,7 @@ so each file has one owner and each record one definition (with its JSON form). 
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
@@ -39,6 +40,7 @@ PARITY_EXPECTED = f"{OUT_DIRS['validate']}/expected.json"
 PARITY_PLOT = f"{OUT_DIRS['validate']}/plot.png"
 EVALUATION = f"{OUT_DIRS['evaluate']}/evaluation.json"
 BAD_CASES = f"{OUT_DIRS['evaluate']}/bad_cases.tsv"
+SHADOW = f"{OUT_DIRS['evaluate']}/shadow.json"
 
 R = TypeVar("R")
 
@@ -160,6 +162,36 @@ class ParityReport:
         return out
 
 
+# --- evaluate → smoke: eval texts for the shadow comparison on the live server ---------------------
+@dataclass
+class Shadow:
+    """A sample of the eval set with the answers the quality gate scored offline (candidate, champion)."""
+
+    texts: list[str]
+    candidate: list[list[str]]
+    champion: list[list[str]] | None = None
+    champion_version: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def save(self, directory: Path) -> Path:
+        path = directory / Path(SHADOW).name
+        path.write_text(json.dumps(self.to_dict(), indent=1, ensure_ascii=False), encoding="utf-8")
+        return path
+
+    @classmethod
+    def find(cls, ws: Workspace) -> Shadow | None:
+        """The sample, if evaluate passed with an eval set and its file is the one it recorded (else None)."""
+        rec = ws.step("evaluate")
+        if not rec or rec.get("status") != "ok" or SHADOW not in rec.get("outputs", {}):
+            return None
+        data = ws.path(SHADOW).read_bytes()
+        if hashlib.sha256(data).hexdigest() != rec["outputs"][SHADOW]:
+            return None
+        return _from(cls, json.loads(data))
+
+
 # --- publish → reload, smoke, promote, rollback -------------------------------------------------
 @dataclass
 class Published:
@@ -230,12 +262,14 @@ __all__ = [
     "PARITY_PLOT",
     "PARITY_REPORT",
     "SERVED_ONNX",
+    "SHADOW",
     "STATIC_DIR",
     "Expected",
     "ExpectedItem",
     "ParityReport",
     "Published",
     "Registered",
+    "Shadow",
     "fp32_onnx",
     "published_version",
     "served_onnx",

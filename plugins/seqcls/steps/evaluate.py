@@ -36,7 +36,7 @@ from seqcls.quality.metrics import Scores, bad_cases, score, write_bad_cases
 from seqcls.quality.plot import plot_labels
 from seqcls.quality.rules import QualityRules, Verdict, judge
 from seqcls.quality.scoring import Graph, Predictions, decide_vector, predict, served_graph
-from seqcls.records import OUT_DIRS, fp32_onnx, served_onnx, serving_tokenizer
+from seqcls.records import OUT_DIRS, Shadow, fp32_onnx, served_onnx, serving_tokenizer
 from seqcls.registry.runs import log_quality_evidence
 from seqcls.serving import shipped
 from seqcls.serving.release import QUALITY_PARAMS
@@ -52,6 +52,8 @@ OUT_DIR = OUT_DIRS[STEP]
 #: The checkpoint's own labeled files, in the order they are taken when no eval set is configured
 #: (test before dev: dev chose the training's best epoch, so it flatters the model).
 OWN_EVAL_FILES = ("test.jsonl", "test.txt", "test.tsv", "dev.jsonl", "dev.txt", "dev.tsv")
+#: Eval texts the smoke test also sends through the live candidate and public routes (the shadow comparison).
+SHADOW_TEXTS = 64
 
 
 def locate_eval_set(release: Release) -> tuple[Path, str] | None:
@@ -135,6 +137,13 @@ def answer_all(release: Release, es: EvalSet, repo: Repository, champion_version
     return answers
 
 
+def shadow_sample(n: int, size: int = SHADOW_TEXTS) -> list[int]:
+    """Indices of ``size`` texts spread evenly over the eval set (deterministic: a re-run sends the same)."""
+    if n <= size:
+        return list(range(n))
+    return sorted({int(i * n / size) for i in range(size)})
+
+
 def write_evidence(
     release: Release,
     es: EvalSet,
@@ -169,6 +178,13 @@ def write_evidence(
         "seconds": {name: p.seconds for name, p in answers.items()},
     }
     (out / "evaluation.json").write_text(json.dumps(evaluation, indent=1, ensure_ascii=False), encoding="utf-8")
+    pick = shadow_sample(len(es.texts))
+    Shadow(
+        [es.texts[i] for i in pick],
+        [cand.labels[i] for i in pick],
+        [champ.labels[i] for i in pick] if champ is not None else None,
+        champion_version,
+    ).save(out)
     title = _title(release, champion_version)
     plot_labels(out / "labels.png", scores["candidate"], scores.get("champion"), title=title)
     return evaluation

@@ -8,6 +8,13 @@ contract's inputs/outputs; every golden text, sent alone and in batched requests
 the label set recorded in ``parity/expected.json`` (only near-threshold texts may differ) and
 probabilities within tolerance. A profile gated on decision agreement (int8) is held to the same
 agreement here. Latency percentiles are reported. A failure names the texts.
+
+Then the shadow comparison (when the quality gate ran on an eval set): a sample of its texts
+(``quality/shadow.json``) goes through the candidate route and the public route of the first
+endpoint — the live champion and the live candidate side by side on the real server — and how often
+their label sets differ is reported (``shadow`` in the summary), with how often the live candidate
+differs from what the quality gate scored offline. Reported, not gated: the quality gate judged the
+candidate on the whole labeled set; this shows what changes for traffic on the server itself.
 """
 
 from __future__ import annotations
@@ -22,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from seqcls.errors import SmokeError, StepOrderError
-from seqcls.records import OUT_DIRS, Expected, ExpectedItem, published_version
+from seqcls.records import OUT_DIRS, Expected, ExpectedItem, Shadow, published_version
 from seqcls.serving import metrics, shipped
 from seqcls.serving.client import Endpoint, TritonOps, endpoints_from_settings
 from seqcls.serving.names import ENSEMBLE, names_for
@@ -156,6 +163,53 @@ def smoke_endpoint(endpoint: Endpoint, version: int, expected: Expected, route: 
     }
 
 
+def _answers(client: TritonOps, texts: Sequence[str], route: str, version: int | None) -> list[set[str]]:
+    out: list[set[str]] = []
+    for start in range(0, len(texts), BATCH):
+        preds, _ = infer(client, texts[start : start + BATCH], model=route, version=version)
+        out += [{p["label"] for p in row} for row in preds]
+    return out
+
+
+def shadow_compare(endpoint: Endpoint, sample: Shadow, route: str, version: int, public: str) -> dict[str, Any]:
+    """The sample through the candidate route and the public one: how often the live answers differ."""
+    client = TritonOps(endpoint)
+    t0 = time.perf_counter()
+    cand = _answers(client, sample.texts, route, version)
+    offline = sum(c != set(o) for c, o in zip(cand, sample.candidate, strict=True))
+    report: dict[str, Any] = {"endpoint": endpoint.grpc, "texts": len(sample.texts), "offline_mismatch": offline}
+    if route != public and sample.champion_version is not None:  # else nothing served beside it
+        served = _answers(client, sample.texts, public, None)
+        report["disagree"] = sum(a != b for a, b in zip(cand, served, strict=True))
+        report["disagreement_rate"] = round(report["disagree"] / max(len(cand), 1), 4)
+        report["champion_version"] = sample.champion_version
+    report["seconds"] = round(time.perf_counter() - t0, 3)
+    log.info(
+        "smoke: shadow — %d eval texts through %s v%d%s: %s; live candidate vs offline score: %d differ",
+        len(sample.texts),
+        route,
+        version,
+        f" and {public} (serving v{sample.champion_version})" if "disagree" in report else "",
+        f"champion and candidate disagree on {report['disagree']} ({report['disagreement_rate']:.1%})"
+        if "disagree" in report
+        else "no champion beside it",
+        offline,
+    )
+    return report
+
+
+def shadow_of(release: Release, endpoint: Endpoint, route: str, version: int) -> dict[str, Any] | None:
+    """The shadow comparison when the quality gate left a sample (None: no eval set, or it could not be made)."""
+    sample = Shadow.find(release.workspace)
+    if sample is None or not sample.texts:
+        return None
+    try:
+        return shadow_compare(endpoint, sample, route, version, names_for(release.config.model_name).ensemble)
+    except Exception as exc:  # evidence only: the golden texts are the gate
+        log.warning("smoke: shadow comparison not made (%s: %s)", type(exc).__name__, exc)
+        return None
+
+
 def smoke_route(release: Release, version: int) -> str:
     """Where version N answers: the candidate route while in flight, the public ensemble once served."""
     state = current_state(Path(str(release.settings.triton_repository)), release.config.model_name)
@@ -222,8 +276,10 @@ def smoke(release: Release, endpoints: Sequence[Endpoint] | None = None) -> Step
                 )
             model = release.config.model_name
             raise SmokeError(f"smoke test of {model} version {version} failed: " + " | ".join(parts))
+        shadow = shadow_of(release, endpoints[0], route, version)
         summary = {
             "version": version,
+            "shadow": shadow,
             "endpoints": [r["endpoint"] for r in reports],
             "texts": reports[0]["texts"],
             "p50_ms": max(r["p50_ms"] for r in reports),
@@ -231,9 +287,14 @@ def smoke(release: Release, endpoints: Sequence[Endpoint] | None = None) -> Step
             "route": route,
             "triton_metrics": {r["endpoint"]: r.get("triton_metrics") for r in reports},
         }
+        shadowed = (
+            f"; shadow: champion and candidate disagree on {shadow['disagree']} of {shadow['texts']} eval texts"
+            if shadow and "disagree" in shadow
+            else ""
+        )
         return summary, (
             f"{summary['texts']} golden texts answered as validated on {len(reports)} endpoint(s), "
-            f"single + batched; p50 {summary['p50_ms']} ms, p95 {summary['p95_ms']} ms"
+            f"single + batched; p50 {summary['p50_ms']} ms, p95 {summary['p95_ms']} ms{shadowed}"
         )
 
     return ws.run_step(STEP, inputs, body, out_dir=OUT_DIR, always_run=True)
