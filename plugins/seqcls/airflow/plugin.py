@@ -12,7 +12,9 @@ Airflow 3 computes a *global* extra link in the API server, for every task, by c
 reads that XCom (:func:`~seqcls.airflow.report.pushed_value`), and is empty (hidden) for tasks that
 pushed nothing. ``register_model``/``promote`` push the MLflow URL (only when MLflow is an http(s)
 server — a sqlite store has no UI), ``publish_repository``/``reload_triton``/``smoke_test``/
-``expose_version`` push Triton's HTTP metadata URL of the served ensemble version.
+``expose_version`` push Triton's HTTP metadata URL of the served ensemble version. The two gates'
+evidence links (``validate_parity``'s *Parity evidence*, ``evaluate_quality``'s *Quality evidence*)
+need no XCom: a refused gate pushes none, so their URL is computed from the task instance's key.
 """
 
 from __future__ import annotations
@@ -23,11 +25,12 @@ from airflow.configuration import conf
 from airflow.plugins_manager import AirflowPlugin
 from airflow.sdk import BaseOperatorLink
 
-from seqcls.airflow.parity_view import URL_PREFIX, create_app, evidence_path
+from seqcls.airflow.parity_view import URL_PREFIX, create_app, evidence_path, quality_path
 from seqcls.airflow.report import MLFLOW_URL_KEY, TRITON_URL_KEY, pushed_value
 from seqcls.steps import BY_NAME
 
 VALIDATE_TASK = BY_NAME["validate"].task_id
+EVALUATE_TASK = BY_NAME["evaluate"].task_id
 
 if TYPE_CHECKING:
     from airflow.sdk import BaseOperator
@@ -58,29 +61,58 @@ class TritonModelLink(_XComUrlLink):
     key = TRITON_URL_KEY
 
 
-class ParityEvidenceLink(BaseOperatorLink):
-    """``validate_parity``'s evidence page (:mod:`seqcls.airflow.parity_view`), passed or failed.
+class _EvidenceLink(BaseOperatorLink):
+    """A gate's evidence page (:mod:`seqcls.airflow.parity_view`), on :attr:`task_id` only, passed or failed.
 
     Computed from the ti_key alone (a failed gate pushes no XCom). The UI opens an extra link as an
     ``<a href>``, so a path resolves against the API server the UI came from; with ``[api] base_url``
     set (a sub-path deployment) the URL is absolute under it.
     """
 
-    name = "Parity evidence"
+    task_id = ""
+
+    def page(self, dag_id: str, run_id: str) -> str:
+        """The gate's page for the run (each subclass names its own)."""
+        raise NotImplementedError
 
     def get_link(self, operator: BaseOperator, *, ti_key: TaskInstanceKey) -> str:
-        if ti_key.task_id != VALIDATE_TASK:
+        if ti_key.task_id != self.task_id:
             return ""
         base = (conf.get("api", "base_url", fallback="") or "").rstrip("/")
-        return f"{base}{evidence_path(ti_key.dag_id, ti_key.run_id)}"
+        return f"{base}{self.page(ti_key.dag_id, ti_key.run_id)}"
+
+
+class ParityEvidenceLink(_EvidenceLink):
+    """``validate_parity``'s parity gate: outcome, report figures, plot, MLflow run."""
+
+    name = "Parity evidence"
+    task_id = VALIDATE_TASK
+
+    def page(self, dag_id: str, run_id: str) -> str:
+        return evidence_path(dag_id, run_id)
+
+
+class QualityEvidenceLink(_EvidenceLink):
+    """``evaluate_quality``'s quality gate: verdict, candidate vs champion, eval set, plot, bad cases."""
+
+    name = "Quality evidence"
+    task_id = EVALUATE_TASK
+
+    def page(self, dag_id: str, run_id: str) -> str:
+        return quality_path(dag_id, run_id)
 
 
 class SeqclsPlugin(AirflowPlugin):
-    """Extra links for the seqcls release tasks, and the parity evidence page they point at."""
+    """Extra links for the seqcls release tasks, and the gates' evidence pages they point at."""
 
     name = "seqcls"
-    global_operator_extra_links: ClassVar[list] = [MlflowModelVersionLink(), TritonModelLink(), ParityEvidenceLink()]
+    global_operator_extra_links: ClassVar[list] = [
+        MlflowModelVersionLink(),
+        TritonModelLink(),
+        ParityEvidenceLink(),
+        QualityEvidenceLink(),
+    ]
     fastapi_apps: ClassVar[list] = [{"app": create_app(), "url_prefix": URL_PREFIX, "name": "seqcls"}]
 
 
-__all__ = ["MlflowModelVersionLink", "ParityEvidenceLink", "SeqclsPlugin", "TritonModelLink"]
+__all__ = ["MlflowModelVersionLink", "ParityEvidenceLink", "QualityEvidenceLink", "SeqclsPlugin", "TritonModelLink"]
