@@ -17,10 +17,16 @@ no file (or ``SEQCLS_MODELS_FILE=none``) → the single DAG ``seqcls_release`` f
         params: {threshold: 0.6, thresholds: {"体育##夺冠": 0.7}}
       - name: beta
         mlflow_conn_id: mlflow_beta
+        approval: required           # none (default) | required: a person approves before it goes live
 
 The file is checked strictly when the DAG file is parsed, so a mistake is an import error in the
 Airflow UI naming the file, the model and the key: unknown keys, duplicate keys or model names,
 names Triton/MLflow cannot take, release params :class:`~seqcls.config.ReleaseConfig` refuses.
+``approval: required`` puts a human approval task (Airflow's ``ApprovalOperator``) between the smoke
+test and the exposure of that model's release: what the gates measured is shown to a person, who
+approves (it goes live) or rejects (it is withdrawn like a failed smoke test) — for models where a
+passed gate is necessary but not sufficient. ``none`` (default): no such task, the DAG as without it.
+
 Imports nothing from Airflow (the DAG file validates the schedules with Airflow's timetables).
 """
 
@@ -52,12 +58,16 @@ DAG_ID = "seqcls_release"
 ASSET_SCHEDULE = "asset"
 MANUAL = ("", "none", "manual")
 #: Keys of one model entry; ``defaults`` takes the same keys but ``name`` and ``checkpoints_root``.
-MODEL_KEYS = ("name", "schedule", "checkpoints_root", "params", "triton_conn_id", "mlflow_conn_id")
+MODEL_KEYS = ("name", "schedule", "checkpoints_root", "params", "triton_conn_id", "mlflow_conn_id", "approval")
 DEFAULT_KEYS = tuple(k for k in MODEL_KEYS if k not in ("name", "checkpoints_root"))
 TOP_KEYS = ("defaults", "models")
 #: Run-level params a model may default besides the release parameters.
 RUN_PARAMS = ("runtime", "skip_if_champion")
 CONN_DEFAULTS = {"triton_conn_id": "triton_default", "mlflow_conn_id": "mlflow_default"}
+#: ``approval`` values: no human step (default), or a human approves each release before it is exposed.
+APPROVAL_NONE = "none"
+APPROVAL_REQUIRED = "required"
+APPROVALS = (APPROVAL_NONE, APPROVAL_REQUIRED)
 
 
 @dataclass(frozen=True)
@@ -69,6 +79,11 @@ class ModelSpec:
     checkpoints_root: str = ""  # "" = SEQCLS_CHECKPOINTS_ROOT; relative = under it
     params: dict[str, Any] = field(default_factory=dict)  # DAG param defaults (validated)
     source: Path | None = None  # the models file it came from (None: the environment)
+    approval: str = APPROVAL_NONE  # "required": a human approves between smoke_test and expose_version
+
+    @property
+    def approval_required(self) -> bool:
+        return self.approval == APPROVAL_REQUIRED
 
     @property
     def dag_id(self) -> str:
@@ -187,6 +202,7 @@ def _model(path: Path, index: int, entry: Any, defaults: Mapping[str, Any]) -> M
         checkpoints_root=_root(merged.get("checkpoints_root", default_root), f"{where}: checkpoints_root"),
         params=params,
         source=path,
+        approval=_approval(merged.get("approval", APPROVAL_NONE), f"{where}: approval"),
     )
 
 
@@ -226,6 +242,15 @@ def _schedule(value: Any, where: str) -> str | None:
     if text in ("@continuous", "@once"):
         raise InputError(f"{where}: {text} is not a release schedule: use manual, asset or a cron expression")
     return text  # a cron expression or preset; the DAG file validates it with Airflow's timetable
+
+
+def _approval(value: Any, where: str) -> str:
+    if value not in APPROVALS:  # strings only: YAML's true/yes would be a guess at what was meant
+        raise InputError(
+            f"{where}: expected {' or '.join(APPROVALS)} (required: a person approves each release between "
+            f"smoke_test and expose_version), got {value!r}"
+        )
+    return value
 
 
 def _root(value: Any, where: str) -> str:
@@ -293,6 +318,9 @@ def _yaml(text: str) -> Any:
 
 
 __all__ = [
+    "APPROVALS",
+    "APPROVAL_NONE",
+    "APPROVAL_REQUIRED",
     "DAG_ID",
     "MODELS_FILE_NAME",
     "ModelSpec",
