@@ -27,11 +27,19 @@ step; every step is idempotent, so re-running a run or a task redoes only what i
   (recorded state first, then reconciled); unpinned clients of `seqcls` still get the served one
 - `smoke_test` — the golden texts through the candidate route `seqcls_candidate` (gRPC) answer
   what the parity gate validated
+- `approve_release` — only for a model with `approval: required` in the models file: Airflow's
+  human-in-the-loop `ApprovalOperator` (the *Required actions* page, or `PATCH .../taskInstances/
+  approve_release/-1/hitlDetails` with `{"chosen_options": ["Approve"]}`) shows the quality gate's
+  verdict and numbers (candidate vs champion micro/macro-F1, the eval set, failed and skipped rules)
+  and the smoke result, read from the release workspace. *Approve*: expose and promote run.
+  *Reject* — or no answer within 24 h — fails it: `rollback` withdraws the candidate as after a
+  failed smoke test (served version and champion unchanged) and the run ends failed. While it
+  waits, the release lease is held for the whole wait, so `seqcls_sync` leaves the candidate alone.
 - `expose_version` — the public ensemble `seqcls` serves N on every endpoint, the old version
   kept warm (extra link *Triton model*)
 - `promote` — alias `champion` → this version, which is now served (`previous-champion` kept)
-- `rollback` — only when `register_model`, `publish_repository`, `reload_triton`, `smoke_test` or
-  `expose_version` **failed** (or was killed: Airflow's SIGTERM): this attempt's candidate is
+- `rollback` — only when `register_model`, `publish_repository`, `reload_triton`, `smoke_test`,
+  `approve_release` or `expose_version` **failed** (or was killed: Airflow's SIGTERM): this attempt's candidate is
   withdrawn and its registry changes reverted (a version it created, the `candidate` alias it moved;
   never `champion` — each change is journalled before it is made); what was served never changed.
   The run still ends failed. A failure before register leaves nothing to undo: rollback is skipped.
@@ -88,6 +96,7 @@ from seqcls.airflow.assets import champion_asset, checkpoints_asset
 from seqcls.airflow.context import RESOLVE_TASK, ROLLBACK_ON
 from seqcls.airflow.models_file import ASSET_SCHEDULE, ModelSpec, release_models
 from seqcls.airflow.params import dag_params
+from seqcls.airflow.tasks import APPROVAL_TASK, ReleaseApproval
 from seqcls.errors import InputError
 from seqcls.settings import Settings
 
@@ -149,7 +158,7 @@ def release_dag(spec: ModelSpec) -> DAG:
         default_args={"retries": 0, "execution_timeout": SERVING_TIMEOUT},
         tags=["seqcls", "release", "triton", "mlflow", f"model:{spec.name}"],
     ) as release:
-        release_tasks(spec.name, spec.checkpoints_root)
+        release_tasks(spec.name, spec.checkpoints_root, approval=spec.approval_required)
     try:
         release.timetable.validate()
     except AirflowTimetableInvalid as exc:  # name the file and the model, not only Airflow's words
@@ -162,19 +171,21 @@ def _doc(spec: ModelSpec) -> str:
     schedule = {None: "manual", ASSET_SCHEDULE: f"Asset `{checkpoints_asset(spec.name).uri}`"}.get(
         spec.schedule, f"`{spec.schedule}`"
     )
+    approval = f"; a person approves each release (`{APPROVAL_TASK}`)" if spec.approval_required else ""
     head = (
-        f"**Model `{spec.name}`** (from {source}) — schedule {schedule}; promote emits "
+        f"**Model `{spec.name}`** (from {source}) — schedule {schedule}{approval}; promote emits "
         f"`{champion_asset(spec.name).uri}`."
     )
     title, rest = __doc__.strip().split("\n", 1)
     return f"{title}\n\n{head}\n{rest}"
 
 
-def release_tasks(model_name: str, checkpoints_root: str = "") -> None:
+def release_tasks(model_name: str, checkpoints_root: str = "", *, approval: bool = False) -> None:
     """The release checklist's tasks for ``model_name``, in the DAG being defined (promote emits its champion).
 
     ``checkpoints_root`` (the models file's, as written there) reaches every task as an argument fixed
     at parse time — the only root a run's checkpoint may come from (``seqcls.airflow.roots``).
+    ``approval`` (models file ``approval: required``): the human approval task between smoke and expose.
     """
 
     @task(execution_timeout=timedelta(minutes=10))
@@ -257,6 +268,8 @@ def release_tasks(model_name: str, checkpoints_root: str = "") -> None:
     smoked = smoke_test(**step)
     exposed = expose_version(**step)
     promoted = promote(**step)
+    # A person decides after the smoke test (models file `approval: required`); a rejection fails the task.
+    approve = [ReleaseApproval(task_id=APPROVAL_TASK, **step)] if approval else []
     tasks = [
         resolved,
         exported,
@@ -267,12 +280,15 @@ def release_tasks(model_name: str, checkpoints_root: str = "") -> None:
         published,
         reloaded,
         smoked,
+        *approve,
         exposed,
         promoted,
     ]
     chain(*tasks)
-    # Rollback after the steps the table marks undo_on_failure (the task checks they really failed).
-    [t for t in tasks if t.operator.task_id in ROLLBACK_ON] >> rollback(**step)
+    # Rollback after the steps the table marks undo_on_failure (the task checks they really failed), and
+    # after a rejected approval: the candidate is withdrawn as after a failed smoke test.
+    undo_on = [t for t in tasks if t in approve or t.operator.task_id in ROLLBACK_ON]
+    undo_on >> rollback(**step)
 
 
 for _spec in MODELS:

@@ -7,6 +7,10 @@ Connections a task talks through (:func:`connected`), the release lease a servin
 the champion Asset carries, when rollback has something to undo. Input errors fail the task without
 retries (:class:`AirflowFailException`): no retry fixes a bad param, checkpoint or Connection.
 
+The optional human approval (models file ``approval: required``) is here too: :class:`ReleaseApproval`
+shows what the gates measured (:func:`approval_summary`, :func:`approval_text`) and waits; a rejection
+fails it, and rollback withdraws the candidate as after a failed smoke test.
+
 Runs in the Airflow worker (it reads Connections); the heavy tasks, which may run where Airflow is
 not, use :func:`seqcls.airflow.context.run_heavy_step` instead.
 """
@@ -14,11 +18,14 @@ not, use :func:`seqcls.airflow.context.run_heavy_step` instead.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 from collections.abc import Iterator, Mapping
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+from airflow.providers.standard.operators.hitl import ApprovalOperator
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
 from seqcls.airflow.assets import record_champion
@@ -34,10 +41,13 @@ from seqcls.airflow.hooks import MlflowHook, TritonHook
 from seqcls.airflow.models_file import dag_id_for
 from seqcls.airflow.report import report
 from seqcls.airflow.roots import LATEST, locate_checkpoint
-from seqcls.errors import InputError, ServingError
+from seqcls.errors import InputError, ServingError, StepOrderError
+from seqcls.records import EVALUATION
 from seqcls.registry import journal
 from seqcls.registry.ledger import champion_fingerprint, champion_release_key
 from seqcls.serving.control import LeaseContext, give_lease, lease_context, release_owner, take_lease
+from seqcls.serving.lease import DEFAULT_TTL, ReleaseLease
+from seqcls.serving.names import names_for
 from seqcls.serving.release import release_key
 from seqcls.settings import Settings, scoped_environ
 from seqcls.steps import LEASE_FROM, sigterm_aborts, step
@@ -46,6 +56,11 @@ from seqcls.sync import sync
 from seqcls.workspace import Release, open_release
 
 log = logging.getLogger("seqcls.airflow")
+
+#: The human approval task of a model whose models-file entry says ``approval: required``.
+APPROVAL_TASK = "approve_release"
+#: How long a release waits for its answer: unanswered, the task fails and rollback withdraws the candidate.
+APPROVAL_TIMEOUT = timedelta(hours=24)
 
 
 @contextlib.contextmanager
@@ -178,12 +193,15 @@ def promote_champion(
 def roll_back_failed_attempt(checkpoint: str, fingerprint: str, params, ti, *, checkpoints_root: str) -> dict:
     """``rollback``: withdraw this attempt only when a serving step FAILED in this run (not merely
     upstream-failed); else skip — an earlier failure reached neither the registry nor Triton."""
-    states = ti.get_task_states(dag_id=ti.dag_id, run_ids=[ti.run_id], task_ids=list(ROLLBACK_ON))
+    watched = (*ROLLBACK_ON, APPROVAL_TASK)  # a rejected (or unanswered) approval withdraws like a failed smoke
+    states = ti.get_task_states(dag_id=ti.dag_id, run_ids=[ti.run_id], task_ids=list(watched))
     states = states.get(ti.run_id, {})
-    failed = [t for t in ROLLBACK_ON if states.get(t) == "failed"]
+    failed = [t for t in watched if states.get(t) == "failed"]
     if not failed:
         raise AirflowSkipException(f"no serving step failed in this run ({states}); nothing to roll back")
     reason = f"{', '.join(failed)} failed in run {ti.run_id}"
+    if failed == [APPROVAL_TASK]:
+        reason = f"not approved in run {ti.run_id}: {APPROVAL_TASK} was rejected, timed out or failed"
     if failed == [step(LEASE_FROM).task_id]:  # only the registry was reached, and only the journal knows what
         return undo_registry_attempt(checkpoint, fingerprint, params, ti, reason, checkpoints_root=checkpoints_root)
     kwargs = {"reason": reason, "mode": "attempt"}
@@ -203,6 +221,147 @@ def undo_registry_attempt(checkpoint: str, fingerprint: str, params, ti, reason:
         give_lease(Path(str(settings.triton_repository)), model, release_owner(release))
     log.info("rollback: registry changes of run %s %s", run, "; ".join(undone["actions"]) or "— none to undo")
     return {"model_name": model, "fingerprint": release.checkpoint.fingerprint, "journal": undone}
+
+
+class ReleaseApproval(ApprovalOperator):
+    """Airflow's ``ApprovalOperator`` asking a person to approve this run's release, with its evidence.
+
+    The subject and body are made when the task runs, from the run's release workspace (found from
+    what ``resolve_checkpoint`` pushed, as every task finds it; nothing is read from the request):
+    :func:`prepare_approval`. *Reject* fails the task (``fail_on_reject``), so ``rollback`` — downstream
+    of it — withdraws the candidate exactly as after a failed smoke test; so does no answer within
+    ``response_timeout``. *Approve*: expose and promote run as without approval.
+    """
+
+    template_fields = (*ApprovalOperator.template_fields, "checkpoint", "fingerprint")
+
+    def __init__(self, *, checkpoint: str, fingerprint: str, checkpoints_root: str, **kwargs: Any) -> None:
+        kwargs.setdefault("response_timeout", APPROVAL_TIMEOUT)
+        kwargs.setdefault("subject", "Approve this release?")  # replaced with the release's own when it runs
+        super().__init__(fail_on_reject=True, **kwargs)
+        self.checkpoint, self.fingerprint, self.checkpoints_root = checkpoint, fingerprint, checkpoints_root
+
+    def execute(self, context: Any) -> Any:
+        self.subject, self.body = prepare_approval(
+            self.checkpoint,
+            self.fingerprint,
+            context["params"],
+            context["ti"],
+            checkpoints_root=self.checkpoints_root,
+            wait=self.response_timeout or APPROVAL_TIMEOUT,
+        )
+        return super().execute(context)
+
+
+def prepare_approval(
+    checkpoint: str, fingerprint: str, params, ti, *, checkpoints_root: str, wait: timedelta
+) -> tuple[str, str]:
+    """The approval request's subject and body for this run's release, and its release lease renewed to
+    outlast ``wait``: the serving tasks renew it as they go, but a person may take hours, and a lapsed
+    lease would let ``seqcls sync`` abandon the waiting candidate and another release take the model."""
+    run = f"{getattr(ti, 'dag_id', 'dag')}/{getattr(ti, 'run_id', 'run')}"
+    with connected(params, checkpoints_root=checkpoints_root) as settings:
+        release = open_for_task(checkpoint, params, settings, fingerprint=fingerprint)
+        summary = approval_summary(release)
+        lease = ReleaseLease(Path(str(settings.triton_repository)), release.config.model_name)
+        ttl = wait.total_seconds() + DEFAULT_TTL
+        lease.acquire(release_owner(release), kind="run", run=run, step="approval", timeout=0, ttl=ttl)
+    q = summary["quality"]
+    log.info(
+        "approval asked for %s version %s: quality gate %s; candidate %s, champion %s; smoke: %s",
+        summary["model_name"],
+        summary["version"],
+        q["verdict"],
+        q["candidate"],
+        q["champion"],
+        summary["smoke"]["message"],
+    )
+    return approval_text(summary)
+
+
+def approval_summary(release: Release) -> dict[str, Any]:
+    """What a person approving the release is shown, from its workspace's records: the quality gate's
+    verdict and numbers (``quality/evaluation.json``) and the smoke test's result (its step record).
+
+    Both steps must have succeeded in this workspace (StepOrderError otherwise): evidence that is
+    missing must not be approved blind.
+    """
+    ws = release.workspace
+    evaluated, smoked = ws.require("evaluate"), ws.require("smoke")
+    path = ws.path(EVALUATION)
+    if not path.is_file():
+        raise StepOrderError(f"{path}: the quality gate's record is missing; run evaluate_quality for this release")
+    evaluation = json.loads(path.read_text(encoding="utf-8"))
+
+    def f1(who: str) -> dict[str, float] | None:
+        scores = evaluation.get(who)
+        return {k: scores[k] for k in ("micro_f1", "macro_f1")} if scores else None
+
+    smoke = smoked.get("summary") or {}
+    return {
+        "model_name": release.config.model_name,
+        "fingerprint": release.checkpoint.fingerprint,
+        "checkpoint": str(release.checkpoint.origin),
+        "workspace": str(ws.root),
+        "version": smoke.get("version"),
+        "quality": {
+            "passed": evaluation.get("passed"),
+            "verdict": evaluation.get("summary") or evaluated.get("message", ""),
+            "candidate": f1("candidate"),
+            "champion": f1("champion"),
+            "champion_version": evaluation.get("champion_version"),
+            "eval_set": evaluation.get("eval_set"),
+            "failures": evaluation.get("failures") or [],
+            "skipped": evaluation.get("skipped") or [],
+            "champion_disagreements": evaluation.get("champion_disagreements"),
+            "bad_cases": evaluation.get("bad_cases"),
+        },
+        "smoke": {
+            "message": smoked.get("message", ""),
+            **{k: smoke.get(k) for k in ("texts", "p50_ms", "p95_ms", "endpoints", "route")},
+        },
+    }
+
+
+def approval_text(summary: Mapping[str, Any]) -> tuple[str, str]:
+    """:func:`approval_summary` as the request's subject and Markdown body (what the UI shows)."""
+    q, smoke, model, version = summary["quality"], summary["smoke"], summary["model_name"], summary["version"]
+    gate = "did not run" if q["candidate"] is None else "passed" if q["passed"] else "refused"
+    fingerprint = summary["fingerprint"]
+    subject = f"Release {model} (Triton version {version}, fingerprint {fingerprint[:12]})? Quality gate {gate}"
+    route = smoke.get("route") or names_for(model).candidate
+    lines = [
+        f"**{model}**: checkpoint `{summary['checkpoint']}` (fingerprint `{fingerprint[:16]}`) as Triton "
+        f"version **{version}**, loaded as the candidate on `{route}`; the public `{names_for(model).ensemble}` "
+        "does not serve it yet.",
+        "",
+        f"### Quality gate — {q['verdict']}",
+    ]
+    if q["candidate"]:
+        rows = [("candidate", q["candidate"])]
+        if q["champion"]:
+            rows.append((f"champion (Triton v{q['champion_version']})", q["champion"]))
+        lines += ["", "| | micro-F1 | macro-F1 |", "|---|---|---|"]
+        lines += [f"| {who} | {s['micro_f1']:.4f} | {s['macro_f1']:.4f} |" for who, s in rows]
+    if es := q["eval_set"]:
+        lines += ["", f"Eval set `{es['path']}`: {es['texts']} texts ({es['source']}), sha256 `{es['sha256'][:12]}`."]
+        if q["champion_disagreements"] is not None:
+            lines.append(f"Label sets that differ from the champion's: {q['champion_disagreements']} of {es['texts']}.")
+    failures = [f"{f['rule']} on {f['metric']}: {f['candidate']} vs {f['champion']}" for f in q["failures"]]
+    lines.append(f"Bad cases: {q['bad_cases']}. Failed rules: {'; '.join(failures) or 'none'}.")
+    if q["skipped"]:
+        lines.append("Skipped: " + "; ".join(q["skipped"]) + ".")
+    lines += [
+        "",
+        f"### Smoke test — {smoke['message']}",
+        "",
+        f"Evidence: `{summary['workspace']}/quality/` (evaluation.json, bad_cases.tsv, labels.png) and the release's "
+        "MLflow run.",
+        "",
+        f"**Approve**: `{names_for(model).ensemble}` serves version {version}, which becomes the MLflow champion. "
+        "**Reject**: the candidate is withdrawn (rollback); what is served and the champion stay as they are.",
+    ]
+    return subject, "\n".join(lines)
 
 
 def sync_task(params, groups: list[dict[str, Any]] | None = None) -> list[dict]:
@@ -229,8 +388,14 @@ def sync_task(params, groups: list[dict[str, Any]] | None = None) -> list[dict]:
 
 
 __all__ = [
+    "APPROVAL_TASK",
+    "APPROVAL_TIMEOUT",
+    "ReleaseApproval",
+    "approval_summary",
+    "approval_text",
     "champion_skip_reason",
     "connected",
+    "prepare_approval",
     "promote_champion",
     "resolve_release",
     "roll_back_failed_attempt",
