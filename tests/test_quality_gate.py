@@ -112,7 +112,7 @@ def test_first_release_then_a_worse_retrain_is_refused_and_an_equal_one_goes_liv
     evaluation = json.loads((bad.failed_dir("evaluate") / "evaluation.json").read_text(encoding="utf-8"))
     assert not evaluation["passed"] and evaluation["champion_version"] == 1
     failure = next(f for f in evaluation["failures"] if f["rule"] == "max_f1_drop" and f["metric"] == "micro_f1")
-    assert failure["champion"] - failure["candidate"] > failure["threshold"] == 0.02
+    assert failure["champion"] - failure["candidate"] > failure["threshold"] == 0.025
     per_label = {f["metric"] for f in evaluation["failures"] if f["rule"] == "max_label_f1_drop"}
     supported = {lbl for lbl in SWITCHED_OFF if evaluation["champion"]["per_label"][lbl]["support"] >= 20}
     assert supported and per_label == {f"label[{lbl}].f1" for lbl in supported}, per_label  # min_label_support 20

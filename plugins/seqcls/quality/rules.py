@@ -42,7 +42,7 @@ class QualityRules:
 
     min_micro_f1: float | None = None
     min_macro_f1: float | None = None
-    max_f1_drop: float | None = 0.02
+    max_f1_drop: float | None = 0.025
     max_f1_drop_relative: float | None = None
     max_level_f1_drop: float | None = 0.03
     max_label_f1_drop: float | None = 0.15
