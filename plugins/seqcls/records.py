@@ -41,6 +41,7 @@ PARITY_PLOT = f"{OUT_DIRS['validate']}/plot.png"
 EVALUATION = f"{OUT_DIRS['evaluate']}/evaluation.json"
 BAD_CASES = f"{OUT_DIRS['evaluate']}/bad_cases.tsv"
 SHADOW = f"{OUT_DIRS['evaluate']}/shadow.json"
+QUALITY_PLOT = f"{OUT_DIRS['evaluate']}/labels.png"
 
 R = TypeVar("R")
 
@@ -261,6 +262,7 @@ __all__ = [
     "PARITY_EXPECTED",
     "PARITY_PLOT",
     "PARITY_REPORT",
+    "QUALITY_PLOT",
     "SERVED_ONNX",
     "SHADOW",
     "STATIC_DIR",

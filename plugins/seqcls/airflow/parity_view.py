@@ -35,7 +35,7 @@ from fastapi.responses import HTMLResponse, PlainTextResponse, Response
 
 from seqcls.airflow.context import RESOLVE_TASK
 from seqcls.airflow.report import pushed_value
-from seqcls.records import BAD_CASES, EVALUATION, OUT_DIRS, PARITY_PLOT, PARITY_REPORT
+from seqcls.records import BAD_CASES, EVALUATION, OUT_DIRS, PARITY_PLOT, PARITY_REPORT, QUALITY_PLOT
 from seqcls.settings import Settings
 from seqcls.workspace import Workspace, workspace_dir
 
@@ -44,8 +44,6 @@ _FINGERPRINT = re.compile(r"^[0-9a-f]{16,128}$")
 _MODEL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 
 QUALITY_STEP = "evaluate"
-#: evaluate writes its plot beside :data:`~seqcls.records.EVALUATION` (the layout names no constant for it yet).
-QUALITY_PLOT = f"{OUT_DIRS[QUALITY_STEP]}/labels.png"
 #: Label names are often Chinese: a stack that finds a CJK face on Linux, macOS and Windows.
 FONTS = 'system-ui, "Noto Sans CJK SC", "WenQuanYi Zen Hei", "Microsoft YaHei", sans-serif'
 #: Everything on the page is escaped; the policy still forbids scripts, so one escaping slip is not an XSS.
@@ -512,7 +510,6 @@ def create_app(
 
 
 __all__ = [
-    "QUALITY_PLOT",
     "URL_PREFIX",
     "authorized",
     "create_app",

@@ -36,7 +36,16 @@ from seqcls.quality.metrics import Scores, bad_cases, score, write_bad_cases
 from seqcls.quality.plot import plot_labels
 from seqcls.quality.rules import QualityRules, Verdict, judge
 from seqcls.quality.scoring import Graph, Predictions, decide_vector, predict, served_graph
-from seqcls.records import OUT_DIRS, Shadow, fp32_onnx, served_onnx, serving_tokenizer
+from seqcls.records import (
+    BAD_CASES,
+    EVALUATION,
+    OUT_DIRS,
+    QUALITY_PLOT,
+    Shadow,
+    fp32_onnx,
+    served_onnx,
+    serving_tokenizer,
+)
 from seqcls.registry.runs import log_quality_evidence
 from seqcls.serving import shipped
 from seqcls.serving.release import QUALITY_PARAMS
@@ -159,7 +168,7 @@ def write_evidence(
     rows = bad_cases(
         es.texts, es.labels, cand.labels, [cand.confidences(i, [*g, *p]) for i, (g, p) in enumerate(pairs)]
     )
-    write_bad_cases(out / "bad_cases.tsv", rows)
+    write_bad_cases(out / Path(BAD_CASES).name, rows)
     disagree = None if champ is None else sum(set(a) != set(b) for a, b in zip(cand.labels, champ.labels, strict=True))
     evaluation = {
         "model_name": cfg.model_name,
@@ -177,7 +186,7 @@ def write_evidence(
         "bad_cases": len(rows),
         "seconds": {name: p.seconds for name, p in answers.items()},
     }
-    (out / "evaluation.json").write_text(json.dumps(evaluation, indent=1, ensure_ascii=False), encoding="utf-8")
+    (out / Path(EVALUATION).name).write_text(json.dumps(evaluation, indent=1, ensure_ascii=False), encoding="utf-8")
     pick = shadow_sample(len(es.texts))
     Shadow(
         [es.texts[i] for i in pick],
@@ -186,7 +195,7 @@ def write_evidence(
         champion_version,
     ).save(out)
     title = _title(release, champion_version)
-    plot_labels(out / "labels.png", scores["candidate"], scores.get("champion"), title=title)
+    plot_labels(out / Path(QUALITY_PLOT).name, scores["candidate"], scores.get("champion"), title=title)
     return evaluation
 
 
