@@ -251,6 +251,7 @@ def _cmd_evaluate(args: argparse.Namespace) -> tuple[int, Printer]:
 
 def _cmd_release(args: argparse.Namespace) -> tuple[int, Printer]:
     release = _release_from_args(args)
+    preflight_eval_set(release)  # a bad eval set fails now, not after export, convert and validate
     results = run_release(release, until=args.until)
     return 0, lambda: _print_results(args, release.workspace.root, results)
 
