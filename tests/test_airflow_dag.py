@@ -29,6 +29,7 @@ from tests.helpers.airflow import (
     airflow_db,
     champion_events,
     champion_version,
+    dag_test,
     parse_dag,
     private_airflow_home,
     ready_models,
@@ -408,7 +409,7 @@ def test_release_skip_then_smoke_failure_rolls_back(
     from airflow.dag_processing.dagbag import DagBag
 
     sync_dag = DagBag(dag_folder=str(DAGS)).dags[SYNC_DAG_ID]
-    run = sync_dag.test()
+    run = dag_test(sync_dag)
     assert run.state == "success", run.state
     assert ready_models(triton) == {m: ["1"] for m in MODELS}
 

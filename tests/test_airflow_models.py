@@ -28,6 +28,7 @@ from tests.helpers.airflow import (
     airflow_db,
     champion_events,
     champion_version,
+    dag_test,
     private_airflow_home,
     ready_models,
     task_logs_reach_this_test,
@@ -452,7 +453,7 @@ def test_champion_event_triggers_a_consumer_dag(airflow_db: Path, tmp_path: Path
     before = len(champion_events(uri))
 
     # 1. promote skipped (already champion): no event, nothing queued, no consumer run
-    dr = bag.dags[PRODUCER].test(run_conf={"skip": True})
+    dr = dag_test(bag.dags[PRODUCER], run_conf={"skip": True})
     assert dr.state == "success" and {t.task_id: t.state for t in dr.get_task_instances()} == {"promote": "skipped"}
     assert len(champion_events(uri)) == before and _queued_for(CONSUMER) == []
     _scheduler_creates_asset_triggered_runs()
@@ -460,7 +461,7 @@ def test_champion_event_triggers_a_consumer_dag(airflow_db: Path, tmp_path: Path
         assert session.scalars(select(DagRun).where(DagRun.dag_id == CONSUMER)).all() == []
 
     # 2. promote succeeds: one event with the release's extra, the consumer queued on it
-    dr = bag.dags[PRODUCER].test(run_conf={"skip": False})
+    dr = dag_test(bag.dags[PRODUCER], run_conf={"skip": False})
     assert dr.state == "success", dr.state
     events = champion_events(uri)[before:]
     assert [(e["extra"], e["dag_id"], e["run_id"]) for e in events] == [
@@ -624,7 +625,7 @@ def test_alpha_and_beta_release_concurrently_through_airflow(
     # the recovery DAG, reading the same models file, finds both in sync
     from airflow.dag_processing.dagbag import DagBag
 
-    run = DagBag(dag_folder=str(DAGS)).dags["seqcls_sync"].test()
+    run = dag_test(DagBag(dag_folder=str(DAGS)).dags["seqcls_sync"])
     assert run.state == "success", run.state
     (ti,) = run.get_task_instances()
     assert {r["model_name"] for r in ti.xcom_pull(task_ids="sync_models")} == set(roots)
