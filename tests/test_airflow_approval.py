@@ -352,3 +352,34 @@ def test_a_rejected_release_is_withdrawn(stack: Stack) -> None:
         assert after.registry[key] == before.registry[key], (key, before.registry, after.registry)
     assert after.endpoints == before.endpoints  # what each Triton endpoint has READY
     print(f"\nrejected release: {time.perf_counter() - t0:.0f}s")
+
+
+@pytest.mark.slow
+@pytest.mark.integration
+@pytest.mark.timeout(600)
+def test_a_candidate_below_the_floor_is_refused_by_the_quality_gate_over_rest(stack: Stack) -> None:
+    """The run's conf sets a floor no random checkpoint reaches (micro-F1 0.99 on the labeled set):
+    ``evaluate_quality`` refuses it before anything is registered or loaded, and names the rule."""
+    before = stack.status()
+    assert before.recorded["serving"] is not None, before.lines()  # a champion to compare with
+    conf = {"checkpoint": "run-b", "min_micro_f1": 0.99}
+    run_id = stack.rest("POST", f"/api/v2/dags/{DAG_ID}/dagRuns", {"logical_date": None, "conf": conf})["dag_run_id"]
+
+    def finished() -> str | None:
+        state = stack.rest("GET", f"/api/v2/dags/{DAG_ID}/dagRuns/{run_id}")["state"]
+        if stack.states(run_id).get(APPROVE_TASK) == "awaiting_input":
+            return "let through to approval"
+        return state if state in ("success", "failed") else None
+
+    assert stack.wait(f"run {run_id} to finish", finished, 300) == "failed", stack.states(run_id)
+    states = stack.states(run_id)
+    assert states["evaluate_quality"] == "failed" and states["register_model"] == "upstream_failed", states
+    assert states["rollback"] == "skipped", states  # nothing reached the registry or Triton: nothing to undo
+    failed = Path(stack.workspaces["run-b"]) / "failed" / "evaluate" / "evaluation.json"
+    evaluation = json.loads(failed.read_text(encoding="utf-8"))
+    assert not evaluation["passed"] and evaluation["champion_version"] == before.recorded["serving"], evaluation
+    assert [f["rule"] for f in evaluation["failures"]] == ["min_micro_f1"], evaluation["failures"]
+    after = stack.status()
+    assert after.agree, after.lines()
+    assert after.recorded["serving"] == before.recorded["serving"] and after.recorded["candidate"] is None
+    assert after.registry["champion"] == before.registry["champion"]
