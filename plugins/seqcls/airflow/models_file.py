@@ -14,6 +14,8 @@ no file (or ``SEQCLS_MODELS_FILE=none``) → the single DAG ``seqcls_release`` f
         schedule: asset              # manual (default) | a cron expression / preset | asset
         checkpoints_root: /data/alpha  # the only place its runs take checkpoints (and `latest`) from;
                                        # default <SEQCLS_CHECKPOINTS_ROOT>/<name>; not a run param
+        eval_set: eval/alpha-test.txt  # the quality gate's labeled texts, under checkpoints_root (default of
+                                       # the eval_set param; PaddleNLP text<TAB>label,label or JSONL)
         params: {threshold: 0.6, thresholds: {"体育##夺冠": 0.7}}
       - name: beta
         mlflow_conn_id: mlflow_beta
@@ -58,8 +60,17 @@ DAG_ID = "seqcls_release"
 ASSET_SCHEDULE = "asset"
 MANUAL = ("", "none", "manual")
 #: Keys of one model entry; ``defaults`` takes the same keys but ``name`` and ``checkpoints_root``.
-MODEL_KEYS = ("name", "schedule", "checkpoints_root", "params", "triton_conn_id", "mlflow_conn_id", "approval")
-DEFAULT_KEYS = tuple(k for k in MODEL_KEYS if k not in ("name", "checkpoints_root"))
+MODEL_KEYS = (
+    "name",
+    "schedule",
+    "checkpoints_root",
+    "eval_set",
+    "params",
+    "triton_conn_id",
+    "mlflow_conn_id",
+    "approval",
+)
+DEFAULT_KEYS = tuple(k for k in MODEL_KEYS if k not in ("name", "checkpoints_root", "eval_set"))
 TOP_KEYS = ("defaults", "models")
 #: Run-level params a model may default besides the release parameters.
 RUN_PARAMS = ("runtime", "skip_if_champion")
@@ -194,6 +205,8 @@ def _model(path: Path, index: int, entry: Any, defaults: Mapping[str, Any]) -> M
         if not isinstance(value, str) or not value.strip():
             raise InputError(f"{where}: {key}: must be a Connection id (a non-empty string), got {value!r}")
         merged[key] = value.strip()
+    if "eval_set" in entry:
+        merged["params"] = {**merged["params"], "eval_set": _eval_set(entry, f"{where}: eval_set")}
     params = {**_params(where, name, merged["params"]), **{k: merged[k] for k in CONN_DEFAULTS}}
     default_root = "" if name == DEFAULT_MODEL_NAME else name
     return ModelSpec(
@@ -227,6 +240,20 @@ def _params(where: str, name: str, params: Mapping[str, Any]) -> dict[str, Any]:
     except InputError as exc:
         raise InputError(f"{where}: params: {exc}") from exc
     return dict(params)
+
+
+def _eval_set(entry: Mapping[str, Any], where: str) -> str:
+    """The model's labeled eval set: a path under its checkpoints root (relative to it, no ``..``), the
+    default of its ``eval_set`` param — once: not also under ``params``."""
+    value = entry["eval_set"]
+    if "eval_set" in (entry.get("params") or {}):
+        raise InputError(f"{where}: given twice (also as params.eval_set); keep one")
+    if not isinstance(value, str) or not value.strip():
+        raise InputError(f"{where}: expected a file path under the model's checkpoints root, got {value!r}")
+    text = value.strip()
+    if not Path(text).is_absolute() and ".." in PurePosixPath(text).parts:
+        raise InputError(f"{where}: {text!r}: '..' is not allowed (the eval set lives under the checkpoints root)")
+    return text
 
 
 def _schedule(value: Any, where: str) -> str | None:
