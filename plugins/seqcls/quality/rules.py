@@ -23,6 +23,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
+from seqcls.config import ReleaseConfig
 from seqcls.errors import InputError
 from seqcls.quality.metrics import Scores
 
@@ -40,14 +41,14 @@ FP32_ITSELF = "profile rule skipped: the candidate is the fp32 graph"
 class QualityRules:
     """Thresholds of the gate (``None`` turns a rule off); defaults are the release config's."""
 
-    min_micro_f1: float | None = None
-    min_macro_f1: float | None = None
-    max_f1_drop: float | None = 0.025
-    max_f1_drop_relative: float | None = None
-    max_level_f1_drop: float | None = 0.03
-    max_label_f1_drop: float | None = 0.15
-    min_label_support: int = 20
-    max_profile_f1_drop: float | None = 0.005
+    min_micro_f1: float | None = ReleaseConfig.min_micro_f1
+    min_macro_f1: float | None = ReleaseConfig.min_macro_f1
+    max_f1_drop: float | None = ReleaseConfig.max_f1_drop
+    max_f1_drop_relative: float | None = ReleaseConfig.max_f1_drop_relative
+    max_level_f1_drop: float | None = ReleaseConfig.max_level_f1_drop
+    max_label_f1_drop: float | None = ReleaseConfig.max_label_f1_drop
+    min_label_support: int = ReleaseConfig.min_label_support
+    max_profile_f1_drop: float | None = ReleaseConfig.max_profile_f1_drop
 
     def __post_init__(self) -> None:
         for f in fields(self):
