@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import logging
+import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -61,6 +62,8 @@ OUT_DIR = OUT_DIRS[STEP]
 #: The checkpoint's own labeled files, in the order they are taken when no eval set is configured
 #: (test before dev: dev chose the training's best epoch, so it flatters the model).
 OWN_EVAL_FILES = ("test.jsonl", "test.txt", "test.tsv", "dev.jsonl", "dev.txt", "dev.tsv")
+#: Where the champion's verified copies are scored from (inside the workspace, removed afterwards).
+SCRATCH = ".champion-"
 #: Eval texts the smoke test also sends through the live candidate and public routes (the shadow comparison).
 SHADOW_TEXTS = 64
 
@@ -140,7 +143,9 @@ def answer_all(release: Release, es: EvalSet, repo: Repository, champion_version
     providers = runtime.choose_providers(release.config.provider, False)
     answers = {g.name: predict(g, es.texts, providers) for g in candidate_graphs(release)}
     if champion_version is not None:
-        with tempfile.TemporaryDirectory(prefix=".champion-", dir=release.workspace.root) as scratch:
+        for stale in release.workspace.root.glob(f"{SCRATCH}*"):  # a killed run's copies (we hold the workspace lock)
+            shutil.rmtree(stale, ignore_errors=True)
+        with tempfile.TemporaryDirectory(prefix=SCRATCH, dir=release.workspace.root) as scratch:
             graph = served_graph(repo, champion_version, Path(scratch))
             answers["champion"] = predict(graph, es.texts, providers)
     return answers
