@@ -123,7 +123,10 @@ def test_first_release_then_a_worse_retrain_is_refused_and_an_equal_one_goes_liv
     artifacts = {a.path for a in _artifacts(drill, refused_runs[0].info.run_id, "quality")}
     assert {"quality/evaluation.json", "quality/bad_cases.tsv", "quality/labels.png"} <= artifacts
 
+    stale = open_release(equal, settings=drill.settings).workspace.root / ".champion-killed"
+    stale.mkdir()  # what a run killed while scoring the champion leaves
     second = {r.step: r for r in drill.release(equal, eval_set=str(eval_set))}
+    assert not stale.exists() and not list(stale.parent.glob(".champion-*"))
     ev = second["evaluate"].summary
     assert ev["passed"] and ev["champion_version"] == 1 and ev["champion_disagreements"] == 0, ev
     assert ev["micro_f1"] == ev["champion_micro_f1"]
