@@ -29,6 +29,7 @@ from urllib.parse import unquote, urlparse
 
 from seqcls.errors import ResourceError
 from seqcls.files import out_of_space, resource_error
+from seqcls.quality.metrics import Scores
 from seqcls.records import EVALUATION, OUT_DIRS, PARITY_REPORT, ParityReport
 from seqcls.registry.ledger import RELEASE_KEY_TAG, client, experiment
 from seqcls.serving.release import release_key
@@ -207,17 +208,12 @@ def out_of_space_error(where: Path | str, exc: BaseException, run_id: str) -> Re
 
 
 def _quality_metrics(evaluation: dict[str, Any]) -> dict[str, float]:
-    """``eval.<metric>`` for the candidate, ``eval.champion.<metric>`` / ``eval.fp32.<metric>`` beside it."""
+    """``eval.<metric>`` for the candidate, ``eval.champion.<metric>`` / ``eval.fp32.<metric>`` beside it
+    (the names of :meth:`~seqcls.quality.metrics.Scores.headline`)."""
     out: dict[str, float] = {"eval.passed": float(bool(evaluation.get("passed")))}
     for who, prefix in (("candidate", "eval."), ("champion", "eval.champion."), ("fp32", "eval.fp32.")):
-        scores = evaluation.get(who) or {}
-        for key, value in scores.items():
-            if isinstance(value, int | float) and not isinstance(value, bool):
-                out[prefix + key] = float(value)
-        for level, row in (scores.get("per_level") or {}).items():
-            for key in ("micro_f1", "macro_f1"):
-                if key in row:
-                    out[f"{prefix}level_{level}.{key}"] = float(row[key])
+        if evaluation.get(who):
+            out.update({prefix + k: v for k, v in Scores(**evaluation[who]).headline().items()})
     if isinstance(evaluation.get("champion_disagreements"), int):
         out["eval.champion_disagreements"] = float(evaluation["champion_disagreements"])
     return out
