@@ -58,6 +58,7 @@ class Retrain:
     served_version: int | None
     champion_version: int | None
     seconds: float
+    recorded_at: str | None = None  # refused by an earlier run against the same champion and eval set
 
 
 @dataclass
@@ -265,18 +266,27 @@ def release_retrain(
     release = open_release(ckpt, settings=settings)
     repo = Repository.from_settings(settings, release.config.model_name)
     before = (repo.serving_version(), registry.alias_version(settings, release.config.model_name, registry.CHAMPION))
-    log.info("demo: releasing the retrain %s — the quality gate should refuse it", ckpt)
-    conf = json.dumps({"checkpoint": str(ckpt), "skip_if_champion": False, "eval_set": EVAL_SET})
-    dag_log = logs / f"dag-test-{stamp}-retrain.log"
-    when = datetime.now(UTC).isoformat(timespec="seconds")
-    proc = airflow_cli(["dags", "test", DAG_ID, when, "-c", conf], env, timeout=timeout, log_file=dag_log)
+    recorded = recorded_refusal(release, before[0], ensure_eval_set(settings))
+    if recorded:  # a second `make demo`: the same retrain, champion and eval set were refused already
+        log.info(
+            "demo: the retrain %s was refused at %s against this champion and eval set — not run again", ckpt, recorded
+        )
+        returncode, dag_log = 1, None
+    else:
+        log.info("demo: releasing the retrain %s — the quality gate should refuse it", ckpt)
+        conf = json.dumps({"checkpoint": str(ckpt), "skip_if_champion": False, "eval_set": EVAL_SET})
+        dag_log = logs / f"dag-test-{stamp}-retrain.log"
+        when = datetime.now(UTC).isoformat(timespec="seconds")
+        returncode = airflow_cli(
+            ["dags", "test", DAG_ID, when, "-c", conf], env, timeout=timeout, log_file=dag_log
+        ).returncode
     record = release.workspace.step("evaluate") or {}
     after = (repo.serving_version(), registry.alias_version(settings, release.config.model_name, registry.CHAMPION))
     gate = record.get("status") == "failed" and "Quality gate refused" in record.get("error", "")
-    refused = proc.returncode != 0 and gate
+    refused = returncode != 0 and gate
     if not refused or after != before:
         raise SeqclsError(
-            f"the worse retrain {ckpt} was not refused by the quality gate as expected (exit {proc.returncode}, "
+            f"the worse retrain {ckpt} was not refused by the quality gate as expected (exit {returncode}, "
             f"evaluate {record.get('status')}; served/champion {before} -> {after}); task logs: {dag_log}"
         )
     evaluation = json.loads((release.workspace.failed_dir("evaluate") / "evaluation.json").read_text(encoding="utf-8"))
@@ -291,7 +301,26 @@ def release_retrain(
         served_version=after[0],
         champion_version=after[1],
         seconds=time.perf_counter() - t0,
+        recorded_at=recorded,
     )
+
+
+def recorded_refusal(release, served: int | None, eval_set: Path) -> str | None:
+    """When this retrain's last gate refused it against the version served now, on these very eval-set bytes,
+    with the default rules: when that was (the gate is deterministic, so running it again shows nothing new)."""
+    import hashlib
+
+    from seqcls.steps.evaluate import gate_inputs
+
+    record = release.workspace.step("evaluate") or {}
+    path = release.workspace.failed_dir("evaluate") / "evaluation.json"
+    if record.get("status") != "failed" or "Quality gate refused" not in record.get("error", "") or not path.is_file():
+        return None
+    evaluation = json.loads(path.read_text(encoding="utf-8"))
+    sha = hashlib.sha256(eval_set.read_bytes()).hexdigest()
+    same_rules = record.get("inputs", {}).get("rules") == gate_inputs(release, None, None)["rules"]
+    same = evaluation.get("champion_version") == served and evaluation.get("eval_set", {}).get("sha256") == sha
+    return record.get("finished_at") if same and same_rules and served is not None else None
 
 
 def report(result: DemoResult) -> str:
@@ -323,7 +352,9 @@ def report(result: DemoResult) -> str:
         trained = f" (held-out micro-F1 {rt.trained['micro_f1']:.3f} at training)" if rt.trained else ""
         lines += [
             "",
-            f"Retrain {rt.checkpoint.name}{trained}: refused by the quality gate —",
+            f"Retrain {rt.checkpoint.name}{trained}: refused by the quality gate"
+            + (f" (at {rt.recorded_at}; same champion and eval set since, not run again)" if rt.recorded_at else "")
+            + " —",
             f"  candidate micro/macro-F1 {rt.candidate['micro_f1']:.3f}/{rt.candidate['macro_f1']:.3f} vs champion "
             f"{rt.champion.get('micro_f1', 0):.3f}/{rt.champion.get('macro_f1', 0):.3f} on {EVAL_SET}",
             f"  {rt.reason[:400]}",
