@@ -1,9 +1,10 @@
 """The quality gate through the real parts: a trained demo model, ONNX Runtime, a real Triton and MLflow.
 
-One quick demo model is trained per module (~35 s); its worse "retrain" is the same checkpoint with
-four leaf labels switched off (their classifier bias at -30: never predicted), so the regression is
-certain and known; its equal "retrain" is the same weights under another fingerprint (its config.json
-written with another indent). The eval set is the demo's held-out split, as an operator's file.
+One quick demo model is trained per test session (~35 s, tests/helpers/demo_models.py, shared with
+test_demo.py). Its worse "retrain" is the same checkpoint with four leaf labels switched off (their
+classifier bias at -30: never predicted), so the regression is certain and known; its equal "retrain"
+is the same weights under another fingerprint (its config.json written with another indent). The
+eval set is the demo's held-out split, as an operator's file.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from seqcls.quality.scoring import served_graph
 from seqcls.serving.repository import Repository
 from seqcls.steps.evaluate import locate_eval_set
 from seqcls.workspace import open_release
+from tests.helpers.demo_models import quick_demo_model
 from tests.helpers.drills import Drill, champion
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
@@ -32,18 +34,14 @@ SWITCHED_OFF = ("组织关系##退出", "财经##亏损", "体育##受伤", "司
 
 @pytest.fixture(scope="module")
 def good(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from seqcls_tools.demo.train import train_demo_checkpoint
-
-    out = tmp_path_factory.mktemp("quality") / "good"
-    train_demo_checkpoint(out, seed=0, quick=True, max_seconds=600)
-    return out
+    return quick_demo_model(tmp_path_factory).path  # trained once per session, shared (read only)
 
 
 @pytest.fixture(scope="module")
-def worse(good: Path) -> Path:
+def worse(good: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     import paddle
 
-    out = good.parent / "worse"
+    out = tmp_path_factory.mktemp("quality") / "worse"
     shutil.copytree(good, out)
     state = paddle.load(str(out / "model_state.pdparams"))
     labels = (out / "label.txt").read_text(encoding="utf-8").split()
@@ -56,8 +54,8 @@ def worse(good: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def equal(good: Path) -> Path:
-    out = good.parent / "equal"
+def equal(good: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("quality") / "equal"
     shutil.copytree(good, out)
     config = json.loads((out / "config.json").read_text(encoding="utf-8"))
     (out / "config.json").write_text(json.dumps(config, indent=4, ensure_ascii=False), encoding="utf-8")
