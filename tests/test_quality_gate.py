@@ -200,3 +200,21 @@ def test_without_a_configured_eval_set_the_checkpoints_own_is_used_and_said(good
         locate_eval_set(release)
     with pytest.raises(InputError, match="no such file"):
         locate_eval_set(replace(release, config=ReleaseConfig(eval_set=str(tmp_path / "nope.txt"))))
+
+
+def test_evaluate_scores_the_bytes_resolve_checked_not_the_file_again(
+    good: Path, eval_set: Path, tmp_path: Path
+) -> None:
+    from seqcls.steps.evaluate import kept_eval_set, preflight_eval_set
+
+    mine = tmp_path / "eval.txt"
+    shutil.copy(eval_set, mine)
+    release = open_release(good, ReleaseConfig(eval_set=str(mine)))
+    checked = preflight_eval_set(release)
+    mine.write_text("央行宣布降息。\t财经\n", encoding="utf-8")  # changed after it was checked
+    kept = kept_eval_set(release)
+    assert kept.sha256 == checked.sha256 == hashlib.sha256(eval_set.read_bytes()).hexdigest()
+    assert len(kept.texts) == 240 and kept.path == mine
+    copy = next(release.workspace.path("evalset").iterdir())
+    copy.write_bytes(copy.read_bytes() + b"x")  # the kept copy damaged: the file as it is now, checked again
+    assert len(kept_eval_set(release).texts) == 1

@@ -42,6 +42,8 @@ EVALUATION = f"{OUT_DIRS['evaluate']}/evaluation.json"
 BAD_CASES = f"{OUT_DIRS['evaluate']}/bad_cases.tsv"
 SHADOW = f"{OUT_DIRS['evaluate']}/shadow.json"
 QUALITY_PLOT = f"{OUT_DIRS['evaluate']}/labels.png"
+#: Where resolve keeps the eval set's bytes it checked (``<sha16><suffix>``), for evaluate to score.
+EVAL_SET_DIR = "evalset"
 
 R = TypeVar("R")
 
@@ -257,6 +259,7 @@ def published_version(release: Release) -> int:
 __all__ = [
     "BAD_CASES",
     "EVALUATION",
+    "EVAL_SET_DIR",
     "MODEL_ONNX",
     "OUT_DIRS",
     "PARITY_EXPECTED",

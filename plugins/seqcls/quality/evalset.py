@@ -206,7 +206,7 @@ def parse_eval_set(
     return EvalSet(where, hashlib.sha256(data).hexdigest(), fmt, source, tuple(texts), tuple(labels))
 
 
-def _read_once(path: Path) -> bytes:
+def read_once(path: Path) -> bytes:
     """The bytes of the regular file ``path``, from one open (no symlink as its last component)."""
     what = "the labeled evaluation set (eval_set)"
     try:
@@ -239,7 +239,7 @@ def read_eval_set(
 ) -> EvalSet:
     """Read ``path`` once and parse exactly those bytes (what is hashed is what is scored)."""
     path = Path(path)
-    data = _read_once(path)
+    data = read_once(path)
     got = parse_eval_set(data, path, known_labels, source=source, max_text_bytes=max_text_bytes)
     log.info("eval set %s (%s, %s): %d texts, sha256 %s", path, got.format, source, len(got.texts), got.sha256[:16])
     return got
