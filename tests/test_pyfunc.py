@@ -32,6 +32,7 @@ from seqcls.registry.runs import log_parity_evidence
 from seqcls.serving.release import release_key
 from seqcls.settings import Settings
 from seqcls.steps import run_release
+from seqcls.steps.evaluate import evaluate
 from seqcls.steps.register import register
 from seqcls.steps.validate import validate
 from seqcls.workspace import Release, open_release
@@ -220,6 +221,8 @@ def test_parity_evidence_for_a_passed_gate_is_on_the_registered_run(tiny_checkpo
     assert run.data.metrics["decisions.agreement"] == 1.0 and run.data.params["atol"] == str(release.config.atol)
     assert {"report.json", "plot.png", "expected.json"} <= _artifact_names(c, run_id, "parity")
 
+    assert evaluate(release).summary["passed"]  # no eval set: the quality gate says it skipped, on the same run
+    assert c.get_run(run_id).data.tags["seqcls.quality"] == "skipped"
     reg = register(release).summary  # register adopts the run: evidence, model and version on one run
     assert reg["run_id"] == run_id
     run = c.get_run(run_id)
@@ -230,6 +233,7 @@ def test_parity_evidence_for_a_passed_gate_is_on_the_registered_run(tiny_checkpo
 
     stricter = open_release(tiny_checkpoint, ReleaseConfig(atol=5e-5))  # gate-only: the same serving configuration
     assert _validate_with_evidence(stricter).status == "ok"  # the gate ran again: a second evidence run
+    evaluate(stricter)
     again = register(stricter).summary
     assert again["version"] == reg["version"] and not again["created"]
     second = c.get_run(stricter.workspace.step("validate")["mlflow_run_id"])
