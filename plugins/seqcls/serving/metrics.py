@@ -20,8 +20,15 @@ from seqcls.errors import ServingError
 log = logging.getLogger(__name__)
 
 COUNTERS = ("nv_inference_request_success", "nv_inference_request_failure", "nv_inference_count")
-_SAMPLE = re.compile(r"^(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)\{(?P<labels>[^}]*)\}\s+(?P<value>\S+)")
-_LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
+_QUOTED = r'"(?:[^"\\]|\\.)*"'  # a label value: escapes (\\, \", \n) and any '}' inside
+_SAMPLE = re.compile(rf'^(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)\{{(?P<labels>(?:[^"}}]|{_QUOTED})*)\}}\s+(?P<value>\S+)')
+_LABEL = re.compile(rf"(\w+)=({_QUOTED})")
+_ESCAPE = re.compile(r"\\(.)")
+
+
+def _unescape(value: str) -> str:
+    """A label value as exposed (``\\\\``, ``\\"``, ``\\n`` escaped) → the value itself."""
+    return _ESCAPE.sub(lambda m: "\n" if m[1] == "n" else m[1], value)
 
 
 @dataclass(frozen=True)
@@ -41,7 +48,8 @@ def parse(text: str) -> list[Sample]:
                 value = float(m["value"])
             except ValueError:
                 continue
-            out.append(Sample(m["name"], dict(_LABEL.findall(m["labels"])), value))
+            labels = {k: _unescape(v[1:-1]) for k, v in _LABEL.findall(m["labels"])}
+            out.append(Sample(m["name"], labels, value))
     return out
 
 
