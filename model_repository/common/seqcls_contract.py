@@ -48,3 +48,34 @@ RELEASE_FILE = "release.json"
 #: beyond any ``max_length`` (4096 tokens) yet keeps one request from tying up a tokenizer stub.
 MAX_TEXT_BYTES = 64 * 1024
 MAX_TEXT_BYTES_KEY = "max_text_bytes"
+
+#: What the serving models export on Triton's ``/metrics`` (python backend custom metrics), so the
+#: operator sees *what* a version answers, not only how fast. Every series carries ``model`` (the
+#: seqcls model name, ``release.json``'s ``model_name``) and ``version`` (the Triton version).
+#: Counters: texts decided, per label (after the hierarchy rule), with no label, near a threshold;
+#: texts tokenized / truncated at ``max_length``; requests refused, by a bounded ``reason``.
+#: Histogram: the top label's confidence per text (buckets for sigmoid outputs).
+METRIC_TEXTS = "seqcls_texts_total"
+METRIC_LABEL_PREDICTIONS = "seqcls_label_predictions_total"
+METRIC_UNLABELED = "seqcls_unlabeled_texts_total"
+METRIC_NEAR_THRESHOLD = "seqcls_near_threshold_total"
+METRIC_TOP_CONFIDENCE = "seqcls_top_confidence"
+METRIC_TOKENIZED = "seqcls_tokenized_texts_total"
+METRIC_TRUNCATED = "seqcls_truncated_texts_total"
+METRIC_REJECTED = "seqcls_rejected_requests_total"
+#: Upper bounds of the top-confidence histogram: dense where sigmoid decisions are made (around
+#: the usual 0.5 threshold) and near certainty, where a healthy model's mass sits.
+CONFIDENCE_BUCKETS = (0.1, 0.2, 0.3, 0.4, 0.45, 0.5, 0.55, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99, 0.999)
+#: A probability within this distance of its label's threshold counts as "near threshold".
+NEAR_THRESHOLD_MARGIN = 0.1
+#: ``reason`` values of :data:`METRIC_REJECTED` (a fixed set: free-form reasons would be unbounded).
+REJECT_REASONS = ("missing_input", "not_bytes", "invalid_utf8", "too_long", "tokenize_failed", "bad_logits", "internal")
+#: Per-label series are bounded: at most this many labels get their own ``label`` value per
+#: version; the rest are summed under :data:`OTHER_LABEL`. Which ones: ``release.json``'s
+#: :data:`METRIC_LABELS_KEY` (the most frequent in the release's reference distribution).
+MAX_LABEL_SERIES = 200
+OTHER_LABEL = "__other__"
+METRIC_LABELS_KEY = "metric_labels"
+#: ``release.json`` key of the release's reference distribution (what the served graph predicted on
+#: the eval set, or the golden texts): the baseline ``seqcls monitor`` compares live traffic with.
+REFERENCE_KEY = "reference"

@@ -88,3 +88,33 @@ def decide(
 def near_threshold(probs: np.ndarray, thresholds: np.ndarray, margin: float) -> np.ndarray:
     """Boolean ``[N]``: a row has a probability within ``margin`` of its threshold."""
     return (np.abs(np.asarray(probs) - thresholds) <= margin).any(axis=1)
+
+
+def tally(
+    rows: Sequence[Sequence[tuple[str, float]]], probs: np.ndarray, thresholds: np.ndarray, margin: float
+) -> dict:
+    """What the serving metrics count for a batch of decided rows (also the release's reference).
+
+    ``texts``; ``labels``: texts per predicted label (after the hierarchy rule), only labels that
+    occur; ``unlabeled``: texts with no label; ``near``: per label index, texts whose probability
+    is within ``margin`` of the threshold; ``top``: each text's highest probability.
+    """
+    probs = np.asarray(probs, dtype=np.float32)
+    counts: dict[str, int] = {}
+    for row in rows:
+        for label, _ in row:
+            counts[label] = counts.get(label, 0) + 1
+    n = len(rows)
+    if n and probs.ndim == 2 and probs.shape[1]:
+        near = (np.abs(probs - np.asarray(thresholds, dtype=np.float32)) <= margin).sum(axis=0)
+        top = probs.max(axis=1)
+    else:
+        near = np.zeros(probs.shape[1] if probs.ndim == 2 else 0, dtype=np.int64)
+        top = np.zeros(n, dtype=np.float32)
+    return {
+        "texts": n,
+        "labels": counts,
+        "unlabeled": sum(1 for row in rows if not row),
+        "near": near.astype(np.int64),
+        "top": top,
+    }

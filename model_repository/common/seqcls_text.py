@@ -164,6 +164,12 @@ def encode(tokenizer, texts: Sequence[str]) -> list[list[int]]:
     return [enc.ids for enc in tokenizer.encode_batch(list(texts))]
 
 
+def encode_counted(tokenizer, texts: Sequence[str]) -> tuple[list[list[int]], int]:
+    """:func:`encode`, and how many texts were cut at ``max_length`` (they have overflowing pieces)."""
+    encodings = tokenizer.encode_batch(list(texts))
+    return [enc.ids for enc in encodings], sum(1 for enc in encodings if enc.overflowing)
+
+
 def decode_utf8(items: Sequence[object], *, max_bytes: int | None = None) -> tuple[list[str], list[str | None]]:
     """Raw BYTES items → texts; an item that is not valid UTF-8, not bytes at all, or longer than
     ``max_bytes`` gets an error message instead (and ``""`` as its text)."""

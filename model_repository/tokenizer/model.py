@@ -17,6 +17,9 @@ One bad request fails only itself, with ``INVALID_ARG``: invalid UTF-8, a text o
 that request is processed; the other requests of the batch are answered. Empty texts give
 ``[CLS] [SEP]``; texts over ``max_length`` tokens are truncated (the parity gate proves the same
 ids as PaddleNLP); a request with no texts gets empty ``[0, 2]`` tensors.
+
+Metrics (``seqcls_backend.Metrics``): texts tokenized, texts truncated at ``max_length`` and
+requests refused by reason, per seqcls model and version.
 """
 
 import json
@@ -55,6 +58,9 @@ class TritonPythonModel:
             raise pb_utils.TritonModelException(
                 f"release.json model_inputs {unknown} unknown; expected a subset of {contract.MODEL_INPUT_NAMES}"
             )
+        self.metrics = backend.Metrics(contract, release.get("model_name", "seqcls"), args["model_version"])
+        for name in (contract.METRIC_TOKENIZED, contract.METRIC_TRUNCATED):
+            self.metrics.declare(name)
         tokenizer_file = release.get("tokenizer_file", "vocab.txt")
         if tokenizer_file == "tokenizer.json":
             self.tokenizer = seqcls_text.load_tokenizer(
@@ -74,26 +80,38 @@ class TritonPythonModel:
         try:
             tensor = pb_utils.get_input_tensor_by_name(request, contract.TEXT_INPUT)
             if tensor is None:
-                return f"tokenizer: the request has no {contract.TEXT_INPUT} input"
+                return self._refuse("missing_input", f"tokenizer: the request has no {contract.TEXT_INPUT} input")
             raw = tensor.as_numpy()
             if raw.dtype != np.object_:
-                return f"tokenizer: {contract.TEXT_INPUT} must be BYTES (UTF-8 texts), got {raw.dtype}"
+                return self._refuse(
+                    "not_bytes", f"tokenizer: {contract.TEXT_INPUT} must be BYTES (UTF-8 texts), got {raw.dtype}"
+                )
             texts, errors = seqcls_text.decode_utf8(raw.reshape(-1), max_bytes=self.max_text_bytes)
             bad = [e for e in errors if e]
             if bad:
                 more = f" (+{len(bad) - 3} more)" if len(bad) > 3 else ""
-                return "tokenizer: " + "; ".join(bad[:3]) + more
+                reason = "too_long" if "max_text_bytes" in bad[0] else "invalid_utf8"
+                reason = "not_bytes" if "not bytes" in bad[0] else reason
+                return self._refuse(reason, "tokenizer: " + "; ".join(bad[:3]) + more)
             return texts
         except Exception as exc:
             backend.log_unexpected("tokenizer: reading a request")
-            return f"tokenizer: could not read the request ({type(exc).__name__}: {exc})"
+            return self._refuse("internal", f"tokenizer: could not read the request ({type(exc).__name__}: {exc})")
+
+    def _refuse(self, reason, message):
+        self.metrics.rejected(reason)
+        return message
 
     def _encode(self, parsed):
         """Ids per request (a list, or an error message): one ``encode_batch`` for the whole batch,
         and request by request only if that call fails, so the culprit alone gets the error."""
         good = [p for p in parsed if isinstance(p, list)]
         try:
-            flat = seqcls_text.encode(self.tokenizer, [t for texts in good for t in texts]) if good else []
+            flat, truncated = ([], 0)
+            if good:
+                flat, truncated = seqcls_text.encode_counted(self.tokenizer, [t for texts in good for t in texts])
+            self.metrics.count(contract.METRIC_TOKENIZED, len(flat))
+            self.metrics.count(contract.METRIC_TRUNCATED, truncated)
             out, start = [], 0
             for p in parsed:
                 if isinstance(p, list):
@@ -107,9 +125,16 @@ class TritonPythonModel:
         out = []
         for p in parsed:
             try:
-                out.append(seqcls_text.encode(self.tokenizer, p) if isinstance(p, list) else p)
+                if isinstance(p, list):
+                    ids, truncated = seqcls_text.encode_counted(self.tokenizer, p)
+                    self.metrics.count(contract.METRIC_TOKENIZED, len(ids))
+                    self.metrics.count(contract.METRIC_TRUNCATED, truncated)
+                    out.append(ids)
+                else:
+                    out.append(p)
             except Exception as exc:
-                out.append(f"tokenizer: tokenization failed ({type(exc).__name__}: {exc})")
+                why = f"tokenizer: tokenization failed ({type(exc).__name__}: {exc})"
+                out.append(self._refuse("tokenize_failed", why))
         return out
 
     def _response(self, ids):
@@ -129,6 +154,7 @@ class TritonPythonModel:
             )
         except Exception as exc:
             backend.log_unexpected("tokenizer: building a response")
+            self.metrics.rejected("internal")
             return backend.invalid(f"tokenizer: could not build the response ({type(exc).__name__}: {exc})")
 
     def execute(self, requests):

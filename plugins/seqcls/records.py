@@ -42,6 +42,7 @@ EVALUATION = f"{OUT_DIRS['evaluate']}/evaluation.json"
 BAD_CASES = f"{OUT_DIRS['evaluate']}/bad_cases.tsv"
 SHADOW = f"{OUT_DIRS['evaluate']}/shadow.json"
 QUALITY_PLOT = f"{OUT_DIRS['evaluate']}/labels.png"
+REFERENCE = f"{OUT_DIRS['evaluate']}/reference.json"
 #: Where resolve keeps the eval set's bytes it checked (``<sha16><suffix>``), for evaluate to score.
 EVAL_SET_DIR = "evalset"
 

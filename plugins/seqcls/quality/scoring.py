@@ -78,7 +78,7 @@ def predict(graph: Graph, texts: Sequence[str], providers: list[str]) -> Predict
     """``texts`` through ``graph`` as served: serving ids, ONNX Runtime, sigmoid, thresholds, hierarchy."""
     text_mod, decide_mod = shipped.text(), shipped.decide()
     t0 = time.perf_counter()
-    ids = text_mod.encode(graph.tokenizer, list(texts))
+    ids, truncated = text_mod.encode_counted(graph.tokenizer, list(texts))
     session = runtime.ort_session(graph.onnx, providers)
     if graph.alone:
         logits = np.concatenate([runtime.ort_logits(session, [x], graph.pad_id) for x in ids])
@@ -106,6 +106,7 @@ def predict(graph: Graph, texts: Sequence[str], providers: list[str]) -> Predict
         round(seconds, 3),
         graph.profile,
         graph.version,
+        {"truncated": truncated},
     )
 
 

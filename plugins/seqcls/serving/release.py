@@ -14,7 +14,8 @@ import json
 from typing import Any
 
 from seqcls.errors import InputError
-from seqcls.records import Expected, model_inputs, serving_tokenizer
+from seqcls.monitoring import reference as monitoring_reference
+from seqcls.records import REFERENCE, Expected, model_inputs, serving_tokenizer
 from seqcls.serving import shipped
 from seqcls.serving.repository import Repository, ServingOptions
 from seqcls.workspace import Release
@@ -104,6 +105,13 @@ def release_values(release: Release, options: ServingOptions) -> dict[str, Any]:
     expected = Expected.load(release.workspace)
     tokenizer = serving_tokenizer(release)
     contract = shipped.contract()
+    reference = monitoring_reference.load(release.workspace.path(REFERENCE))
+    monitored = {}
+    if reference is not None:  # the baseline of `seqcls monitor` and the labels with their own metric series
+        monitored = {
+            contract.REFERENCE_KEY: reference.to_dict(),
+            contract.METRIC_LABELS_KEY: monitoring_reference.metric_labels(expected.labels, reference),
+        }
     return {
         "model_name": release.config.model_name,
         "fingerprint": release.checkpoint.fingerprint,
@@ -119,6 +127,7 @@ def release_values(release: Release, options: ServingOptions) -> dict[str, Any]:
         "profile": release.config.profile,
         "release_key": release_key(release),  # the MLflow version's key: sync/status find it by this
         contract.MAX_TEXT_BYTES_KEY: int(options.max_text_bytes),
+        **monitored,
     }
 
 

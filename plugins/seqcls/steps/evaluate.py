@@ -30,10 +30,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from seqcls.checkpoints.checkpoint import inside_checkpoint, sha256_file
 from seqcls.errors import GateError, InputError
 from seqcls.files import atomic_write
 from seqcls.gates import runtime
+from seqcls.monitoring import reference as monitoring_reference
 from seqcls.quality.evalset import EvalSet, parse_eval_set, read_once
 from seqcls.quality.metrics import Scores, bad_cases, score, write_bad_cases
 from seqcls.quality.plot import plot_labels
@@ -45,6 +48,8 @@ from seqcls.records import (
     EVALUATION,
     OUT_DIRS,
     QUALITY_PLOT,
+    REFERENCE,
+    Expected,
     Shadow,
     fp32_onnx,
     served_onnx,
@@ -230,9 +235,37 @@ def write_evidence(
         [champ.labels[i] for i in pick] if champ is not None else None,
         champion_version,
     ).save(out)
+    write_reference(release, cand, es, out)
     title = _title(release, champion_version)
     plot_labels(out / Path(QUALITY_PLOT).name, scores["candidate"], scores.get("champion"), title=title)
     return evaluation
+
+
+def write_reference(release: Release, cand: Predictions, es: EvalSet, out: Path) -> None:
+    """The release's reference distribution (what ``seqcls monitor`` compares live traffic with):
+    the candidate's serving graph on the eval set, counted as the served postprocess counts."""
+    cfg = release.config
+    ref = monitoring_reference.compute(
+        cand.probabilities,
+        decide_vector(cand.model_labels, cfg.threshold, cfg.thresholds),
+        cand.model_labels,
+        hierarchy=cfg.hierarchy,
+        source="eval_set",
+        truncated=int(cand.extra.get("truncated", 0)),
+        sha256=es.sha256,
+        path=str(es.path),
+    )
+    monitoring_reference.save(ref, out / Path(REFERENCE).name)
+
+
+def golden_reference(release: Release, out: Path) -> None:
+    """Without an eval set, the reference is the golden texts' answers the parity gate validated."""
+    expected = Expected.load(release.workspace)
+    probs = np.array([item.probabilities for item in expected.items], dtype=np.float32)
+    ref = monitoring_reference.compute(
+        probs, expected.thresholds, expected.labels, hierarchy=expected.hierarchy, source="golden"
+    )
+    monitoring_reference.save(ref, out / Path(REFERENCE).name)
 
 
 def run_gate(
@@ -297,6 +330,7 @@ def _skip(release: Release, out: Path) -> tuple[dict, str]:
         f"{', '.join(OWN_EVAL_FILES)} — the quality gate did not run"
     )
     log.warning("evaluate: %s", why)
+    golden_reference(release, out)
     (out / "evaluation.json").write_text(json.dumps({"passed": True, "skipped": [why]}, indent=1), encoding="utf-8")
     return {"passed": True, "skipped": why}, f"skipped — {why}"
 
