@@ -4,7 +4,8 @@ Each command prints the release workspace and a one-line outcome. Exit codes: 0 
 command failed (the reason is printed: bad input, a failed gate or smoke, Triton or MLflow
 unreachable) — ``status`` also exits 1 when the recorded state, the endpoints and MLflow disagree,
 ``sync`` when something did not converge; 2 usage error (argparse); 3 ``triton status``: the local
-server is not live. ``--json`` prints the results as JSON instead, for scripts. The step
+server is not live. ``monitor``: 0 no drift, 1 drift, 2 bad input / no replica answered / no
+reference recorded, 3 not enough traffic to judge. ``--json`` prints the results as JSON instead, for scripts. The step
 subcommands, their order and help come from the step table (:mod:`seqcls.steps`), the release
 flags from :mod:`seqcls.config`; the development tools (demo, bench, airflow-ui, demo-checkpoint)
 are registered by ``seqcls_tools`` when installed.
@@ -25,10 +26,12 @@ from seqcls import __version__, config
 from seqcls.checkpoints.completion import find_latest, mark_complete, read_marker
 from seqcls.errors import InputError, SeqclsError
 from seqcls.localtriton import LocalTriton, TritonServerConfig
+from seqcls.monitoring.drift import DRIFT, NOT_ENOUGH, DriftReport, Thresholds
+from seqcls.monitoring.live import monitor
 from seqcls.records import EVALUATION
 from seqcls.serving.layout import calibrate_layout
 from seqcls.serving.lease import ReleaseLease
-from seqcls.settings import Settings
+from seqcls.settings import DEFAULT_MODEL_NAME, Settings
 from seqcls.status import status
 from seqcls.steps import EXTRA_STEPS, ORDER, STEPS, run_release, step
 from seqcls.steps.evaluate import OWN_EVAL_FILES, preflight_eval_set
@@ -256,6 +259,43 @@ def _cmd_release(args: argparse.Namespace) -> tuple[int, Printer]:
     return 0, lambda: _print_results(args, release.workspace.root, results)
 
 
+def _cmd_monitor(args: argparse.Namespace) -> tuple[int, Printer]:
+    """Exit 0 no drift, 1 drift, 2 bad input / no replica answered / no reference, 3 not enough traffic."""
+    try:
+        metrics = tuple(args.metrics) if args.metrics else None
+        settings = Settings.from_env(home=args.home, triton_metrics=metrics)
+        thresholds = Thresholds(psi=args.psi, alpha=args.alpha, min_texts=args.min_texts)
+        report = monitor(settings, args.model_name, args.since, thresholds=thresholds, prometheus=args.prometheus)
+    except SeqclsError as exc:
+        message = f"error: {exc}"
+        return 2, lambda: print(message, file=sys.stderr)
+    code = {DRIFT: 1, NOT_ENOUGH: 3}.get(report.state, 0)
+    if args.json:
+        return code, lambda: print(json.dumps(report.to_dict(), indent=2, ensure_ascii=False))
+    return code, lambda: print("\n".join(_monitor_lines(report)))
+
+
+def _monitor_lines(report: DriftReport) -> list[str]:
+    """The headline, a table of what drifted, then the notes (resets, short windows, unread replicas)."""
+    out = [report.headline()]
+    rows = report.drifted + ([report.unlabeled] if report.unlabeled.drifted else [])
+    if rows:
+        width = max(len("label"), *(len(d.label) for d in rows))
+        out.append(f"  {'label':<{width}}  reference   live      PSI        p")
+        out += [
+            f"  {d.label:<{width}}  {d.reference_share:>9.1%}  {d.live_share:>6.1%}  {d.psi:>7.3f}  {d.p_value:>7.1e}"
+            for d in rows
+        ]
+    conf = report.confidence
+    if conf is not None and conf.drifted:
+        out.append(f"  top confidence: PSI {conf.psi:.3f}, p {conf.p_value:.1e} over {conf.bins} buckets")
+    if report.other_versions:
+        others = ", ".join(f"v{v} {n:,} texts" for v, n in report.other_versions.items())
+        out.append(f"  other loaded versions (not compared): {others}")
+    out += [f"  note: {note}" for note in report.notes]
+    return out
+
+
 def _cmd_triton(args: argparse.Namespace) -> tuple[int, Printer]:
     settings = Settings.from_env(home=args.home)
     server = LocalTriton(TritonServerConfig.from_settings(settings))
@@ -352,6 +392,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--lengths", default="16-64", help="token lengths of the synthetic texts (default 16-64)")
     _add_ops_args(p)
     p.set_defaults(func=_cmd_calibrate_layout)
+    p = sub.add_parser(
+        "monitor",
+        help="compare the served version's live label shares (Triton's metrics, every replica) with its release's "
+        "reference; exit 0 no drift, 1 drift, 2 error, 3 not enough traffic",
+    )
+    p.add_argument("--model-name", default=DEFAULT_MODEL_NAME)
+    p.add_argument("--since", default=None, help="window, e.g. 30m, 1h, 2d (default: since each replica loaded it)")
+    p.add_argument("--min-texts", type=int, default=Thresholds.min_texts, help="live texts before judging (200)")
+    p.add_argument("--psi", type=float, default=Thresholds.psi, help="PSI from which a shift is large (0.1)")
+    p.add_argument("--alpha", type=float, default=Thresholds.alpha, help="significance level (0.001)")
+    p.add_argument("--metrics", action="append", default=None, metavar="HOST:PORT", help="Triton metrics (repeat)")
+    p.add_argument("--prometheus", default=None, metavar="URL", help="Prometheus for --since ($SEQCLS_PROMETHEUS_URL)")
+    p.add_argument("--home", type=Path, default=None, help="release home (default: $SEQCLS_HOME or ~/.seqcls)")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(func=_cmd_monitor)
     p = sub.add_parser("release", help=f"run every step in order ({' → '.join(ORDER)}), skipping those already done")
     _add_release_args(p)
     p.add_argument("--until", choices=list(ORDER), default=None, help="stop after this step")

@@ -141,6 +141,15 @@ def check_tracking_uri(uri: str, fix: str) -> str:
     return uri
 
 
+ENV_PROMETHEUS_URL = "SEQCLS_PROMETHEUS_URL"  # `seqcls monitor --since`: ask this Prometheus instead of snapshots
+
+
+def prometheus_url() -> str | None:
+    """The Prometheus that scrapes every Triton replica (``SEQCLS_PROMETHEUS_URL``), or None: ``seqcls
+    monitor`` then windows by its own snapshots of the counters."""
+    return os.environ.get(ENV_PROMETHEUS_URL, "").strip() or None
+
+
 def fault_plan() -> str:
     """The test-only fault plan (``SEQCLS_FAULT_PLAN``); empty in production. See :mod:`seqcls.faults`."""
     return os.environ.get(ENV_FAULT_PLAN, "")

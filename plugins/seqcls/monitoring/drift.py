@@ -181,6 +181,8 @@ class DriftReport:
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data["other_versions"] = {str(v): n for v, n in self.other_versions.items()}
+        if data["confidence"]:  # strict JSON has no Infinity: the last bucket is Prometheus' "+Inf"
+            data["confidence"]["bounds"] = [b if math.isfinite(b) else "+Inf" for b in data["confidence"]["bounds"]]
         data["summary"] = self.summary()
         data["headline"] = self.headline()
         data["drifted"] = [d.label for d in self.drifted] + [UNLABELED] * self.unlabeled.drifted
