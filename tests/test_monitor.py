@@ -292,6 +292,13 @@ def test_a_version_without_reference_says_re_release(serve) -> None:
         live.monitor(settings, MODEL)
 
 
+def test_an_empty_reference_is_refused(serve) -> None:
+    settings = settings_for(Replica(serve, {3: steady()}).endpoint)
+    publish(settings, reference=Reference("golden", 0, {}, 0, {}, BOUNDS, [0] * 15))
+    with pytest.raises(ServingError, match="counts no texts"):
+        live.monitor(settings, MODEL)
+
+
 def test_metric_labels_of_the_release_are_used(serve) -> None:
     counts = Counts(2000, {"a": 600, "b": 400, C.OTHER_LABEL: 320}, 800, {})
     settings = settings_for(Replica(serve, {3: counts}).endpoint)

@@ -281,7 +281,7 @@ def _monitor_lines(report: DriftReport) -> list[str]:
     rows = report.drifted + ([report.unlabeled] if report.unlabeled.drifted else [])
     if rows:
         width = max(len("label"), *(len(d.label) for d in rows))
-        out.append(f"  {'label':<{width}}  reference   live      PSI        p")
+        out.append(f"  {'label':<{width}}  {'reference':>9}  {'live':>6}  {'PSI':>7}  {'p':>7}")
         out += [
             f"  {d.label:<{width}}  {d.reference_share:>9.1%}  {d.live_share:>6.1%}  {d.psi:>7.3f}  {d.p_value:>7.1e}"
             for d in rows

@@ -364,6 +364,10 @@ def served(settings: Settings, model_name: str) -> Served:
         raise ServingError(
             f"{model_name} Triton v{version}: the recorded reference is malformed ({exc}); re-release it"
         ) from exc
+    if reference.texts <= 0:
+        raise ServingError(
+            f"{model_name} Triton v{version}: its reference counts no texts; re-release it with an eval set"
+        )
     labels = info.get(c.METRIC_LABELS_KEY)
     return Served(version, reference, [str(x) for x in labels] if isinstance(labels, list) else None)
 
