@@ -17,6 +17,7 @@ import logging
 import math
 import re
 import time
+import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Iterable, Sequence
@@ -287,6 +288,8 @@ def _query(url: str, promql: str, at: float, timeout: float) -> list[dict[str, A
     try:
         with urllib.request.urlopen(target, timeout=timeout) as resp:  # an operator-set endpoint
             data = json.loads(resp.read().decode("utf-8"))
+    except urllib.error.HTTPError as exc:  # a bad query: Prometheus says why in a JSON body
+        raise ServingError(f"Prometheus at {url} refused {promql!r}: HTTP {exc.code} {exc.read()[:500]!r}") from exc
     except (OSError, ValueError) as exc:
         raise ServingError(
             f"Prometheus at {url} did not answer {promql!r}: {exc}; check SEQCLS_PROMETHEUS_URL"
