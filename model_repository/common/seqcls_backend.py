@@ -40,7 +40,7 @@ class Metrics:
     Per-label series are bounded: labels outside ``metric_labels`` are counted under the other-label.
     """
 
-    def __init__(self, contract, model, version, labels=(), metric_labels=None):
+    def __init__(self, contract, model, version, labels=(), metric_labels=None, enabled=True):
         self.contract = contract
         self.base = {"model": str(model), "version": str(version)}
         keep = set(labels if metric_labels is None else metric_labels)
@@ -57,8 +57,8 @@ class Metrics:
         }
         self.families = {}
         self.metrics = {}
-        self.enabled = hasattr(pb_utils, "MetricFamily")
-        if not self.enabled:
+        self.enabled = bool(enabled) and hasattr(pb_utils, "MetricFamily")
+        if enabled and not self.enabled:
             _log_warn("this python backend has no MetricFamily: seqcls metrics are off")
 
     def _family(self, name, kind):
@@ -149,6 +149,6 @@ class Metrics:
 
 
 def _log_warn(message):
-    logger = getattr(pb_utils, "Logger", None)
-    if logger is not None:
-        logger.log_warn(message)
+    log_warn = getattr(getattr(pb_utils, "Logger", None), "log_warn", None)
+    if log_warn is not None:
+        log_warn(message)

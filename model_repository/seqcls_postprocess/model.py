@@ -44,7 +44,12 @@ class TritonPythonModel:
         if metric_labels is None and len(self.labels) > contract.MAX_LABEL_SERIES:
             metric_labels = self.labels[: contract.MAX_LABEL_SERIES - 1]
         self.metrics = backend.Metrics(
-            contract, release.get("model_name", "seqcls"), args["model_version"], self.labels, metric_labels
+            contract,
+            release.get("model_name", "seqcls"),
+            args["model_version"],
+            self.labels,
+            metric_labels,
+            enabled=backend.param(json.loads(args["model_config"]), "metrics", "on") != "off",
         )
         self.metrics.declare_postprocess()
 

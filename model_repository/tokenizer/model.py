@@ -58,7 +58,12 @@ class TritonPythonModel:
             raise pb_utils.TritonModelException(
                 f"release.json model_inputs {unknown} unknown; expected a subset of {contract.MODEL_INPUT_NAMES}"
             )
-        self.metrics = backend.Metrics(contract, release.get("model_name", "seqcls"), args["model_version"])
+        self.metrics = backend.Metrics(
+            contract,
+            release.get("model_name", "seqcls"),
+            args["model_version"],
+            enabled=backend.param(config, "metrics", "on") != "off",
+        )
         for name in (contract.METRIC_TOKENIZED, contract.METRIC_TRUNCATED):
             self.metrics.declare(name)
         tokenizer_file = release.get("tokenizer_file", "vocab.txt")

@@ -38,6 +38,7 @@ ENV_FAULT_PLAN = "SEQCLS_FAULT_PLAN"  # test-only: see seqcls.faults
 ENV_MODEL_NAME = "SEQCLS_MODEL_NAME"  # the DAG's model (parse time)
 ENV_SCHEDULE = "SEQCLS_SCHEDULE"  # the DAG's schedule: unset/manual, a cron preset/expression, or "asset"
 ENV_SERVING_LAYOUT = "SEQCLS_SERVING_LAYOUT"  # INSTANCESxTHREADS of the ONNX model, e.g. 2x1 (default 1x2)
+ENV_SERVING_METRICS = "SEQCLS_SERVING_METRICS"  # on (default) | off: the python models' seqcls_* metrics
 ENV_MODELS_FILE = "SEQCLS_MODELS_FILE"  # the release DAGs' models file (parse time): a path, or "none"
 #: Set (not read) around paddle2onnx: ``"0"`` forbids polygraphy from pip-installing at conversion.
 ENV_POLYGRAPHY_AUTOINSTALL = "POLYGRAPHY_AUTOINSTALL_DEPS"
@@ -144,6 +145,13 @@ def check_tracking_uri(uri: str, fix: str) -> str:
 ENV_PROMETHEUS_URL = "SEQCLS_PROMETHEUS_URL"  # `seqcls monitor --since`: ask this Prometheus instead of snapshots
 
 
+def _on_off(name: str, text: str) -> bool:
+    value = text.strip().lower() or "on"
+    if value not in ("on", "off"):
+        raise InputError(f"{name}={text!r}: expected on or off")
+    return value == "on"
+
+
 def prometheus_url() -> str | None:
     """The Prometheus that scrapes every Triton replica (``SEQCLS_PROMETHEUS_URL``), or None: ``seqcls
     monitor`` then windows by its own snapshots of the counters."""
@@ -219,6 +227,8 @@ class Settings:
     triton_control_key: str | None = field(default=None, repr=False)
     #: The ONNX model's instances x ORT intra-op threads (SEQCLS_SERVING_LAYOUT, e.g. "2x1"); None: 1x2.
     serving_layout: str | None = None
+    #: Whether the serving models export seqcls_* metrics (SEQCLS_SERVING_METRICS=off: to measure their cost).
+    serving_metrics: bool = True
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "home", Path(self.home).expanduser().resolve())
@@ -270,6 +280,7 @@ class Settings:
             "checkpoints_root": Path(env[ENV_CHECKPOINTS_ROOT]) if env.get(ENV_CHECKPOINTS_ROOT) else None,
             "triton_control_key": env.get(ENV_TRITON_CONTROL_KEY) or None,
             "serving_layout": env.get(ENV_SERVING_LAYOUT) or None,
+            "serving_metrics": _on_off(ENV_SERVING_METRICS, env.get(ENV_SERVING_METRICS, "on")),
         }
         for key, value in overrides.items():
             if key not in values:

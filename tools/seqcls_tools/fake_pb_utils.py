@@ -57,6 +57,35 @@ class Logger:
         print(message, file=sys.stderr)
 
 
+class MetricFamily:
+    """Triton's custom-metrics API as the models use it; every series lands in :attr:`series`
+    (``(family name, sorted label items) -> value``, or the list of observations for a histogram)."""
+
+    COUNTER, GAUGE, HISTOGRAM = "counter", "gauge", "histogram"
+    series: ClassVar[dict[tuple[str, tuple[tuple[str, str], ...]], object]] = {}
+
+    def __init__(self, name: str, description: str, kind: str) -> None:
+        assert kind in (self.COUNTER, self.GAUGE, self.HISTOGRAM), kind
+        self.name, self.description, self.kind = name, description, kind
+
+    def Metric(self, labels: dict[str, str], buckets: list[float] | None = None) -> _Metric:  # Triton's name
+        assert (buckets is not None) == (self.kind == self.HISTOGRAM), "buckets exactly for histograms"
+        key = (self.name, tuple(sorted(labels.items())))
+        MetricFamily.series.setdefault(key, [] if self.kind == self.HISTOGRAM else 0.0)
+        return _Metric(key)
+
+
+class _Metric:
+    def __init__(self, key: tuple) -> None:
+        self.key = key
+
+    def increment(self, value: float) -> None:
+        MetricFamily.series[self.key] += value  # type: ignore[operator]
+
+    def observe(self, value: float) -> None:
+        MetricFamily.series[self.key].append(value)  # type: ignore[union-attr]
+
+
 def fake_pb_utils() -> ModuleType:
     """A fresh ``triton_python_backend_utils`` module made of the classes above."""
     mod = ModuleType("triton_python_backend_utils")
@@ -65,6 +94,8 @@ def fake_pb_utils() -> ModuleType:
     mod.InferenceResponse = InferenceResponse  # type: ignore[attr-defined]
     mod.TritonModelException = RuntimeError  # type: ignore[attr-defined]
     mod.Logger = Logger  # type: ignore[attr-defined]
+    MetricFamily.series = {}
+    mod.MetricFamily = MetricFamily  # type: ignore[attr-defined]
     mod.get_input_tensor_by_name = lambda request, name: request.get(name)  # type: ignore[attr-defined]
     return mod
 

@@ -78,6 +78,7 @@ class ServingOptions:
     keep_previous_loaded: bool = True
     tokenizer_impl: str = "hf"  # "hf": seqcls_text (fast); "paddlenlp": the classic per-request tokenizer
     max_text_bytes: int = MAX_TEXT_BYTES  # a longer text is refused (INVALID_ARGUMENT), never truncated
+    metrics: bool = True  # the python models export seqcls_* metrics (off: only to measure their cost)
 
     def __post_init__(self) -> None:
         checks = {
@@ -120,6 +121,8 @@ class ServingOptions:
         if settings.serving_layout and settings.device == "cpu":
             instances, threads = parse_layout(settings.serving_layout)
             overrides = {"model_instances": instances, "intra_op_threads": threads, **overrides}
+        if not settings.serving_metrics:
+            overrides = {"metrics": False, **overrides}
         return cls.for_device(settings.device, settings.runtime, **overrides)
 
     def to_dict(self) -> dict[str, Any]:
@@ -183,6 +186,7 @@ def render_config(
         "tokenizer_instances": int(options.tokenizer_instances),
         "model_instances": int(options.model_instances),
         "padding": options.padding,
+        "metrics": "on" if options.metrics else "off",
         "buckets": ",".join(str(b) for b in options.buckets),
         "intra_op_threads": int(options.intra_op_threads),
         "inter_op_threads": int(options.inter_op_threads),
