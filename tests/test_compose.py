@@ -8,7 +8,8 @@ and the Airflow containers' setting, from the environment / ``.env`` only. Issue
 image installs seqcls as a package (a wheel built in a first stage, ``--no-deps`` over the pinned
 requirements; the build fails unless Airflow lists the provider and the plugin), nothing is
 bind-mounted over the plugins folder, the Connections are of the provider's types, and a
-``prometheus`` service scrapes Triton's metrics port (``docker/prometheus.yml``, job ``triton``).
+``prometheus`` service scrapes Triton's metrics port (``docker/prometheus.yml``, job ``triton``;
+issue 27: its rules, the ``grafana`` service and the dashboard are checked in test_monitoring_rules.py).
 Then Debian's ``docker-compose`` (1.29, engine-less) validates the file for real, must reject a
 broken copy of it, and must refuse the file without the key (default-deny).
 """
@@ -46,6 +47,7 @@ EXPECTED_SERVICES = {
     "mlflow",
     "triton",
     "prometheus",
+    "grafana",
 }
 ONE_SHOT_SERVICES = {"airflow-init"}
 AIRFLOW_SERVICES = sorted(s for s in EXPECTED_SERVICES if s.startswith("airflow-"))
@@ -206,6 +208,7 @@ def test_healthchecks_probe_the_documented_endpoints(services: dict) -> None:
     assert "/health" in probe("mlflow")
     assert "/v2/health/live" in probe("triton")
     assert "/-/healthy" in probe("prometheus")
+    assert "/api/health" in probe("grafana")
 
 
 def test_scheduler_health_server_enabled(services: dict) -> None:
@@ -229,6 +232,7 @@ def test_expected_ports_are_published(services: dict) -> None:
     assert {p for _, _, p in _published_ports(services["mlflow"])} == {"5000"}
     assert {p for _, _, p in _published_ports(services["triton"])} == {"8000", "8001", "8002"}
     assert {p for _, _, p in _published_ports(services["prometheus"])} == {"9090"}
+    assert {p for _, _, p in _published_ports(services["grafana"])} == {"3000"}
     assert not _published_ports(services["postgres"]), "postgres must stay inside the network"
 
 
