@@ -13,6 +13,7 @@ import os
 import shutil
 from collections import Counter
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -28,6 +29,7 @@ from tests.helpers.triton import start_triton
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
 DEMO_DATA = Path(__file__).resolve().parents[1] / "tools" / "seqcls_tools" / "demo" / "data"
+ARTIFACTS = Path(__file__).resolve().parents[1] / "var" / "test-artifacts"
 SAMPLE_OUT = Path(__file__).resolve().parent / "data" / "triton-metrics-seqcls.txt"
 
 
@@ -127,3 +129,40 @@ def triton_metrics_text(drill: Drill) -> str:
 
     with urllib.request.urlopen(f"http://{drill.server.config.metrics_url}/metrics", timeout=10) as resp:
         return resp.read().decode("utf-8")
+
+
+def test_a_steady_stream_reports_no_drift_and_a_shifted_one_names_the_drifted_labels(monitored: Drill) -> None:
+    import time
+    from datetime import timedelta
+
+    from seqcls.monitoring.drift import DRIFT, NO_DRIFT
+    from seqcls.monitoring.live import monitor
+
+    settings = replace(monitored.settings, triton_metrics=(monitored.server.config.metrics_url,))
+    monitor(settings, "seqcls")  # a first reading: the windows below start at the readings
+    time.sleep(1.2)
+    steady = fresh_texts(23, 400)  # the eval set's distribution, other texts
+    classify(monitored, [r["text"] for r in steady])
+    start = time.time()
+    report = monitor(settings, "seqcls", since=timedelta(seconds=1.0))
+    assert report.state == NO_DRIFT, report.summary()
+    assert report.texts == 400 and report.version == 1
+
+    time.sleep(1.2)
+    shifted = [r for r in fresh_texts(29, 1500) if any(lbl.startswith("体育") for lbl in r["labels"])][:300]
+    classify(monitored, [r["text"] for r in shifted])
+    since = f"{max(time.time() - start - 0.6, 0.1):.1f}s"
+    cli = monitored.cli("monitor", "--model-name", "seqcls", "--since", since, "--json")
+    assert cli.returncode == 1, cli.stdout + cli.stderr
+    out = json.loads(cli.stdout)
+    assert out["state"] == DRIFT and out["texts"] == 300, out
+    drifted = set(out["drifted"])
+    assert "体育" in drifted  # every text is about sports now
+    assert {"财经", "司法", "灾害"} <= drifted  # and the others vanished
+    human = monitored.cli("monitor", "--model-name", "seqcls", "--since", since)
+    assert human.returncode == 1 and "drifted" in human.stdout and "体育" in human.stdout, human.stdout
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)  # what an operator sees, for the notes
+    (ARTIFACTS / "monitor-drift.txt").write_text(
+        f"$ seqcls monitor --model-name seqcls --since {since}\n{human.stdout}\nsteady stream:\n{report.summary()}\n",
+        encoding="utf-8",
+    )
