@@ -4,6 +4,9 @@
 #   docker-compose — validates docker-compose.airflow.yml without a Docker engine (tests)
 #   chromium       — the Airflow UI test drives a real headless browser
 #   libb64-0d      — perf_analyzer (the benchmark's load generator, requirements-perf.txt) links it
+#   prometheus     — `promtool` checks and unit-tests the alerting/recording rules and the dashboard
+#                    queries, and the `prometheus` server runs them on a real Triton's metrics text
+#                    (tests/test_monitoring_rules.py; under CI a missing binary fails, not skips)
 set -euo pipefail
 need=()
 python3.11 -c 'import sysconfig,sys; sys.exit(0 if sysconfig.get_config_var("Py_ENABLE_SHARED") else 1)' 2>/dev/null \
@@ -11,6 +14,7 @@ python3.11 -c 'import sysconfig,sys; sys.exit(0 if sysconfig.get_config_var("Py_
 command -v docker-compose >/dev/null 2>&1 || need+=(docker-compose)
 command -v chromium >/dev/null 2>&1 || need+=(chromium)
 ldconfig -p 2>/dev/null | grep -q 'libb64\.so\.0d' || need+=(libb64-0d)
+{ command -v promtool && command -v prometheus; } >/dev/null 2>&1 || need+=(prometheus)
 [ ${#need[@]} -eq 0 ] && exit 0
 if [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then
   echo "system-deps: installing ${need[*]} (apt-get)" >&2

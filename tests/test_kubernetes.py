@@ -63,10 +63,16 @@ def _kustomization() -> dict[str, Any]:
     return yaml.safe_load(KUSTOMIZATION.read_text(encoding="utf-8"))
 
 
+def _manifests() -> list[str]:
+    """The kustomization's resources that are manifest files (not other kustomization directories:
+    ``../../docker`` only generates the monitoring ConfigMaps, checked in test_monitoring_rules.py)."""
+    return [name for name in _kustomization()["resources"] if not (DEPLOY / name).is_dir()]
+
+
 def _load_docs() -> list[tuple[str, dict[str, Any]]]:
     """(file name, object) for every object of every manifest the kustomization lists."""
     docs = []
-    for name in _kustomization()["resources"]:
+    for name in _manifests():
         for doc in yaml.safe_load_all((DEPLOY / name).read_text(encoding="utf-8")):
             if doc:
                 docs.append((name, doc))
@@ -155,10 +161,13 @@ def _iter_deployments(objects: dict[tuple[str, str], dict[str, Any]]) -> Iterato
 def test_kustomization_lists_every_manifest() -> None:
     """A manifest left out of kustomization.yaml would be neither applied nor validated here."""
     kustomization = _kustomization()
-    listed = kustomization["resources"]
-    assert len(listed) == len(set(listed)), f"listed twice: {listed}"
+    resources = kustomization["resources"]
+    assert len(resources) == len(set(resources)), f"listed twice: {resources}"
+    listed = _manifests()
     on_disk = {p.name for p in DEPLOY.glob("*.yaml")} - {KUSTOMIZATION.name, AIRFLOW_VALUES.name}
     assert set(listed) == on_disk, f"kustomization resources {sorted(listed)} != manifests {sorted(on_disk)}"
+    for directory in set(resources) - set(listed):  # another kustomization (the monitoring ConfigMaps)
+        assert (DEPLOY / directory / "kustomization.yaml").is_file(), f"{directory} is no kustomization"
     assert kustomization["namespace"] == NAMESPACE
 
 
