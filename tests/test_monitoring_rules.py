@@ -284,9 +284,15 @@ def test_dashboard_templating_and_panels() -> None:
     datasource_uid = _yaml(DATASOURCES)["datasources"][0]["uid"]
     panels = _panels(dashboard)
     assert len({p["id"] for p in panels}) == len(panels), "panel ids must be unique"
+    cells: dict[tuple[int, int], str] = {}
     for panel in panels:
         grid = panel["gridPos"]
         assert grid["x"] >= 0 and grid["x"] + grid["w"] <= 24, panel["title"]
+        for cell in (
+            (x, y) for x in range(grid["x"], grid["x"] + grid["w"]) for y in range(grid["y"], grid["y"] + grid["h"])
+        ):
+            assert cell not in cells, f"{panel['title']} overlaps {cells[cell]}"
+            cells[cell] = panel["title"]
         if panel["type"] == "row":
             continue
         assert panel["targets"], f"{panel['title']}: no query"
