@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import time
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import replace
@@ -67,6 +68,8 @@ def classify(drill: Drill, texts: list[str], *, per_request: int = 8) -> list[li
 
 
 def seqcls_series(drill: Drill) -> list[triton_metrics.Sample]:
+    """The seqcls_* series once the serving models have flushed what they counted so far."""
+    time.sleep(shipped.contract().METRICS_FLUSH_SECONDS + 0.5)
     return [s for s in triton_metrics.scrape(drill.server.config.metrics_url) if s.name.startswith("seqcls_")]
 
 
@@ -132,7 +135,6 @@ def triton_metrics_text(drill: Drill) -> str:
 
 
 def test_a_steady_stream_reports_no_drift_and_a_shifted_one_names_the_drifted_labels(monitored: Drill) -> None:
-    import time
     from datetime import timedelta
 
     from seqcls.monitoring.drift import DRIFT, NO_DRIFT
@@ -143,6 +145,7 @@ def test_a_steady_stream_reports_no_drift_and_a_shifted_one_names_the_drifted_la
     time.sleep(1.2)
     steady = fresh_texts(23, 400)  # the eval set's distribution, other texts
     classify(monitored, [r["text"] for r in steady])
+    time.sleep(shipped.contract().METRICS_FLUSH_SECONDS + 0.5)
     start = time.time()
     report = monitor(settings, "seqcls", since=timedelta(seconds=1.0))
     assert report.state == NO_DRIFT, report.summary()
@@ -151,6 +154,7 @@ def test_a_steady_stream_reports_no_drift_and_a_shifted_one_names_the_drifted_la
     time.sleep(1.2)
     shifted = [r for r in fresh_texts(29, 1500) if any(lbl.startswith("体育") for lbl in r["labels"])][:300]
     classify(monitored, [r["text"] for r in shifted])
+    time.sleep(shipped.contract().METRICS_FLUSH_SECONDS + 0.5)
     since = f"{max(time.time() - start - 0.6, 0.1):.1f}s"
     cli = monitored.cli("monitor", "--model-name", "seqcls", "--since", since, "--json")
     assert cli.returncode == 1, cli.stdout + cli.stderr
@@ -166,3 +170,24 @@ def test_a_steady_stream_reports_no_drift_and_a_shifted_one_names_the_drifted_la
         f"$ seqcls monitor --model-name seqcls --since {since}\n{human.stdout}\nsteady stream:\n{report.summary()}\n",
         encoding="utf-8",
     )
+
+
+def test_a_second_version_counts_in_its_own_series(monitored: Drill, tmp_path: Path) -> None:
+    contract = shipped.contract()
+    retrain = tmp_path / "retrain"  # the same weights under another fingerprint: a new version, same answers
+    shutil.copytree(monitored.model, retrain)  # type: ignore[attr-defined]
+    config = json.loads((retrain / "config.json").read_text(encoding="utf-8"))
+    (retrain / "config.json").write_text(json.dumps(config, indent=3, ensure_ascii=False), encoding="utf-8")
+    monitored.release(retrain, eval_set=str(DEMO_DATA / "test.jsonl"))
+    assert monitored.state().serving == 2
+    before = seqcls_series(monitored)
+    answers = classify(monitored, [r["text"] for r in fresh_texts(31, 80)])
+    after = seqcls_series(monitored)
+    for version, sent in (("2", len(answers)), ("1", 0)):  # v1 stays loaded (warm previous), untouched
+        labels = {"model": "seqcls", "version": version}
+        assert value(after, contract.METRIC_TEXTS, **labels) - value(before, contract.METRIC_TEXTS, **labels) == sent
+    expected = Counter(label for a in answers for label in a)
+    for label, n in expected.items():
+        got = value(after, contract.METRIC_LABEL_PREDICTIONS, model="seqcls", version="2", label=label)
+        assert got - value(before, contract.METRIC_LABEL_PREDICTIONS, model="seqcls", version="2", label=label) == n
+    assert any(s.labels.get("version") == "1" for s in after if s.name == contract.METRIC_TEXTS)

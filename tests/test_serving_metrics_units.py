@@ -32,6 +32,8 @@ def test_postprocess_counts_what_it_answers(load) -> None:
     c = sys.modules["seqcls_contract"]
     logits = np.array([[5.0, 5.0, -5.0], [-5.0, -5.0, -5.0], [5.0, -5.0, 0.1]], dtype=np.float32)
     responses = model.execute([{"logits": Tensor("logits", logits)}, {}, {"logits": Tensor("logits", logits[:1])}])
+    assert total(c.METRIC_TEXTS) == 0  # execute only adds to local sums; the flusher hands them to Triton
+    model.metrics.flush()
     answers = [json.loads(x[0]) for r in (responses[0], responses[2]) for x in r.outputs["predictions"]]
     expected = Counter(p["label"] for a in answers for p in a)
     base = {"model": "alpha", "version": "1"}
@@ -41,8 +43,11 @@ def test_postprocess_counts_what_it_answers(load) -> None:
         lbl: expected.get(lbl, 0) for lbl in LABELS
     }
     assert total(c.METRIC_NEAR_THRESHOLD, label=LABELS[2], **base) == 1  # sigmoid(0.1) = 0.525, near 0.5
-    (observed,) = series(c.METRIC_TOP_CONFIDENCE, **base).values()
-    assert len(observed) == 4 and max(observed) > 0.99  # type: ignore[arg-type]
+    top = c.METRIC_TOP_CONFIDENCE
+    assert total(f"{top}_count", **base) == total(f"{top}_bucket", le="+Inf", **base) == 4
+    buckets = {le: total(f"{top}_bucket", le=le, **base) for le in ("0.1", "0.5", "0.99", "0.999")}
+    assert buckets == {"0.1": 1, "0.5": 1, "0.99": 1, "0.999": 4}  # tops: sigmoid(-5) once, sigmoid(5) thrice
+    assert total(f"{top}_sum", **base) == pytest.approx(3 * 0.99331 + 0.00669, abs=1e-4)
     assert total(c.METRIC_REJECTED, reason="missing_input", **base) == 1
     assert outcome(responses, 1)  # the refused request failed alone
 
@@ -58,6 +63,7 @@ def test_label_series_are_bounded_for_a_model_with_thousands_of_labels(load) -> 
     model = load("seqcls_postprocess", labels=labels, thresholds=[0.5] * len(labels), metric_labels=keep)
     logits = np.log(probs / (1 - probs + 1e-12) + 1e-12).astype(np.float32)
     (response,) = model.execute([{"logits": Tensor("logits", logits)}])
+    model.metrics.flush()
     predicted = sum(len(json.loads(x[0])) for x in response.outputs["predictions"])
     per_label = series(c.METRIC_LABEL_PREDICTIONS)
     assert len(per_label) <= c.MAX_LABEL_SERIES  # 199 labels + __other__, whatever traffic comes
@@ -73,6 +79,7 @@ def test_tokenizer_counts_truncations_and_refusals_by_reason(load) -> None:
         return {"TEXT": Tensor("TEXT", np.array([[x] for x in items], dtype=object).reshape(len(items), 1))}
 
     model.execute([texts("公司宣布裁员".encode(), ("裁员" * 20).encode()), texts(b"\xff"), texts(b"a" * 129), {}])
+    model.metrics.close()  # what finalize does on unload: the last sums go out
     assert total(c.METRIC_TOKENIZED) == 2 and total(c.METRIC_TRUNCATED) == 1  # max_length 8 in the fake release
     assert {k[1][1][1]: v for k, v in series(c.METRIC_REJECTED).items()} == {
         "invalid_utf8": 1,
@@ -98,5 +105,6 @@ def test_a_failing_metrics_api_fails_no_request(load, monkeypatch: pytest.Monkey
     monkeypatch.setattr(MetricFamily, "Metric", broken)
     model.metrics.metrics.clear()
     assert outcome(model.execute([{"logits": Tensor("logits", logits)}]), 0) is None
+    model.metrics.flush()
     assert not model.metrics.enabled  # said once in Triton's log, then off: answers go on
     assert any("metrics are off" in e for e in Logger.errors)

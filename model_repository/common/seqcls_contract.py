@@ -54,7 +54,7 @@ MAX_TEXT_BYTES_KEY = "max_text_bytes"
 #: seqcls model name, ``release.json``'s ``model_name``) and ``version`` (the Triton version).
 #: Counters: texts decided, per label (after the hierarchy rule), with no label, near a threshold;
 #: texts tokenized / truncated at ``max_length``; requests refused, by a bounded ``reason``.
-#: Histogram: the top label's confidence per text (buckets for sigmoid outputs).
+#: Histogram series (``_bucket{le}``, ``_sum``, ``_count``): the top label's confidence per text.
 METRIC_TEXTS = "seqcls_texts_total"
 METRIC_LABEL_PREDICTIONS = "seqcls_label_predictions_total"
 METRIC_UNLABELED = "seqcls_unlabeled_texts_total"
@@ -63,6 +63,8 @@ METRIC_TOP_CONFIDENCE = "seqcls_top_confidence"
 METRIC_TOKENIZED = "seqcls_tokenized_texts_total"
 METRIC_TRUNCATED = "seqcls_truncated_texts_total"
 METRIC_REJECTED = "seqcls_rejected_requests_total"
+#: How often the python models hand their metric sums to Triton: a scrape sees a text at most this late.
+METRICS_FLUSH_SECONDS = 1.0
 #: Upper bounds of the top-confidence histogram: dense where sigmoid decisions are made (around
 #: the usual 0.5 threshold) and near certainty, where a healthy model's mass sits.
 CONFIDENCE_BUCKETS = (0.1, 0.2, 0.3, 0.4, 0.45, 0.5, 0.55, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99, 0.999)

@@ -81,6 +81,9 @@ class TritonPythonModel:
         self.metrics.tally(counted, self.labels)  # counted once the answer exists: refused requests are not texts
         return response
 
+    def finalize(self):
+        self.metrics.close()
+
     def execute(self, requests):
         responses = []
         for request in requests:

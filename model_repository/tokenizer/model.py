@@ -162,5 +162,8 @@ class TritonPythonModel:
             self.metrics.rejected("internal")
             return backend.invalid(f"tokenizer: could not build the response ({type(exc).__name__}: {exc})")
 
+    def finalize(self):
+        self.metrics.close()
+
     def execute(self, requests):
         return [self._response(ids) for ids in self._encode([self._texts(r) for r in requests])]
