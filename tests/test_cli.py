@@ -45,3 +45,15 @@ def test_readme_names_every_release_flag() -> None:
     readme = (PROJECT_ROOT / "README.md").read_text(encoding="utf-8")
     missing = sorted(f for f in flags - {"--help"} if f not in readme)
     assert not missing, f"README does not mention {missing}"
+
+
+def test_a_mistyped_option_or_command_gets_the_closest_one(capsys: pytest.CaptureFixture[str]) -> None:
+    from seqcls.cli import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["status", "--modle-name", "alpha"])
+    assert exit_info.value.code == 2
+    assert "--modle-name: did you mean --model-name?" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["relese"])
+    assert "did you mean 'release'?" in capsys.readouterr().err

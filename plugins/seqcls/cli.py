@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import difflib
 import json
 import logging
 import os
@@ -107,7 +108,7 @@ def _ops_settings(args: argparse.Namespace):
 
 def _cmd_status(args: argparse.Namespace) -> tuple[int, Printer]:
     reports = status(_ops_settings(args), [args.model_name] if args.model_name else None)
-    code = 0 if reports and all(r.agree for r in reports) else 1
+    code = 0 if all(r.agree for r in reports) else 1  # nothing released: nothing served, nothing to disagree
 
     def show() -> None:
         if args.json:
@@ -350,8 +351,40 @@ def _version() -> str:
         return __version__
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse that answers a mistyped command with the closest one ("did you mean ...?")."""
+
+    def error(self, message: str):  # type: ignore[override]
+        if "invalid choice:" in message and "choose from" in message:
+            typed = message.split("invalid choice:", 1)[1].split("(", 1)[0].strip(" '\"")
+            choices = [c.strip(" '\"") for c in message.split("choose from", 1)[1].strip(" )").split(",")]
+            close = difflib.get_close_matches(typed, choices, n=1)
+            if close:
+                message = f"{message}; did you mean {close[0]!r}?"
+        super().error(message)
+
+
+def _did_you_mean(parser: argparse.ArgumentParser, extras: list[str]) -> str:
+    """For each unknown ``--option`` the closest option of ``parser`` (the subcommand's)."""
+    options = [o for action in parser._actions for o in action.option_strings]
+    hints = []
+    for word in extras:
+        if word.startswith("--"):
+            close = difflib.get_close_matches(word.split("=", 1)[0], options, n=1)
+            if close:
+                hints.append(f"{word}: did you mean {close[0]}?")
+    return f" ({'; '.join(hints)})" if hints else ""
+
+
+def _subparser(parser: argparse.ArgumentParser, command: str | None) -> argparse.ArgumentParser:
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction) and command in action.choices:
+            return action.choices[command]
+    return parser
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="seqcls", description=__doc__.splitlines()[0])
+    parser = _Parser(prog="seqcls", description=__doc__.splitlines()[0])
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     parser.add_argument("--version", action="version", version=f"seqcls {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -433,7 +466,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extras = parser.parse_known_args(argv)
+    if extras:  # argparse's own message, with the closest option of the command that was typed
+        sub = _subparser(parser, getattr(args, "command", None))
+        sub.error(f"unrecognized arguments: {' '.join(extras)}{_did_you_mean(sub, extras)}")
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
