@@ -361,8 +361,9 @@ def test_unpinned_clients_never_see_an_unsmoked_model(
 
 def test_status_json_and_exit_codes(drill: Drill, tiny_checkpoint_src):
     out = drill.cli("status")
-    assert out.returncode == 1 and "nothing released yet" in out.stdout
-    drill.release(tiny_checkpoint_src)
+    assert out.returncode == 0 and "nothing released yet" in out.stdout  # nothing served, nothing to disagree
+    said = [r.message for r in drill.release(tiny_checkpoint_src)]
+    assert not [m for m in said if "None" in m], said  # a first release: "no previous version", not Python's None
     out = drill.cli("status", "--json")
     assert out.returncode == 0, out.stdout
     data = json.loads(out.stdout)

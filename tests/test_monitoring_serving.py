@@ -93,6 +93,14 @@ def test_the_reference_distribution_travels_with_the_version(monitored: Drill) -
     assert ref["sha256"] and sum(ref["labels"].values()) >= ref["texts"] - ref["unlabeled"]
     assert ref["confidence_counts"][-1] == ref["texts"]
     assert info[contract.METRIC_LABELS_KEY] == info["labels"]  # 20-odd labels: every one has its own series
+    from mlflow.artifacts import download_artifacts
+    from mlflow.tracking import MlflowClient
+
+    uri = monitored.settings.mlflow_tracking_uri
+    (version,) = MlflowClient(tracking_uri=uri).search_model_versions("name='seqcls'")
+    got = download_artifacts(run_id=version.run_id, artifact_path="quality/reference.json", tracking_uri=uri)
+    logged = json.loads(Path(got).read_text(encoding="utf-8"))
+    assert logged == ref  # the same baseline in the registry's run as in the served version
 
 
 def test_exported_counters_equal_the_counts_of_the_answers(monitored: Drill) -> None:

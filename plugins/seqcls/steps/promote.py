@@ -20,7 +20,7 @@ from seqcls.records import OUT_DIRS, Published, Registered
 from seqcls.registry.ledger import CHAMPION, PREVIOUS, model_version_url, set_champion
 from seqcls.serving import control
 from seqcls.serving.release import release_key
-from seqcls.serving.state import current_state
+from seqcls.serving.state import append_event, current_state
 from seqcls.steps import require
 from seqcls.workspace import Release, StepResult
 
@@ -52,6 +52,17 @@ def promote(release: Release) -> StepResult:
                 f"version {triton_version}; the champion follows what is served — run `seqcls expose` first."
             )
         moved = set_champion(release.settings, cfg.model_name, version, triton_version)
+        if not moved["already"]:  # the serving log (`seqcls history`) shows the champion moves too
+            append_event(
+                repository,
+                cfg.model_name,
+                "promote",
+                version=triton_version,
+                fingerprint=release.checkpoint.fingerprint,
+                mlflow=version,
+                mlflow_previous=moved["previous"],
+                by=control.release_owner(release),
+            )
         control.give_lease(repository, cfg.model_name, control.release_owner(release))
         summary = {
             "model_name": cfg.model_name,
@@ -67,7 +78,11 @@ def promote(release: Release) -> StepResult:
             return summary, f"{cfg.model_name} version {version} is already {CHAMPION}"
         return summary, (
             f"{CHAMPION} → {cfg.model_name} version {version} (Triton version {triton_version}); "
-            f"{PREVIOUS} → {summary['previous']}"
+            + (
+                f"{PREVIOUS} → version {summary['previous']}"
+                if summary["previous"] is not None
+                else f"no {PREVIOUS} (first champion)"
+            )
         )
 
     return ws.run_step(STEP, inputs, body, out_dir=OUT_DIR, always_run=True)

@@ -105,7 +105,9 @@ def stage(release: Release, endpoints: Sequence[Endpoint], options: ServingOptio
     else:
         msg = (
             f"version {version} loaded as candidate on {len(endpoints)} endpoint(s) in {seconds:.1f}s; "
-            f"{repo.names.ensemble} still serves {after.serving} (composing live {summary['live_composing']})"
+            f"{repo.names.ensemble} "
+            + (f"still serves version {after.serving}" if after.serving is not None else "serves nothing yet")
+            + f" (composing live {summary['live_composing']})"
         )
     return summary, msg
 
