@@ -18,8 +18,11 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import getpass
 import json
 import logging
+import os
+import socket
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
@@ -315,8 +318,72 @@ def bounded_history(history: list[HistoryEntry], live: list[int]) -> list[Histor
 
 
 def log_path(repository: Path, model_name: str) -> Path:
-    """The append-only log of every recorded change, one JSON line each (a plain file, like the state)."""
+    """The append-only log of every recorded change, one JSON line each (a plain file, like the state).
+
+    A state line: ``{"generation", "at", "state", "entries", "before", "who"}`` — the state written,
+    the history entries it added, what it replaced (serving/previous/candidate) and who wrote it
+    (:func:`actor`; lines written before ``before``/``who`` existed lack them). An event line changes
+    no state: ``{"event": "refused"|"promote"|"repair", "at", "who", ...}`` (:func:`append_event`).
+    """
     return Path(repository) / f"{STATE_PREFIX}{validate_model_name(model_name)}.log.jsonl"
+
+
+#: Event lines of the log (see :func:`log_path`); ``repair`` also carries the state it recorded.
+EVENTS = ("refused", "promote", "repair")
+
+
+#: What :func:`actor` records of an Airflow task's context (the variables Airflow sets for it).
+_AIRFLOW_CONTEXT = (
+    ("dag_id", "AIRFLOW_CTX_DAG_ID"),
+    ("run_id", "AIRFLOW_CTX_DAG_RUN_ID"),
+    ("try", "AIRFLOW_CTX_TRY_NUMBER"),
+)
+
+
+def actor() -> dict[str, Any]:
+    """Who is changing something: user, host, pid, and the Airflow dag/run/try when run by a task."""
+    try:
+        user = getpass.getuser()
+    except Exception:  # no passwd entry (a container's arbitrary uid)
+        user = str(os.getuid())
+    who: dict[str, Any] = {"user": user, "host": socket.gethostname(), "pid": os.getpid()}
+    for key, env in _AIRFLOW_CONTEXT:
+        if os.environ.get(env):
+            who[key] = os.environ[env]
+    return who
+
+
+def _append_line(path: Path, record: dict[str, Any]) -> bool:
+    """Append one JSON line with a single O_APPEND write (concurrent writers never interleave a line);
+    False (with a warning) when it could not be written."""
+    data = (json.dumps(record, ensure_ascii=False, default=str) + "\n").encode("utf-8")
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, data)
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        log.warning("%s: could not append to the state log: %s", path, exc)
+        return False
+    return True
+
+
+def append_event(repository: Path, model_name: str, event: str, **fields: Any) -> bool:
+    """Record an event that changes no state (a gate's refusal, a champion move) in ``model_name``'s log.
+
+    Never raises: the log is the audit trail, and failing to write it must not turn what happened
+    (a refusal, a promotion) into another error. Returns whether the line was written.
+    """
+    try:
+        if event not in EVENTS:
+            raise ValueError(f"event {event!r} is not one of {', '.join(EVENTS)}")
+        record = {"event": event, "at": now_iso(), "who": actor(), **fields}
+        Path(repository).mkdir(parents=True, exist_ok=True)
+        return _append_line(log_path(Path(repository), model_name), record)
+    except Exception as exc:
+        log.warning("%s: %s event not recorded in the state log: %s", model_name, event, exc)
+        return False
 
 
 def _corrupt(path: Path, model_name: str, what: str) -> ServingError:
@@ -368,6 +435,8 @@ def read_log(repository: Path, model_name: str) -> ServingState | None:
     for number, line in enumerate(lines, 1):
         try:
             record = json.loads(line.decode("utf-8"))
+            if isinstance(record, dict) and "state" not in record and record.get("event") in EVENTS:
+                continue  # an event (a refusal, a champion move): no state in it
             history += [HistoryEntry.from_dict(e) for e in record["entries"]]
             last = {**record["state"], "generation": record["generation"], "model_name": model_name}
         except (ValueError, TypeError, KeyError) as exc:
@@ -451,7 +520,7 @@ def write_state(repository: Path, state: ServingState, *, expected_generation: i
         if current_raw is not None:
             atomic_write(backup_path(path), current_raw)
         atomic_write(path, json.dumps(written.to_dict(), indent=2) + "\n")
-        _append_log(repository, written)
+        _append_log(repository, written, current)
     log.info(
         "recorded serving state of %s: serving %s, previous %s, candidate %s (generation %d)",
         written.model_name,
@@ -463,16 +532,21 @@ def write_state(repository: Path, state: ServingState, *, expected_generation: i
     return replace(written, appended=0)
 
 
-def _append_log(repository: Path, written: ServingState) -> None:
-    """One line per recorded change, after the state is written (the log holds only recorded states)."""
-    new = [e.to_dict() for e in written.history[len(written.history) - min(written.appended, len(written.history)) :]]
+def _log_record(written: ServingState, before: ServingState | None, new: list[HistoryEntry]) -> dict[str, Any]:
     fields = {k: v for k, v in written.to_dict().items() if k not in ("history", "schema", "model_name")}
-    record = {"generation": written.generation, "at": written.updated_at, "state": fields, "entries": new}
-    try:
-        with open(log_path(repository, written.model_name), "a", encoding="utf-8") as fh:
-            fh.write(json.dumps(record, ensure_ascii=False) + "\n")
-    except OSError as exc:  # the state is recorded; a missing log line costs only old history
-        log.warning("%s: could not append to the state log: %s", log_path(repository, written.model_name), exc)
+    record = {"generation": written.generation, "at": written.updated_at, "state": fields}
+    record["entries"] = [e.to_dict() for e in new]
+    if before is not None:
+        record["before"] = {"serving": before.serving, "previous": before.previous, "candidate": before.candidate}
+    record["who"] = actor()
+    return record
+
+
+def _append_log(repository: Path, written: ServingState, before: ServingState | None) -> None:
+    """One line per recorded change, after the state is written (the log holds only recorded states).
+    The state is recorded either way: a missing log line costs only old history."""
+    new = written.history[len(written.history) - min(written.appended, len(written.history)) :]
+    _append_line(log_path(repository, written.model_name), _log_record(written, before, new))
 
 
 def infer_legacy_state(repository: Path, model_name: str) -> ServingState:
@@ -518,6 +592,10 @@ def restore_state(repository: Path, model_name: str) -> ServingState | None:
         atomic_write(path.with_name(path.name + ".damaged"), path.read_bytes())
         written = replace(copy, updated_at=now_iso())
         atomic_write(path, json.dumps(written.to_dict(), indent=2) + "\n")
+        record = _log_record(written, None, [])
+        note = f"state file was unreadable ({why[:200]}): recorded its newest readable copy"
+        record.update(event="repair", note=note)
+        _append_line(log_path(Path(repository), model_name), record)
     log.warning("%s was unreadable (%s): recorded its newest readable copy, %s", path, why, copy.describe())
     return written
 
@@ -550,9 +628,12 @@ def reconstructed_state(repository: Path, model_name: str) -> ServingState:
 
 __all__ = [
     "ACTIONS",
+    "EVENTS",
     "HISTORY_LIMIT",
     "HistoryEntry",
     "ServingState",
+    "actor",
+    "append_event",
     "backup_path",
     "bounded_history",
     "current_state",

@@ -152,6 +152,32 @@ def require(release: Release, name: str) -> dict[str, dict[str, Any]]:
     return {req: release.workspace.require(req) for req in step(name).requires}
 
 
+def record_refusal(release: Release, gate: str, exc: BaseException) -> None:
+    """Append a gate's refusal to the model's serving log (``seqcls history``). Never raises: the
+    refusal is the step's outcome, and must not become another error because the log is unwritable."""
+    try:
+        from seqcls.serving.state import append_event, current_state
+
+        root, model = Path(str(release.settings.triton_repository)), release.config.model_name
+        try:
+            serving = current_state(root, model).serving
+        except Exception:  # a damaged state: the refusal is still worth recording
+            serving = None
+        reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:2000]
+        append_event(
+            root,
+            model,
+            "refused",
+            gate=gate,
+            fingerprint=release.checkpoint.fingerprint,
+            serving=serving,
+            reason=reason,
+            workspace=str(release.workspace.root),
+        )
+    except Exception as log_exc:
+        log.warning("%s refusal not recorded in the serving log: %s", gate, log_exc)
+
+
 class Terminated(SeqclsError):
     """SIGTERM (Airflow's task timeout, an operator's ``kill``) ended a release: this attempt was undone."""
 

@@ -60,7 +60,7 @@ from seqcls.serving import shipped
 from seqcls.serving.release import QUALITY_PARAMS
 from seqcls.serving.repository import Repository
 from seqcls.serving.state import current_state
-from seqcls.steps import require
+from seqcls.steps import record_refusal, require
 from seqcls.workspace import Release, StepResult
 
 log = logging.getLogger(__name__)
@@ -354,8 +354,9 @@ def evaluate(release: Release) -> StepResult:
             lambda out: run_gate(release, es, repo, version, out),
             out_dir=OUT_DIR,
         )
-    except GateError:
+    except GateError as exc:
         log_quality_evidence(release, "failed")
+        record_refusal(release, "quality", exc)  # the serving log (`seqcls history`); never raises
         raise
     if result.status == "ok":
         log_quality_evidence(release, "passed")

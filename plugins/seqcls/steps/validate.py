@@ -45,7 +45,7 @@ from seqcls.records import (
 )
 from seqcls.registry.runs import log_parity_evidence
 from seqcls.serving import shipped
-from seqcls.steps import require
+from seqcls.steps import record_refusal, require
 from seqcls.workspace import Release, StepResult
 
 log = logging.getLogger(__name__)
@@ -309,8 +309,9 @@ def validate(release: Release) -> StepResult:
         result = release.workspace.run_step(
             STEP, inputs, lambda out: run_gate(release, texts, source, out), out_dir=OUT_DIR
         )
-    except GateError:
+    except GateError as exc:
         log_parity_evidence(release, "failed")  # the MLflow run holds the failed gate's report + plot
+        record_refusal(release, "parity", exc)  # the serving log (`seqcls history`); never raises
         raise
     if result.status == "ok":  # ran now (a skipped step's evidence was logged when it ran)
         log_parity_evidence(release, "passed")
