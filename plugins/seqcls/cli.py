@@ -121,6 +121,29 @@ def _cmd_status(args: argparse.Namespace) -> tuple[int, Printer]:
     return code, show
 
 
+def _cmd_history(args: argparse.Namespace) -> tuple[int, Printer]:
+    from seqcls.history import history, lines
+
+    if args.limit is not None and args.limit < 1:
+        return 2, lambda: print(f"error: --limit must be 1 or more, got {args.limit}", file=sys.stderr)
+    try:
+        result = history(_ops_settings(args), [args.model_name] if args.model_name else None)
+    except InputError as exc:  # a model name that cannot exist: a usage error
+        message = f"error: {exc}"
+        return 2, lambda: print(message, file=sys.stderr)
+
+    def show() -> None:
+        if args.json:
+            payload = result.to_dict()
+            if args.limit:
+                payload["entries"] = payload["entries"][-args.limit :]
+            print(json.dumps(payload, indent=2, ensure_ascii=False, default=str))
+        else:
+            print("\n".join(lines(result, args.limit)))
+
+    return 0, show
+
+
 def _cmd_sync(args: argparse.Namespace) -> tuple[int, Printer]:
     results = sync(_ops_settings(args), [args.model_name] if args.model_name else None)
     code = 0 if all(r.ok for r in results) else 1
@@ -406,6 +429,15 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--model-name", default=None, help="one model (default: every model with a recorded state)")
         _add_ops_args(p)
         p.set_defaults(func=func)
+    p = sub.add_parser(
+        "history",
+        help="every serving change (release, expose, refusal, rollback, sync repair): when, who, from → to "
+        "(Triton and MLflow versions), fingerprint, gates, reason; newest last",
+    )
+    p.add_argument("--model-name", default=None, help="one model (default: every model with a recorded state)")
+    p.add_argument("--limit", type=int, default=None, metavar="N", help="only the newest N changes")
+    _add_ops_args(p)
+    p.set_defaults(func=_cmd_history)
     p = sub.add_parser("lease", help="the per-model release lease: `lease break` removes a stuck one")
     p.add_argument("action", choices=["break"])
     p.add_argument("--model-name", required=True)

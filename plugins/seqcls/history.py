@@ -1,0 +1,372 @@
+"""``seqcls history``: every serving change of a model, with when, who, from → to and why.
+
+Read from the append-only log beside each recorded state (:func:`seqcls.serving.state.log_path`):
+every state change (a release's candidate, its exposure, a rollback, a withdrawn candidate, a
+state adopted or repaired) and every event that changed nothing served (a gate's refusal, a
+champion move). Joined with MLflow, each Triton version is named with the registry version that
+holds it — found as ``seqcls status`` finds it, by release key, else fingerprint — in the one
+vocabulary of the project: "Triton v5 (MLflow v1)". MLflow down: the entries come without the
+MLflow numbers and a note says so. A damaged log line is skipped and named in a note.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from seqcls.serving.names import names_for
+from seqcls.serving.release import served_release_key
+from seqcls.serving.repository import Repository
+from seqcls.serving.state import EVENTS, log_path
+from seqcls.settings import Settings
+
+log = logging.getLogger(__name__)
+
+#: The history kind of each recorded state action (:data:`seqcls.serving.state.ACTIONS`) and log event.
+KINDS = {
+    "candidate": "release-candidate",
+    "release": "expose",
+    "rollback": "rollback",
+    "abandon": "withdraw",
+    "adopt": "adopt",
+    "repair": "sync-repair",
+    "refused": "refused",
+    "promote": "promote",
+}
+
+
+def version_label(triton: int | None, mlflow: int | None = None, *, registry: bool = True) -> str:
+    """ "Triton v5 (MLflow v1)"; "Triton v5" when the registry was not asked; "nothing" for no version."""
+    if triton is None:
+        return f"nothing (MLflow v{mlflow})" if mlflow is not None else "nothing"
+    if mlflow is not None:
+        return f"Triton v{triton} (MLflow v{mlflow})"
+    return f"Triton v{triton} (not in MLflow)" if registry else f"Triton v{triton}"
+
+
+def who_label(who: dict[str, Any] | None, by: str = "") -> str:
+    """``user@host pid N`` (+ ``dag D run R try T`` for an Airflow task); the lease owner for old lines."""
+    if not isinstance(who, dict):
+        return by
+    text = f"{who.get('user', '?')}@{who.get('host', '?')} pid {who.get('pid', '?')}"
+    if who.get("dag_id"):
+        text += f" (dag {who['dag_id']} run {who.get('run_id', '?')} try {who.get('try', '?')})"
+    return text
+
+
+@dataclass
+class HistoryEntry:
+    """One serving change (or refusal) of ``model_name``, versions named in both numberings."""
+
+    model_name: str
+    at: str
+    kind: str
+    from_version: int | None
+    to_version: int | None
+    fingerprint: str | None
+    who: dict[str, Any] | None = None
+    by: str = ""
+    reason: str = ""
+    gate: str | None = None
+    from_mlflow: int | None = None
+    to_mlflow: int | None = None
+    gates: dict[str, str] = field(default_factory=dict)
+    generation: int | None = None
+    line: int = 0
+
+    def describe(self, which: str, *, registry: bool = True) -> str:
+        if which == "from":
+            return version_label(self.from_version, self.from_mlflow, registry=registry)
+        return version_label(self.to_version, self.to_mlflow, registry=registry)
+
+    def change(self, *, registry: bool = True) -> str:
+        """``Triton v4 (MLflow v3) → Triton v5 (MLflow v4)``; a refusal changes nothing: "unchanged"."""
+        if self.kind == "refused":
+            return f"{self.describe('to', registry=registry)} unchanged"
+        return f"{self.describe('from', registry=registry)} → {self.describe('to', registry=registry)}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            **asdict(self),
+            "from": self.describe("from"),
+            "to": self.describe("to"),
+            "who_label": who_label(self.who, self.by),
+        }
+
+
+@dataclass
+class History:
+    """What :func:`history` returns: the entries (oldest first) and notes on what could not be read."""
+
+    entries: list[HistoryEntry]
+    notes: list[str] = field(default_factory=list)
+    registry: bool = True  # False: MLflow was not reachable, the MLflow numbers are missing
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"entries": [e.to_dict() for e in self.entries], "notes": self.notes, "registry": self.registry}
+
+
+def read_entries(repository: Path, model_name: str) -> tuple[list[HistoryEntry], list[int]]:
+    """The log of ``model_name`` as history entries, oldest first, and the numbers of damaged lines."""
+    path = log_path(repository, model_name)
+    try:
+        lines = path.read_bytes().splitlines()
+    except FileNotFoundError:
+        return [], []
+    out: list[HistoryEntry] = []
+    damaged: list[int] = []
+    cur: dict[str, Any] = {"serving": None, "previous": None, "candidate": None}
+    for number, raw in enumerate(lines, 1):
+        if not raw.strip():
+            continue
+        try:
+            record = json.loads(raw.decode("utf-8"))
+            new, cur = _entries(model_name, record, cur, number)
+        except (ValueError, TypeError, KeyError, AttributeError) as exc:
+            log.warning("%s line %d: skipped, unreadable (%s)", path, number, str(exc)[:120])
+            damaged.append(number)
+            continue
+        out += new
+    return out, damaged
+
+
+def _version(value: Any) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"not a version: {value!r}")
+    return value
+
+
+def _entries(
+    model_name: str, record: dict[str, Any], cur: dict[str, Any], number: int
+) -> tuple[list[HistoryEntry], dict[str, Any]]:
+    """The history entries of one log line, and the serving/previous/candidate it leaves."""
+    if not isinstance(record, dict):
+        raise ValueError("not a JSON object")
+    who = record.get("who") if isinstance(record.get("who"), dict) else None
+    event = record.get("event")
+    if event is not None and event not in EVENTS:
+        raise ValueError(f"unknown event {event!r}")
+    if event == "refused":
+        served = _version(record.get("serving", cur["serving"]))
+        entry = HistoryEntry(
+            model_name,
+            str(record["at"]),
+            "refused",
+            served,
+            served,
+            record.get("fingerprint"),
+            who,
+            reason=str(record.get("reason", "")),
+            gate=record.get("gate"),
+            line=number,
+        )
+        if entry.gate:
+            entry.gates = {str(entry.gate): "failed"}
+        return [entry], cur
+    if event == "promote":
+        entry = HistoryEntry(
+            model_name,
+            str(record["at"]),
+            "promote",
+            None,
+            _version(record.get("version")),
+            record.get("fingerprint"),
+            who,
+            by=str(record.get("by", "")),
+            line=number,
+            from_mlflow=_version(record.get("mlflow_previous")),
+            to_mlflow=_version(record.get("mlflow")),
+        )
+        return [entry], cur
+    state = record["state"]
+    after = {k: _version(state.get(k)) for k in ("serving", "previous", "candidate")}
+    generation = record.get("generation")
+    if isinstance(record.get("before"), dict):
+        cur = {k: _version(record["before"].get(k)) for k in ("serving", "previous", "candidate")}
+    else:
+        cur = dict(cur)
+    out: list[HistoryEntry] = []
+    for e in record["entries"]:
+        action, version = e["action"], _version(e.get("version"))
+        if action not in KINDS or action in EVENTS:
+            raise ValueError(f"unknown action {action!r}")
+        if action == "abandon":
+            frm, to = version, cur["serving"]
+            cur["candidate"] = None
+        elif action == "candidate":
+            frm, to = cur["serving"], version
+            cur["candidate"] = version
+        else:  # release, rollback, adopt: what the public ensemble serves
+            frm, to = cur["serving"], version
+            cur["serving"] = version
+            if action == "release":
+                cur["candidate"] = None
+        out.append(
+            HistoryEntry(
+                model_name,
+                str(e["at"]),
+                KINDS[action],
+                frm,
+                to,
+                e.get("fingerprint"),
+                who,
+                by=str(e.get("by", "")),
+                reason=str(e.get("note", "")),
+                generation=generation,
+                line=number,
+            )
+        )
+    if event == "repair":
+        out.append(
+            HistoryEntry(
+                model_name,
+                str(record["at"]),
+                "sync-repair",
+                cur["serving"],
+                after["serving"],
+                None,
+                who,
+                reason=str(record.get("note", "")),
+                generation=generation,
+                line=number,
+            )
+        )
+    return out, after
+
+
+def _fingerprints(entries: list[HistoryEntry]) -> dict[int, str]:
+    """Triton version → fingerprint, from every entry that names both (the newest wins)."""
+    fps: dict[int, str] = {}
+    for e in entries:
+        if e.kind != "refused" and e.to_version is not None and e.fingerprint:
+            fps[e.to_version] = e.fingerprint
+    return fps
+
+
+class _Registry:
+    """The MLflow side of the join, asked once per (fingerprint, release key); stops at the first failure."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.error: str | None = None
+        self._client: Any = None
+        self._cache: dict[tuple[str, str | None, str | None], tuple[int | None, dict[str, str]]] = {}
+
+    def lookup(self, model_name: str, fingerprint: str | None, key: str | None) -> tuple[int | None, dict[str, str]]:
+        """(MLflow version holding this release, its gate verdicts); (None, {}) when not registered or down."""
+        if self.error is not None or not (fingerprint or key):
+            return None, {}
+        cache_key = (model_name, fingerprint, key)
+        if cache_key not in self._cache:
+            try:
+                self._cache[cache_key] = self._ask(model_name, fingerprint, key)
+            except Exception as exc:
+                self.error = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
+                log.warning("history: MLflow unreachable or failing: %s", self.error)
+                return None, {}
+        return self._cache[cache_key]
+
+    def _ask(self, model_name: str, fingerprint: str | None, key: str | None) -> tuple[int | None, dict[str, str]]:
+        from seqcls.registry.ledger import client, find_version
+        from seqcls.registry.runs import PARITY_TAG, QUALITY_TAG
+
+        if self._client is None:
+            self._client = client(self.settings)
+        mv = find_version(self._client, model_name, fingerprint, release_key=key)
+        if mv is None:
+            return None, {}
+        gates: dict[str, str] = {}
+        if getattr(mv, "run_id", None):
+            tags = self._client.get_run(mv.run_id).data.tags
+            gates = {name: tags[tag] for name, tag in (("parity", PARITY_TAG), ("quality", QUALITY_TAG)) if tag in tags}
+        return int(mv.version), gates
+
+
+def _join(settings: Settings, model_name: str, entries: list[HistoryEntry], registry: _Registry) -> None:
+    """Fill in the MLflow version (and gate verdicts) of every Triton version the entries name."""
+    repo = Repository.from_settings(settings, model_name)
+    fps = _fingerprints(entries)
+    mlflow: dict[int, int | None] = {}
+    gates: dict[int, dict[str, str]] = {}
+    for v in sorted({x for e in entries for x in (e.from_version, e.to_version) if x is not None}):
+        try:
+            key = served_release_key(repo, v)
+            info = repo.release_info(v) or {}
+        except Exception:  # a damaged release.json: match by fingerprint alone
+            key, info = None, {}
+        fp = fps.get(v) or (info.get("fingerprint") if isinstance(info.get("fingerprint"), str) else None)
+        mlflow[v], gates[v] = registry.lookup(model_name, fp, key)
+    by_mlflow = {m: v for v, m in mlflow.items() if m is not None}
+    for e in entries:
+        if e.kind == "promote":  # registry numbers recorded; the Triton version the old champion held
+            e.from_version = by_mlflow.get(e.from_mlflow) if e.from_mlflow is not None else None
+            continue
+        e.from_mlflow = mlflow.get(e.from_version) if e.from_version is not None else None
+        e.to_mlflow = mlflow.get(e.to_version) if e.to_version is not None else None
+        if e.kind in ("release-candidate", "expose") and e.to_version is not None:
+            e.gates = gates.get(e.to_version, {})
+
+
+def history(settings: Settings, model_names: list[str] | None = None) -> History:
+    """Every recorded serving change of the named models (default: every model with a state or log), oldest
+    first, with the MLflow version of each Triton version. Never fails for MLflow or a damaged line."""
+    from seqcls.sync import models_in
+
+    for name in model_names or []:  # a name the operator typed: a bad one is their error (InputError)
+        names_for(name)
+    root = Path(str(settings.triton_repository))
+    names = model_names or models_in(root)
+    registry = _Registry(settings)
+    entries: list[HistoryEntry] = []
+    notes: list[str] = []
+    for name in names:
+        found, damaged = read_entries(root, name)
+        if damaged:
+            shown = ", ".join(str(n) for n in damaged[:20]) + (" …" if len(damaged) > 20 else "")
+            notes.append(f"{log_path(root, name)}: {len(damaged)} damaged line(s) skipped (line {shown})")
+        _join(settings, name, found, registry)
+        entries += found
+    if registry.error is not None:
+        notes.append(f"MLflow was unreachable ({registry.error}): versions are shown without their MLflow numbers")
+    entries.sort(key=lambda e: e.at)  # stable: one model's log order is kept within a second
+    return History(entries, notes, registry=registry.error is None)
+
+
+def lines(result: History, limit: int | None = None) -> list[str]:
+    """The table ``seqcls history`` prints: newest last; then the notes."""
+    entries = result.entries[-limit:] if limit else result.entries
+    rows = [("when", "model", "kind", "from → to", "fingerprint", "who", "reason")]
+    for e in entries:
+        reason = e.reason
+        if e.kind == "promote":
+            reason = f"MLflow champion → v{e.to_mlflow}" if e.to_mlflow is not None else "MLflow champion moved"
+        if e.gates and e.kind != "refused":
+            reason = ", ".join(f"{g} {v}" for g, v in e.gates.items()) + (f"; {reason}" if reason else "")
+        elif e.gate:
+            reason = f"{e.gate} gate: {reason}"
+        rows.append(
+            (
+                e.at,
+                e.model_name,
+                e.kind,
+                e.change(registry=result.registry),
+                (e.fingerprint or "-")[:12],
+                who_label(e.who, e.by),
+                reason[:160],
+            )
+        )
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
+    out = ["  ".join(c.ljust(w) for c, w in zip(r[:-1], widths, strict=True)) + "  " + r[-1] for r in rows]
+    if len(rows) == 1:
+        out = ["no serving change recorded (nothing released yet)"]
+    elif limit and len(result.entries) > limit:
+        out.insert(1, f"… {len(result.entries) - limit} older change(s) not shown (--limit {limit})")
+    return out + [f"note: {n}" for n in result.notes]
+
+
+__all__ = ["KINDS", "History", "HistoryEntry", "history", "lines", "read_entries", "version_label", "who_label"]

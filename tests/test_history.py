@@ -1,0 +1,280 @@
+"""``seqcls history``: the serving log read back, joined with MLflow — units on hand-written logs, then
+one drill through the real parts (two releases, a rollback, a parity refusal)."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from seqcls import cli
+from seqcls.errors import GateError
+from seqcls.history import History, history, lines, version_label
+from seqcls.serving.state import (
+    ServingState,
+    append_event,
+    current_state,
+    log_path,
+    read_log,
+    state_path,
+    write_state,
+)
+from seqcls.settings import Settings
+from tests.helpers.drills import Drill
+
+MODEL = "seqcls"
+FP_A, FP_B, FP_C = "a" * 64, "b" * 64, "c" * 64
+
+
+def _settings(tmp_path: Path) -> Settings:
+    return Settings.from_env(home=tmp_path / "home", triton_repository=tmp_path / "repo")
+
+
+def _released(repo: Path) -> ServingState:
+    """Two releases and a rollback, written as the steps write them (write_state → the log)."""
+    s = write_state(repo, ServingState.empty(MODEL).with_candidate(1, FP_A, "release:a"), expected_generation=0)
+    s = write_state(repo, s.promoted(1, FP_A, "release:a"), expected_generation=s.generation)
+    s = write_state(repo, s.with_candidate(2, FP_B, "release:b"), expected_generation=s.generation)
+    s = write_state(repo, s.promoted(2, FP_B, "release:b"), expected_generation=s.generation)
+    return write_state(repo, s.rolled_back("rollback:seqcls:cli", "too many refunds"), expected_generation=s.generation)
+
+
+class _FakeVersion:
+    def __init__(self, version: int, run_id: str | None = None) -> None:
+        self.version, self.run_id = str(version), run_id
+
+
+def _fake_registry(monkeypatch: pytest.MonkeyPatch, by_fp: dict[str, int]) -> None:
+    """An MLflow whose version ``by_fp[fp]`` holds fingerprint ``fp`` (its run: both gates passed)."""
+    import seqcls.registry.ledger as ledger
+
+    class Run:
+        data = type("RunData", (), {"tags": {"seqcls.gates.parity": "passed", "seqcls.quality": "skipped"}})
+
+    class Client:
+        def get_run(self, run_id: str) -> Run:
+            return Run()
+
+    monkeypatch.setattr(ledger, "client", lambda settings: Client())
+    monkeypatch.setattr(
+        ledger,
+        "find_version",
+        lambda c, name, fp, release_key=None: _FakeVersion(by_fp[fp], "run-1") if fp in by_fp else None,
+    )
+
+
+def _mlflow_down(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    import seqcls.registry.ledger as ledger
+
+    calls: list[int] = []
+
+    def down(settings: Settings):
+        calls.append(1)
+        raise ConnectionError("http://mlflow:5000: Connection refused")
+
+    monkeypatch.setattr(ledger, "client", down)
+    return calls
+
+
+# ---------------------------------------------------------------------------- the writer
+
+
+def test_every_state_line_says_who_and_what_it_replaced(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AIRFLOW_CTX_DAG_ID", "seqcls_release")
+    monkeypatch.setenv("AIRFLOW_CTX_DAG_RUN_ID", "manual__2025-01-01")
+    monkeypatch.setenv("AIRFLOW_CTX_TRY_NUMBER", "2")
+    _released(tmp_path)
+    records = [json.loads(line) for line in log_path(tmp_path, MODEL).read_text().splitlines()]
+    assert [r["before"]["serving"] for r in records] == [None, None, 1, 1, 2]
+    assert [r["state"]["serving"] for r in records] == [None, 1, 1, 2, 1]
+    who = records[-1]["who"]
+    assert who["pid"] > 0 and who["user"] and who["host"]
+    assert (who["dag_id"], who["run_id"], who["try"]) == ("seqcls_release", "manual__2025-01-01", "2")
+
+
+def test_event_lines_leave_the_state_log_readable(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A refusal in the log is not a damaged line: the recovered state still reads, without a warning."""
+    written = _released(tmp_path)
+    assert append_event(tmp_path, MODEL, "refused", gate="quality", fingerprint=FP_C, serving=1, reason="no")
+    with caplog.at_level("WARNING"):
+        logged = read_log(tmp_path, MODEL)
+    assert logged is not None and (logged.serving, logged.candidate, logged.generation) == (1, None, written.generation)
+    assert not [r for r in caplog.records if "skipped" in r.getMessage()]
+    state_path(tmp_path, MODEL).unlink()  # a lost state file: reconstructed from the log, events and all
+    assert current_state(tmp_path, MODEL).serving == 1
+
+
+def test_a_log_that_cannot_be_written_never_raises(tmp_path: Path) -> None:
+    blocked = tmp_path / "not-a-dir"
+    blocked.write_text("a file where the repository should be")
+    assert append_event(blocked, MODEL, "refused", gate="parity", fingerprint=FP_A, reason="x") is False
+    assert append_event(tmp_path, MODEL, "no-such-event") is False
+
+
+def test_a_parity_refusal_is_logged_with_its_gate_and_reason(tiny_checkpoint: Path, home: Path) -> None:
+    from seqcls.steps import run_release
+    from seqcls.workspace import open_release
+
+    vocab = (tiny_checkpoint / "vocab.txt").read_text(encoding="utf-8").splitlines()
+    vocab[vocab.index("公")] = "公 "  # the serving tokenizer trims it: the parity gate refuses
+    (tiny_checkpoint / "vocab.txt").write_text("\n".join(vocab) + "\n", encoding="utf-8")
+    release = open_release(tiny_checkpoint)
+    with pytest.raises(GateError) as refused:
+        run_release(release, until="validate")
+    path = log_path(Path(str(release.settings.triton_repository)), MODEL)
+    records = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [r["event"] for r in records] == ["refused"]
+    assert records[0]["gate"] == "parity" and records[0]["fingerprint"] == release.checkpoint.fingerprint
+    assert records[0]["reason"] == str(refused.value).splitlines()[0] and records[0]["serving"] is None
+    assert records[0]["who"]["pid"] > 0
+
+
+# ---------------------------------------------------------------------------- the reader
+
+
+def test_history_reads_every_kind_of_line_oldest_first(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    settings = _settings(tmp_path)
+    repo = Path(str(settings.triton_repository))
+    _released(repo)
+    append_event(repo, MODEL, "refused", gate="quality", fingerprint=FP_C, serving=1, reason="Quality gate refused")
+    _fake_registry(monkeypatch, {FP_A: 1, FP_B: 2})
+    result = history(settings)
+    assert [(e.kind, e.from_version, e.to_version) for e in result.entries] == [
+        ("release-candidate", None, 1),
+        ("expose", None, 1),
+        ("release-candidate", 1, 2),
+        ("expose", 1, 2),
+        ("rollback", 2, 1),
+        ("refused", 1, 1),
+    ]
+    assert result.notes == [] and result.registry
+    expose_b, rollback, refused = result.entries[3], result.entries[4], result.entries[5]
+    assert expose_b.change() == "Triton v1 (MLflow v1) → Triton v2 (MLflow v2)"
+    assert expose_b.gates == {"parity": "passed", "quality": "skipped"} and expose_b.fingerprint == FP_B
+    assert rollback.change() == "Triton v2 (MLflow v2) → Triton v1 (MLflow v1)"
+    assert rollback.reason == "too many refunds" and rollback.by == "rollback:seqcls:cli"
+    assert refused.change() == "Triton v1 (MLflow v1) unchanged" and refused.gates == {"quality": "failed"}
+    assert json.loads(json.dumps(refused.to_dict()))["from"] == "Triton v1 (MLflow v1)"
+
+
+def test_damaged_lines_and_old_lines(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Lines written before who/before existed still read; damaged ones are skipped and named."""
+    settings = _settings(tmp_path)
+    repo = Path(str(settings.triton_repository))
+    repo.mkdir(parents=True)
+    old = {"serving": None, "previous": None, "candidate": 3, "published": 3, "updated_at": "x", "generation": 1}
+    entry = {"version": 3, "fingerprint": FP_A, "action": "candidate", "at": "2024-01-01T00:00:00Z", "by": "run-7"}
+    entry2 = {**entry, "action": "release", "at": "2024-01-01T00:01:00Z"}
+    log_path(repo, MODEL).write_text(
+        json.dumps({"generation": 1, "at": "x", "state": old, "entries": [entry]})
+        + "\n\x00\x01 not json\n"
+        + json.dumps(
+            {"generation": 2, "at": "x", "state": {**old, "serving": 3, "candidate": None}, "entries": [entry2]}
+        )
+        + '\n{"generation": 3, "state": {}, "entries": [{"action": "teleport"}]}\n'
+    )
+    _fake_registry(monkeypatch, {FP_A: 4})
+    result = history(settings, [MODEL])
+    assert [(e.kind, e.change(), e.by) for e in result.entries] == [
+        ("release-candidate", "nothing → Triton v3 (MLflow v4)", "run-7"),
+        ("expose", "nothing → Triton v3 (MLflow v4)", "run-7"),
+    ]
+    assert result.notes == [f"{log_path(repo, MODEL)}: 2 damaged line(s) skipped (line 2, 4)"]
+
+
+def test_mlflow_unreachable_gives_the_triton_numbers_and_one_note(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    settings = _settings(tmp_path)
+    _released(Path(str(settings.triton_repository)))
+    calls = _mlflow_down(monkeypatch)
+    result = history(settings)
+    assert len(result.entries) == 5 and not result.registry and len(calls) == 1  # asked once, not per version
+    assert result.entries[3].change(registry=False) == "Triton v1 → Triton v2"
+    assert result.entries[3].from_mlflow is None and result.entries[3].to_mlflow is None
+    assert (
+        len(result.notes) == 1 and "MLflow was unreachable (http://mlflow:5000: Connection refused)" in result.notes[0]
+    )
+    table = lines(result)
+    assert "Triton v2 → Triton v1" in table[5] and "too many refunds" in table[5]
+    assert table[-1].startswith("note: MLflow was unreachable")
+
+
+def test_version_vocabulary() -> None:
+    assert version_label(5, 1) == "Triton v5 (MLflow v1)"
+    assert version_label(5, None) == "Triton v5 (not in MLflow)"
+    assert version_label(5, None, registry=False) == "Triton v5"
+    assert version_label(None) == "nothing"
+
+
+def test_cli_table_limit_json_and_a_bad_name(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    monkeypatch.setenv("SEQCLS_TRITON_REPOSITORY", str(tmp_path / "repo"))
+    _released(tmp_path / "repo")
+    _fake_registry(monkeypatch, {FP_A: 1, FP_B: 2})
+    assert cli.main(["history", "--limit", "2"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].split()[:3] == ["when", "model", "kind"] and "3 older change(s) not shown" in out[1]
+    assert "expose" in out[2] and "Triton v1 (MLflow v1) → Triton v2 (MLflow v2)" in out[2]
+    assert "rollback" in out[3] and "too many refunds" in out[3] and "@" in out[3]
+    assert cli.main(["history", "--model-name", MODEL, "--json", "--limit", "1"]) == 0
+    payload = json.loads(capsys.readouterr().out)
+    assert [e["kind"] for e in payload["entries"]] == ["rollback"] and payload["notes"] == []
+    assert cli.main(["history", "--model-name", "../etc"]) == 2
+    assert "not a valid Triton model name" in capsys.readouterr().err
+    assert cli.main(["history", "--model-name", "other"]) == 0  # a valid name with no log: nothing to show
+    assert capsys.readouterr().out.startswith("no serving change recorded")
+
+
+def test_history_of_nothing(tmp_path: Path) -> None:
+    result = history(_settings(tmp_path))
+    assert isinstance(result, History) and result.entries == [] and result.notes == []
+
+
+# ---------------------------------------------------------------------------- through the real parts
+
+
+@pytest.mark.integration
+def test_drill_two_releases_a_rollback_and_a_refusal(
+    drill: Drill, tiny_checkpoint_src: Path, tiny_checkpoint_b_src: Path, tiny_checkpoint: Path
+) -> None:
+    from seqcls.steps.rollback import rollback_model
+
+    t0 = time.monotonic()
+    drill.release(tiny_checkpoint_src)
+    drill.release(tiny_checkpoint_b_src)
+    rollback_model(drill.settings, MODEL, reason="drill: B misroutes refunds", by="test")
+    vocab = (tiny_checkpoint / "vocab.txt").read_text(encoding="utf-8").splitlines()
+    vocab[vocab.index("公")] = "公 "  # the parity gate refuses this one
+    (tiny_checkpoint / "vocab.txt").write_text("\n".join(vocab) + "\n", encoding="utf-8")
+    with pytest.raises(GateError):
+        drill.release(tiny_checkpoint)
+    drill.assert_invariant(served=1)
+
+    out = drill.cli("history", "--json")
+    assert out.returncode == 0, out.stderr
+    payload = json.loads(out.stdout)
+    got = [(e["kind"], e["from"], e["to"]) for e in payload["entries"]]
+    assert got == [
+        ("release-candidate", "nothing", "Triton v1 (MLflow v1)"),
+        ("expose", "nothing", "Triton v1 (MLflow v1)"),
+        ("promote", "nothing", "Triton v1 (MLflow v1)"),
+        ("release-candidate", "Triton v1 (MLflow v1)", "Triton v2 (MLflow v2)"),
+        ("expose", "Triton v1 (MLflow v1)", "Triton v2 (MLflow v2)"),
+        ("promote", "Triton v1 (MLflow v1)", "Triton v2 (MLflow v2)"),
+        ("rollback", "Triton v2 (MLflow v2)", "Triton v1 (MLflow v1)"),
+        ("refused", "Triton v1 (MLflow v1)", "Triton v1 (MLflow v1)"),
+    ], got
+    entries = payload["entries"]
+    assert entries[4]["gates"]["parity"] == "passed" and entries[6]["reason"] == "drill: B misroutes refunds"
+    assert entries[7]["gate"] == "parity" and entries[7]["reason"].startswith("Parity gate failed")
+    assert all(e["who"]["pid"] > 0 for e in entries) and payload["notes"] == []
+    table = drill.cli("history")
+    assert table.returncode == 0, table.stderr
+    sys.stderr.write("\n$ seqcls history\n" + table.stdout)  # the README's sample (pytest -s shows it)
+    assert "Triton v2 (MLflow v2) → Triton v1 (MLflow v1)" in table.stdout
+    assert time.monotonic() - t0 < 120, "the history drill is meant to be quick"
