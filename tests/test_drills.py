@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import logging
 import shutil
 import subprocess
 import sys
@@ -359,11 +360,17 @@ def test_unpinned_clients_never_see_an_unsmoked_model(
     drill.assert_invariant(served=1)
 
 
-def test_status_json_and_exit_codes(drill: Drill, tiny_checkpoint_src):
+def test_status_json_and_exit_codes(drill: Drill, tiny_checkpoint_src, caplog: pytest.LogCaptureFixture):
     out = drill.cli("status")
     assert out.returncode == 0 and "nothing released yet" in out.stdout  # nothing served, nothing to disagree
-    said = [r.message for r in drill.release(tiny_checkpoint_src)]
+    with caplog.at_level(logging.INFO):
+        results = drill.release(tiny_checkpoint_src)
+    said = [r.message for r in results]
     assert not [m for m in said if "None" in m], said  # a first release: "no previous version", not Python's None
+    logged = [r.getMessage() for r in caplog.records if r.levelno >= logging.INFO]
+    twice = [m for m in said if sum(m in line for line in logged) > 1]
+    assert not twice, twice  # each step's outcome is logged once
+    assert [m for m in said if "alias candidate" in m and " in " not in m.split("alias candidate")[1]]
     out = drill.cli("status", "--json")
     assert out.returncode == 0, out.stdout
     data = json.loads(out.stdout)

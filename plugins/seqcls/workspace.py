@@ -246,7 +246,7 @@ class Workspace:
                     **_timing(started, seconds),
                 },
             )
-            log.info("%s: done in %.1fs — %s", name, seconds, message)
+            log.debug("%s: done in %.1fs — %s", name, seconds, message)  # the caller logs result.line()
             return StepResult(name, "ok", str(self.root), outputs, summary, seconds, message)
 
     def _skipped(self, name: str, rec: dict[str, Any]) -> StepResult:

@@ -298,7 +298,7 @@ def register(release: Release) -> StepResult:
             reg = register_new(release, config, records["validate"])
             msg = (
                 f"registered {cfg.model_name} version {reg.version} (serving configuration {key}, run "
-                f"{str(reg.run_id)[:8]}, alias {CANDIDATE}) in {reg.seconds:.1f}s"
+                f"{str(reg.run_id)[:8]}, alias {CANDIDATE})"
             )
         (out / "registry.json").write_text(json.dumps(reg.to_dict(), indent=1), encoding="utf-8")
         return reg.to_dict(), msg
