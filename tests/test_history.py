@@ -49,7 +49,7 @@ class _FakeVersion:
 
 def _fake_registry(monkeypatch: pytest.MonkeyPatch, by_fp: dict[str, int]) -> None:
     """An MLflow whose version ``by_fp[fp]`` holds fingerprint ``fp`` (its run: both gates passed)."""
-    import seqcls.registry.ledger as ledger
+    import seqcls.history as ledger  # where the join looks them up
 
     class Run:
         data = type("RunData", (), {"tags": {"seqcls.gates.parity": "passed", "seqcls.quality": "skipped"}})
@@ -67,7 +67,7 @@ def _fake_registry(monkeypatch: pytest.MonkeyPatch, by_fp: dict[str, int]) -> No
 
 
 def _mlflow_down(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    import seqcls.registry.ledger as ledger
+    import seqcls.history as ledger  # where the join looks them up
 
     calls: list[int] = []
 

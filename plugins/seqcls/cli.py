@@ -26,6 +26,8 @@ from pathlib import Path
 from seqcls import __version__, config
 from seqcls.checkpoints.completion import find_latest, mark_complete, read_marker
 from seqcls.errors import InputError, SeqclsError
+from seqcls.history import history as serving_history
+from seqcls.history import lines as history_lines
 from seqcls.localtriton import LocalTriton, TritonServerConfig
 from seqcls.monitoring.drift import DRIFT, NOT_ENOUGH, DriftReport, Thresholds
 from seqcls.monitoring.live import monitor
@@ -122,12 +124,10 @@ def _cmd_status(args: argparse.Namespace) -> tuple[int, Printer]:
 
 
 def _cmd_history(args: argparse.Namespace) -> tuple[int, Printer]:
-    from seqcls.history import history, lines
-
     if args.limit is not None and args.limit < 1:
         return 2, lambda: print(f"error: --limit must be 1 or more, got {args.limit}", file=sys.stderr)
     try:
-        result = history(_ops_settings(args), [args.model_name] if args.model_name else None)
+        result = serving_history(_ops_settings(args), [args.model_name] if args.model_name else None)
     except InputError as exc:  # a model name that cannot exist: a usage error
         message = f"error: {exc}"
         return 2, lambda: print(message, file=sys.stderr)
@@ -139,7 +139,7 @@ def _cmd_history(args: argparse.Namespace) -> tuple[int, Printer]:
                 payload["entries"] = payload["entries"][-args.limit :]
             print(json.dumps(payload, indent=2, ensure_ascii=False, default=str))
         else:
-            print("\n".join(lines(result, args.limit)))
+            print("\n".join(history_lines(result, args.limit)))
 
     return 0, show
 
@@ -406,6 +406,18 @@ def _subparser(parser: argparse.ArgumentParser, command: str | None) -> argparse
     return parser
 
 
+def _add_history_parser(sub) -> None:
+    p = sub.add_parser(
+        "history",
+        help="every serving change (release, expose, refusal, rollback, sync repair): when, who, from → to "
+        "(Triton and MLflow versions), fingerprint, gates, reason; newest last",
+    )
+    p.add_argument("--model-name", default=None, help="one model (default: every model with a recorded state)")
+    p.add_argument("--limit", type=int, default=None, metavar="N", help="only the newest N changes")
+    _add_ops_args(p)
+    p.set_defaults(func=_cmd_history)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="seqcls", description=__doc__.splitlines()[0])
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
@@ -429,15 +441,7 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--model-name", default=None, help="one model (default: every model with a recorded state)")
         _add_ops_args(p)
         p.set_defaults(func=func)
-    p = sub.add_parser(
-        "history",
-        help="every serving change (release, expose, refusal, rollback, sync repair): when, who, from → to "
-        "(Triton and MLflow versions), fingerprint, gates, reason; newest last",
-    )
-    p.add_argument("--model-name", default=None, help="one model (default: every model with a recorded state)")
-    p.add_argument("--limit", type=int, default=None, metavar="N", help="only the newest N changes")
-    _add_ops_args(p)
-    p.set_defaults(func=_cmd_history)
+    _add_history_parser(sub)
     p = sub.add_parser("lease", help="the per-model release lease: `lease break` removes a stuck one")
     p.add_argument("action", choices=["break"])
     p.add_argument("--model-name", required=True)

@@ -77,6 +77,19 @@ def _split_endpoints(value: str) -> tuple[str, ...]:
     return tuple(p.strip() for p in value.split(",") if p.strip())
 
 
+#: The variables Airflow sets for a running task, as ``seqcls history`` records them (who changed what).
+AIRFLOW_TASK_CONTEXT = (
+    ("dag_id", "AIRFLOW_CTX_DAG_ID"),
+    ("run_id", "AIRFLOW_CTX_DAG_RUN_ID"),
+    ("try", "AIRFLOW_CTX_TRY_NUMBER"),
+)
+
+
+def airflow_task_context() -> dict[str, str]:
+    """The Airflow dag/run/try this process runs as a task of ({} outside Airflow)."""
+    return {key: os.environ[env] for key, env in AIRFLOW_TASK_CONTEXT if os.environ.get(env)}
+
+
 def default_home() -> Path:
     return Path(os.environ.get(ENV_HOME) or Path.home() / ".seqcls").expanduser()
 

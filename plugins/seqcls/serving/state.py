@@ -18,14 +18,10 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import getpass
 import json
 import logging
-import os
-import socket
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +29,7 @@ from seqcls.errors import ServingError
 from seqcls.files import atomic_write
 from seqcls.serving.names import names_for
 from seqcls.serving.repository import Repository
+from seqcls.serving.statelog import EVENTS, STATE_PREFIX, actor, append_event, append_line, log_path, now_iso
 from seqcls.settings import validate_model_name
 
 log = logging.getLogger(__name__)
@@ -42,11 +39,6 @@ HISTORY_LIMIT = 50
 ACTIONS = ("release", "rollback", "candidate", "abandon", "adopt")
 #: Actions after which ``version`` is what the public ensemble serves.
 _SERVING_ACTIONS = ("release", "rollback", "adopt")
-STATE_PREFIX = ".seqcls-state."
-
-
-def now_iso() -> str:
-    return datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
 
 
 def state_path(repository: Path, model_name: str) -> Path:
@@ -317,75 +309,6 @@ def bounded_history(history: list[HistoryEntry], live: list[int]) -> list[Histor
 # ---------------------------------------------------------------------------- disk
 
 
-def log_path(repository: Path, model_name: str) -> Path:
-    """The append-only log of every recorded change, one JSON line each (a plain file, like the state).
-
-    A state line: ``{"generation", "at", "state", "entries", "before", "who"}`` — the state written,
-    the history entries it added, what it replaced (serving/previous/candidate) and who wrote it
-    (:func:`actor`; lines written before ``before``/``who`` existed lack them). An event line changes
-    no state: ``{"event": "refused"|"promote"|"repair", "at", "who", ...}`` (:func:`append_event`).
-    """
-    return Path(repository) / f"{STATE_PREFIX}{validate_model_name(model_name)}.log.jsonl"
-
-
-#: Event lines of the log (see :func:`log_path`); ``repair`` also carries the state it recorded.
-EVENTS = ("refused", "promote", "repair")
-
-
-#: What :func:`actor` records of an Airflow task's context (the variables Airflow sets for it).
-_AIRFLOW_CONTEXT = (
-    ("dag_id", "AIRFLOW_CTX_DAG_ID"),
-    ("run_id", "AIRFLOW_CTX_DAG_RUN_ID"),
-    ("try", "AIRFLOW_CTX_TRY_NUMBER"),
-)
-
-
-def actor() -> dict[str, Any]:
-    """Who is changing something: user, host, pid, and the Airflow dag/run/try when run by a task."""
-    try:
-        user = getpass.getuser()
-    except Exception:  # no passwd entry (a container's arbitrary uid)
-        user = str(os.getuid())
-    who: dict[str, Any] = {"user": user, "host": socket.gethostname(), "pid": os.getpid()}
-    for key, env in _AIRFLOW_CONTEXT:
-        if os.environ.get(env):
-            who[key] = os.environ[env]
-    return who
-
-
-def _append_line(path: Path, record: dict[str, Any]) -> bool:
-    """Append one JSON line with a single O_APPEND write (concurrent writers never interleave a line);
-    False (with a warning) when it could not be written."""
-    data = (json.dumps(record, ensure_ascii=False, default=str) + "\n").encode("utf-8")
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        try:
-            os.write(fd, data)
-        finally:
-            os.close(fd)
-    except OSError as exc:
-        log.warning("%s: could not append to the state log: %s", path, exc)
-        return False
-    return True
-
-
-def append_event(repository: Path, model_name: str, event: str, **fields: Any) -> bool:
-    """Record an event that changes no state (a gate's refusal, a champion move) in ``model_name``'s log.
-
-    Never raises: the log is the audit trail, and failing to write it must not turn what happened
-    (a refusal, a promotion) into another error. Returns whether the line was written.
-    """
-    try:
-        if event not in EVENTS:
-            raise ValueError(f"event {event!r} is not one of {', '.join(EVENTS)}")
-        record = {"event": event, "at": now_iso(), "who": actor(), **fields}
-        Path(repository).mkdir(parents=True, exist_ok=True)
-        return _append_line(log_path(Path(repository), model_name), record)
-    except Exception as exc:
-        log.warning("%s: %s event not recorded in the state log: %s", model_name, event, exc)
-        return False
-
-
 def _corrupt(path: Path, model_name: str, what: str) -> ServingError:
     bak, log_file = backup_path(path), log_path(path.parent, model_name)
     copy = recovered_state(path.parent, model_name)
@@ -546,7 +469,7 @@ def _append_log(repository: Path, written: ServingState, before: ServingState | 
     """One line per recorded change, after the state is written (the log holds only recorded states).
     The state is recorded either way: a missing log line costs only old history."""
     new = written.history[len(written.history) - min(written.appended, len(written.history)) :]
-    _append_line(log_path(repository, written.model_name), _log_record(written, before, new))
+    append_line(log_path(repository, written.model_name), _log_record(written, before, new))
 
 
 def infer_legacy_state(repository: Path, model_name: str) -> ServingState:
@@ -595,7 +518,7 @@ def restore_state(repository: Path, model_name: str) -> ServingState | None:
         record = _log_record(written, None, [])
         note = f"state file was unreadable ({why[:200]}): recorded its newest readable copy"
         record.update(event="repair", note=note)
-        _append_line(log_path(Path(repository), model_name), record)
+        append_line(log_path(Path(repository), model_name), record)
     log.warning("%s was unreadable (%s): recorded its newest readable copy, %s", path, why, copy.describe())
     return written
 

@@ -31,6 +31,7 @@ from seqcls.registry import journal
 from seqcls.registry.ledger import undo
 from seqcls.serving.control import current_context, release_owner
 from seqcls.serving.lease import ReleaseLease
+from seqcls.serving.state import append_event, current_state
 from seqcls.workspace import Release, StepResult
 
 log = logging.getLogger(__name__)
@@ -156,8 +157,6 @@ def record_refusal(release: Release, gate: str, exc: BaseException) -> None:
     """Append a gate's refusal to the model's serving log (``seqcls history``). Never raises: the
     refusal is the step's outcome, and must not become another error because the log is unwritable."""
     try:
-        from seqcls.serving.state import append_event, current_state
-
         root, model = Path(str(release.settings.triton_repository)), release.config.model_name
         try:
             serving = current_state(root, model).serving

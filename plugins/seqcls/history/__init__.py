@@ -17,11 +17,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from seqcls.registry.ledger import client, find_version
+from seqcls.registry.runs import PARITY_TAG, QUALITY_TAG
 from seqcls.serving.names import names_for
 from seqcls.serving.release import served_release_key
 from seqcls.serving.repository import Repository
-from seqcls.serving.state import EVENTS, log_path
+from seqcls.serving.statelog import EVENTS, log_path
 from seqcls.settings import Settings
+from seqcls.sync import models_in
 
 log = logging.getLogger(__name__)
 
@@ -151,61 +154,48 @@ def _entries(
     event = record.get("event")
     if event is not None and event not in EVENTS:
         raise ValueError(f"unknown event {event!r}")
-    if event == "refused":
-        served = _version(record.get("serving", cur["serving"]))
-        entry = HistoryEntry(
-            model_name,
-            str(record["at"]),
-            "refused",
-            served,
-            served,
-            record.get("fingerprint"),
-            who,
-            reason=str(record.get("reason", "")),
-            gate=record.get("gate"),
-            line=number,
-        )
-        if entry.gate:
-            entry.gates = {str(entry.gate): "failed"}
-        return [entry], cur
-    if event == "promote":
-        entry = HistoryEntry(
-            model_name,
-            str(record["at"]),
-            "promote",
-            None,
-            _version(record.get("version")),
-            record.get("fingerprint"),
-            who,
-            by=str(record.get("by", "")),
-            line=number,
-            from_mlflow=_version(record.get("mlflow_previous")),
-            to_mlflow=_version(record.get("mlflow")),
-        )
-        return [entry], cur
-    state = record["state"]
-    after = {k: _version(state.get(k)) for k in ("serving", "previous", "candidate")}
+    if event in ("refused", "promote"):
+        return [_event_entry(model_name, record, cur, who, number)], cur
+    return _state_entries(model_name, record, cur, who, number)
+
+
+def _event_entry(
+    model_name: str, record: dict[str, Any], cur: dict[str, Any], who: dict | None, number: int
+) -> HistoryEntry:
+    """A line that changed no state: a gate's refusal, or a champion move (its MLflow numbers recorded)."""
+    at, fp = str(record["at"]), record.get("fingerprint")
+    if record["event"] == "promote":
+        return HistoryEntry(
+            model_name, at, "promote", None, _version(record.get("version")), fp, who, by=str(record.get("by", "")),
+            line=number, from_mlflow=_version(record.get("mlflow_previous")), to_mlflow=_version(record.get("mlflow")),
+        )  # fmt: skip
+    served = _version(record.get("serving", cur["serving"]))
+    gate = record.get("gate")
+    return HistoryEntry(
+        model_name, at, "refused", served, served, fp, who, reason=str(record.get("reason", "")), gate=gate,
+        gates={str(gate): "failed"} if gate else {}, line=number,
+    )  # fmt: skip
+
+
+def _state_entries(
+    model_name: str, record: dict[str, Any], cur: dict[str, Any], who: dict | None, number: int
+) -> tuple[list[HistoryEntry], dict[str, Any]]:
+    """The entries a recorded state added, each with the versions before and after it."""
+    after = {k: _version(record["state"].get(k)) for k in ("serving", "previous", "candidate")}
     generation = record.get("generation")
-    if isinstance(record.get("before"), dict):
-        cur = {k: _version(record["before"].get(k)) for k in ("serving", "previous", "candidate")}
-    else:
-        cur = dict(cur)
+    before = record.get("before")
+    cur = {k: _version(before.get(k)) for k in cur} if isinstance(before, dict) else dict(cur)
     out: list[HistoryEntry] = []
     for e in record["entries"]:
         action, version = e["action"], _version(e.get("version"))
         if action not in KINDS or action in EVENTS:
             raise ValueError(f"unknown action {action!r}")
-        if action == "abandon":
-            frm, to = version, cur["serving"]
-            cur["candidate"] = None
-        elif action == "candidate":
-            frm, to = cur["serving"], version
-            cur["candidate"] = version
+        frm, to = (version, cur["serving"]) if action == "abandon" else (cur["serving"], version)
+        if action in ("candidate", "abandon"):
+            cur["candidate"] = version if action == "candidate" else None
         else:  # release, rollback, adopt: what the public ensemble serves
-            frm, to = cur["serving"], version
             cur["serving"] = version
-            if action == "release":
-                cur["candidate"] = None
+            cur["candidate"] = None if action == "release" else cur["candidate"]
         out.append(
             HistoryEntry(
                 model_name,
@@ -221,7 +211,7 @@ def _entries(
                 line=number,
             )
         )
-    if event == "repair":
+    if record.get("event") == "repair":
         out.append(
             HistoryEntry(
                 model_name,
@@ -272,9 +262,6 @@ class _Registry:
         return self._cache[cache_key]
 
     def _ask(self, model_name: str, fingerprint: str | None, key: str | None) -> tuple[int | None, dict[str, str]]:
-        from seqcls.registry.ledger import client, find_version
-        from seqcls.registry.runs import PARITY_TAG, QUALITY_TAG
-
         if self._client is None:
             self._client = client(self.settings)
         mv = find_version(self._client, model_name, fingerprint, release_key=key)
@@ -315,8 +302,6 @@ def _join(settings: Settings, model_name: str, entries: list[HistoryEntry], regi
 def history(settings: Settings, model_names: list[str] | None = None) -> History:
     """Every recorded serving change of the named models (default: every model with a state or log), oldest
     first, with the MLflow version of each Triton version. Never fails for MLflow or a damaged line."""
-    from seqcls.sync import models_in
-
     for name in model_names or []:  # a name the operator typed: a bad one is their error (InputError)
         names_for(name)
     root = Path(str(settings.triton_repository))
