@@ -122,14 +122,18 @@ def test_a_parity_refusal_is_logged_with_its_gate_and_reason(tiny_checkpoint: Pa
     vocab[vocab.index("公")] = "公 "  # the serving tokenizer trims it: the parity gate refuses
     (tiny_checkpoint / "vocab.txt").write_text("\n".join(vocab) + "\n", encoding="utf-8")
     release = open_release(tiny_checkpoint)
+    root = Path(str(release.settings.triton_repository))
+    with pytest.raises(GateError):
+        run_release(release, until="validate")
+    assert not root.exists() or not any(root.iterdir())  # never released: the repository stays as it was
+    assert append_event(root, MODEL, "promote", version=1)  # a model with a history (released before)
     with pytest.raises(GateError) as refused:
         run_release(release, until="validate")
-    path = log_path(Path(str(release.settings.triton_repository)), MODEL)
-    records = [json.loads(line) for line in path.read_text().splitlines()]
-    assert [r["event"] for r in records] == ["refused"]
-    assert records[0]["gate"] == "parity" and records[0]["fingerprint"] == release.checkpoint.fingerprint
-    assert records[0]["reason"] == str(refused.value).splitlines()[0] and records[0]["serving"] is None
-    assert records[0]["who"]["pid"] > 0
+    records = [json.loads(line) for line in log_path(root, MODEL).read_text().splitlines()]
+    assert [r["event"] for r in records] == ["promote", "refused"]
+    assert records[1]["gate"] == "parity" and records[1]["fingerprint"] == release.checkpoint.fingerprint
+    assert records[1]["reason"] == str(refused.value).splitlines()[0] and records[1]["serving"] is None
+    assert records[1]["who"]["pid"] > 0
 
 
 # ---------------------------------------------------------------------------- the reader

@@ -31,7 +31,8 @@ from seqcls.registry import journal
 from seqcls.registry.ledger import undo
 from seqcls.serving.control import current_context, release_owner
 from seqcls.serving.lease import ReleaseLease
-from seqcls.serving.state import append_event, current_state
+from seqcls.serving.state import append_event, current_state, state_path
+from seqcls.serving.statelog import log_path
 from seqcls.workspace import Release, StepResult
 
 log = logging.getLogger(__name__)
@@ -154,10 +155,16 @@ def require(release: Release, name: str) -> dict[str, dict[str, Any]]:
 
 
 def record_refusal(release: Release, gate: str, exc: BaseException) -> None:
-    """Append a gate's refusal to the model's serving log (``seqcls history``). Never raises: the
-    refusal is the step's outcome, and must not become another error because the log is unwritable."""
+    """Append a gate's refusal to the model's serving log (``seqcls history``), once the model has one.
+    Never raises: the refusal is the step's outcome, and must not become another error because the
+    log is unwritable."""
     try:
         root, model = Path(str(release.settings.triton_repository)), release.config.model_name
+        if not log_path(root, model).exists() and not state_path(root, model).exists():
+            # a model never released: a refusal leaves the repository exactly as it was (no file that
+            # would make status and sync list a model that serves nothing); MLflow and the workspace keep it
+            log.info("%s refusal of %s not in the serving log: nothing of %s was ever released", gate, model, model)
+            return
         try:
             serving = current_state(root, model).serving
         except Exception:  # a damaged state: the refusal is still worth recording
