@@ -67,23 +67,27 @@ class MetricFamily:
     def __init__(self, name: str, description: str, kind: str) -> None:
         assert kind in (self.COUNTER, self.GAUGE, self.HISTOGRAM), kind
         self.name, self.description, self.kind = name, description, kind
+        self.series = type(self).series  # this fake module's (see fake_pb_utils)
 
     def Metric(self, labels: dict[str, str], buckets: list[float] | None = None) -> _Metric:  # Triton's name
         assert (buckets is not None) == (self.kind == self.HISTOGRAM), "buckets exactly for histograms"
         key = (self.name, tuple(sorted(labels.items())))
-        MetricFamily.series.setdefault(key, [] if self.kind == self.HISTOGRAM else 0.0)
-        return _Metric(key)
+        self.series.setdefault(key, [] if self.kind == self.HISTOGRAM else 0.0)
+        return _Metric(key, self.series)
 
 
 class _Metric:
-    def __init__(self, key: tuple) -> None:
-        self.key = key
+    """Bound to the series of the fake it was made by: a model of an earlier test, whose flusher
+    thread still runs, never counts into a later test's series."""
+
+    def __init__(self, key: tuple, series: dict) -> None:
+        self.key, self.series = key, series
 
     def increment(self, value: float) -> None:
-        MetricFamily.series[self.key] += value  # type: ignore[operator]
+        self.series[self.key] += value
 
     def observe(self, value: float) -> None:
-        MetricFamily.series[self.key].append(value)  # type: ignore[union-attr]
+        self.series[self.key].append(value)
 
 
 def fake_pb_utils() -> ModuleType:
@@ -94,8 +98,10 @@ def fake_pb_utils() -> ModuleType:
     mod.InferenceResponse = InferenceResponse  # type: ignore[attr-defined]
     mod.TritonModelException = RuntimeError  # type: ignore[attr-defined]
     mod.Logger = Logger  # type: ignore[attr-defined]
+    # each fake module counts into its own dict (the newest is MetricFamily.series, what tests read):
+    # a model of an earlier test, whose flusher thread still runs, never counts into a later test's
     MetricFamily.series = {}
-    mod.MetricFamily = MetricFamily  # type: ignore[attr-defined]
+    mod.MetricFamily = type("MetricFamily", (MetricFamily,), {"series": MetricFamily.series})  # type: ignore[attr-defined]
     mod.get_input_tensor_by_name = lambda request, name: request.get(name)  # type: ignore[attr-defined]
     return mod
 

@@ -235,7 +235,6 @@ def write_evidence(
         [champ.labels[i] for i in pick] if champ is not None else None,
         champion_version,
     ).save(out)
-    write_reference(release, cand, es, out)
     title = _title(release, champion_version)
     plot_labels(out / Path(QUALITY_PLOT).name, scores["candidate"], scores.get("champion"), title=title)
     return evaluation
@@ -280,6 +279,7 @@ def run_gate(
     rules = QualityRules.from_mapping(release.config.to_dict())
     verdict = judge(scores["candidate"], scores.get("champion"), rules, fp32=scores.get("fp32"))
     evaluation = write_evidence(release, es, answers, scores, verdict, champion_version, out)
+    write_reference(release, answers["candidate"], es, out)
     if not verdict.passed:
         raise GateError(refusal(release, es, champion_version, verdict.summary()))
     c, ch = scores["candidate"], scores.get("champion")
