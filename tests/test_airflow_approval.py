@@ -192,6 +192,20 @@ class Stack:
             return states.get(APPROVE_TASK) == "awaiting_input"
 
         self.wait(f"{APPROVE_TASK} of {checkpoint} to ask", asking, 300)
+        # Airflow 3.3 race: an answer that reaches the scheduler before it has processed the executor's
+        # report of the paused workload gets the resumed task marked FAILED ("finished with state
+        # success, but the task instance's state attribute is queued"). A person never answers within
+        # that second; the test waits for the scheduler to have taken the report first.
+        scheduler_log = self.airflow.logs / "scheduler.log"
+
+        def reported() -> bool:
+            text = scheduler_log.read_text(errors="replace") if scheduler_log.exists() else ""
+            return any(
+                "Received executor event" in line and f"task_id='{APPROVE_TASK}'" in line and run_id in line
+                for line in text.splitlines()
+            )
+
+        self.wait(f"the scheduler to take {APPROVE_TASK}'s pause of {checkpoint}", reported, 60)
         return run_id, self.rest("GET", self.hitl(run_id))
 
     def hitl(self, run_id: str) -> str:
