@@ -146,19 +146,18 @@ class Metrics:
         for series, n in per_series.items():
             self.count(c.METRIC_LABEL_PREDICTIONS, n, label=series)
         near = {}
-        for i, n in enumerate(counted["near"]):
-            if n:
-                series = self.series_of.get(labels[i], c.OTHER_LABEL)
-                near[series] = near.get(series, 0) + int(n)
+        for i in counted["near"].nonzero()[0]:
+            series = self.series_of.get(labels[i], c.OTHER_LABEL)
+            near[series] = near.get(series, 0) + int(counted["near"][i])
         for series, n in near.items():
             self.count(c.METRIC_NEAR_THRESHOLD, n, label=series)
-        top = [float(v) for v in counted["top"]]
-        if top:
+        top = counted["top"]
+        if len(top):
             name = c.METRIC_TOP_CONFIDENCE
-            for bound in self.bounds:
-                self.count(f"{name}_bucket", sum(1 for v in top if v <= bound), le=_le(bound))
+            for bound, n in zip(self.bounds, counted["buckets"], strict=True):
+                self.count(f"{name}_bucket", n, le=_le(bound))
             self.count(f"{name}_bucket", len(top), le="+Inf")
-            self.count(f"{name}_sum", sum(top))
+            self.count(f"{name}_sum", float(top.sum()))
             self.count(f"{name}_count", len(top))
 
     def rejected(self, reason, n=1):

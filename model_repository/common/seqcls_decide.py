@@ -91,13 +91,18 @@ def near_threshold(probs: np.ndarray, thresholds: np.ndarray, margin: float) -> 
 
 
 def tally(
-    rows: Sequence[Sequence[tuple[str, float]]], probs: np.ndarray, thresholds: np.ndarray, margin: float
+    rows: Sequence[Sequence[tuple[str, float]]],
+    probs: np.ndarray,
+    thresholds: np.ndarray,
+    margin: float,
+    bounds: Sequence[float] = (),
 ) -> dict:
     """What the serving metrics count for a batch of decided rows (also the release's reference).
 
     ``texts``; ``labels``: texts per predicted label (after the hierarchy rule), only labels that
     occur; ``unlabeled``: texts with no label; ``near``: per label index, texts whose probability
-    is within ``margin`` of the threshold; ``top``: each text's highest probability.
+    is within ``margin`` of the threshold; ``top``: each text's highest probability; ``buckets``:
+    how many tops are at most each of ``bounds`` (a Prometheus histogram's ``le`` buckets).
     """
     probs = np.asarray(probs, dtype=np.float32)
     counts: dict[str, int] = {}
@@ -117,4 +122,11 @@ def tally(
         "unlabeled": sum(1 for row in rows if not row),
         "near": near.astype(np.int64),
         "top": top,
+        "buckets": cumulative(top, bounds),
     }
+
+
+def cumulative(values: np.ndarray, bounds: Sequence[float]) -> list[int]:
+    """How many of ``values`` are at most each bound (a Prometheus histogram's ``le`` buckets)."""
+    values = np.sort(np.asarray(values, dtype=np.float64).reshape(-1))
+    return [int(n) for n in np.searchsorted(values, np.asarray(bounds, dtype=np.float64), side="right")]

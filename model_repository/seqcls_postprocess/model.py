@@ -66,7 +66,9 @@ class TritonPythonModel:
             )
         probs = seqcls_decide.sigmoid(logits)
         rows = seqcls_decide.decide(probs, self.thresholds, self.labels, hierarchy=self.hierarchy)
-        counted = seqcls_decide.tally(rows, probs, self.thresholds, contract.NEAR_THRESHOLD_MARGIN)
+        counted = seqcls_decide.tally(
+            rows, probs, self.thresholds, contract.NEAR_THRESHOLD_MARGIN, contract.CONFIDENCE_BUCKETS
+        )
         payload = np.empty((len(rows), 1), dtype=object)
         for i, row in enumerate(rows):
             payload[i, 0] = json.dumps(

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -34,10 +34,6 @@ class Reference:
     truncated: int = 0  # texts longer than max_length tokens
     sha256: str | None = None  # of the texts' file, when there is one
     path: str | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
-
-    def share(self, label: str) -> float:
-        return self.labels.get(label, 0) / self.texts if self.texts else 0.0
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -65,9 +61,8 @@ def compute(
     probs = np.asarray(probabilities, dtype=np.float32).reshape(-1, len(labels))
     thr = np.asarray(thresholds, dtype=np.float32)
     rows = decide.decide(probs, thr, list(labels), hierarchy=hierarchy)
-    counted = decide.tally(rows, probs, thr, contract.NEAR_THRESHOLD_MARGIN)
     buckets = [float(b) for b in contract.CONFIDENCE_BUCKETS]
-    top = counted["top"]
+    counted = decide.tally(rows, probs, thr, contract.NEAR_THRESHOLD_MARGIN, buckets)
     return Reference(
         source=source,
         texts=counted["texts"],
@@ -75,7 +70,7 @@ def compute(
         unlabeled=int(counted["unlabeled"]),
         near_threshold={label: int(n) for label, n in zip(labels, counted["near"], strict=True)},
         confidence_buckets=buckets,
-        confidence_counts=[int((top <= b).sum()) for b in buckets] + [len(top)],
+        confidence_counts=[*counted["buckets"], counted["texts"]],
         truncated=int(truncated),
         sha256=sha256,
         path=path,
