@@ -567,8 +567,11 @@ def test_tasks_test_script_runs_every_task(airflow_db: Path, triton, tiny_checkp
 @pytest.mark.slow
 @pytest.mark.integration
 @pytest.mark.timeout(300)
-def test_tasks_test_script_stops_at_the_first_failure(airflow_db: Path, tiny_checkpoint: Path, tmp_path: Path) -> None:
-    """`tasks test` exits 0 on a failed task: the script must notice (here: export) and stop."""
+def test_tasks_test_script_stops_at_the_first_failure(
+    airflow_db: Path, triton, tiny_checkpoint: Path, tmp_path: Path
+) -> None:
+    """`tasks test` exits 0 on a failed task: the script must notice (here: export) and stop. (Triton up:
+    resolve's preflight checks it.)"""
     config = json.loads((tiny_checkpoint / "config.json").read_text())
     config["num_hidden_layers"] += 1  # the weights lack a layer: cheap checks pass, export refuses
     (tiny_checkpoint / "config.json").write_text(json.dumps(config))
@@ -579,3 +582,33 @@ def test_tasks_test_script_stops_at_the_first_failure(airflow_db: Path, tiny_che
     assert "✓ resolve_checkpoint success" in out.stdout and "convert_onnx" not in out.stdout + out.stderr
     assert "✗ export_static" in out.stderr and "manifest: export failed — CheckpointError" in out.stderr
     assert str(tmp_path / "logs" / "01-export_static.log") in out.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.integration
+@pytest.mark.timeout(300)
+def test_preflight_at_resolve_names_the_label_and_the_connection(
+    airflow_db: Path, tiny_checkpoint: Path, home: Path, monkeypatch: pytest.MonkeyPatch, capfd
+) -> None:
+    """Issue 25: a typo'd threshold label, and a stopped Triton, fail resolve_checkpoint in seconds — naming
+    the label (with the closest one) and the Connection to fix — before export runs."""
+    from seqcls.localtriton import free_ports
+
+    (home / "checkpoints").mkdir(parents=True)
+    ckpt = shutil.copytree(tiny_checkpoint, home / "checkpoints" / "tiny")
+    label = (ckpt / "label.txt").read_text(encoding="utf-8").split()[0]
+    dag = parse_dag(monkeypatch, SEQCLS_PADDLE_PYTHON=None)
+    conf = {"checkpoint": str(ckpt), "skip_if_champion": False, "thresholds": {label + "x": 0.6}}
+    dr, states = run_dag(dag, conf)
+    assert dr.state == "failed" and states["resolve_checkpoint"] == "failed", states
+    logs = "".join(capfd.readouterr())
+    assert f"bad release input: thresholds: {label + 'x'!r} (did you mean {label!r}?) is not a label" in logs
+    (port,) = free_ports(1)
+    dag = parse_dag(monkeypatch, SEQCLS_PADDLE_PYTHON=None, SEQCLS_TRITON_GRPC=f"127.0.0.1:{port}")
+    dr, states = run_dag(dag, {"checkpoint": str(ckpt)})
+    assert dr.state == "failed" and states["resolve_checkpoint"] == "failed", states
+    logs = "".join(capfd.readouterr())
+    assert f"Triton is not answering at 127.0.0.1:{port}" in logs
+    assert "check the Airflow Connection 'triton_default'" in logs
+    manifests = list((home / "releases").glob("*/*/manifest.json"))
+    assert manifests and all("export" not in json.loads(m.read_text()).get("steps", {}) for m in manifests)

@@ -35,17 +35,17 @@ def test_demo_main_job_twice(tmp_path: Path) -> None:
     first = _run(env)
     assert first.returncode == 0, first.stderr[-3000:]
     out = first.stdout
-    assert "Triton serves seqcls version 1; MLflow champion: version 1." in out
+    assert "seqcls serves Triton v1; MLflow champion: MLflow v1." in out
     assert "golden texts answered as validated" in out and "Predictions over gRPC:" in out
     assert out.count("→") == 5 and "mlflow ui --backend-store-uri" in out
     assert "already released" not in out
     assert "refused by the quality gate" in out and "max_f1_drop on micro_f1" in out, out[-3000:]
-    assert "Triton still serves seqcls version 1; MLflow champion still version 1." in out
+    assert "seqcls still serves Triton v1; MLflow champion still MLflow v1." in out
 
     second = _run(env)
     assert second.returncode == 0, second.stderr[-3000:]
     assert "was already released" in second.stdout and "version 1" in second.stdout
-    assert "Triton still serves seqcls version 1; MLflow champion still version 1." in second.stdout
+    assert "seqcls still serves Triton v1; MLflow champion still MLflow v1." in second.stdout
     leftovers = [
         p for p in psutil.process_iter(["cmdline"]) if any(str(tmp_path) in part for part in (p.info["cmdline"] or []))
     ]

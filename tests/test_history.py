@@ -281,4 +281,17 @@ def test_drill_two_releases_a_rollback_and_a_refusal(
     assert table.returncode == 0, table.stderr
     sys.stderr.write("\n$ seqcls history\n" + table.stdout)  # the README's sample (pytest -s shows it)
     assert "Triton v2 (MLflow v2) → Triton v1 (MLflow v1)" in table.stdout
+    # one version vocabulary in status too, and MLflow tags that say only what is true (issue 25)
+    status = drill.cli("status")
+    sys.stderr.write("\n$ seqcls status\n" + status.stdout)
+    assert status.returncode == 0, status.stdout + status.stderr
+    assert status.stdout.startswith("seqcls: serving Triton v1 (MLflow v1), fingerprint "), status.stdout
+    assert "MLflow: champion Triton v1 (MLflow v1)" in status.stdout
+    from seqcls.registry.ledger import client
+
+    tags = {int(v.version): v.tags for v in client(drill.settings).search_model_versions(f"name = '{MODEL}'")}
+    assert [v for v in sorted(tags) if "champion_since" in tags[v]] == [1]  # only the champion says since when
+    assert all(not any(t.startswith(("version.torch", "version.transformers")) for t in tags[v]) for v in tags)
+    assert all(tags[v]["version.paddlepaddle"] and tags[v]["released_by"].count("@") == 1 for v in tags)
+    assert tags[2]["checkpoint"] == str(tiny_checkpoint_b_src) and "airflow.run_id" not in tags[2]
     assert time.monotonic() - t0 < 120, "the history drill is meant to be quick"

@@ -212,10 +212,10 @@ def test_mlflow_test_connection_against_a_real_mlflow(tmp_path: Path, monkeypatc
     uri = f"sqlite:///{tmp_path / 'mlflow' / 'mlflow.db'}"
     t0 = time.perf_counter()
     ok = _conn(monkeypatch, "m_ok", conn_type="mlflow", extra={"tracking_uri": uri})
+    client = MlflowHook("m_ok").get_conn()  # the store, created as a release's first MLflow call does
+    assert isinstance(client, MlflowClient) and client.search_registered_models(max_results=1) == []
     status, message = MlflowHook(ok).test_connection()
     assert status and f"the model registry at {uri} answered" in message, message
-    client = MlflowHook("m_ok").get_conn()
-    assert isinstance(client, MlflowClient) and client.search_registered_models(max_results=1) == []
     generic = _conn(monkeypatch, "m_generic", conn_type="generic", extra={"tracking_uri": uri})
     assert MlflowHook(generic).test_connection()[0]
     t_ok = time.perf_counter() - t0

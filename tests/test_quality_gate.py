@@ -19,9 +19,9 @@ import pytest
 
 from seqcls.config import ReleaseConfig
 from seqcls.errors import GateError, InputError
+from seqcls.quality.kept import locate_eval_set
 from seqcls.quality.scoring import served_graph
 from seqcls.serving.repository import Repository
-from seqcls.steps.evaluate import locate_eval_set
 from seqcls.workspace import open_release
 from tests.helpers.demo_models import quick_demo_model
 from tests.helpers.drills import Drill, champion
@@ -205,7 +205,7 @@ def test_without_a_configured_eval_set_the_checkpoints_own_is_used_and_said(good
 def test_evaluate_scores_the_bytes_resolve_checked_not_the_file_again(
     good: Path, eval_set: Path, tmp_path: Path
 ) -> None:
-    from seqcls.steps.evaluate import kept_eval_set, preflight_eval_set
+    from seqcls.quality.kept import kept_eval_set, preflight_eval_set
 
     mine = tmp_path / "eval.txt"
     shutil.copy(eval_set, mine)

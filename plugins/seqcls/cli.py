@@ -26,18 +26,19 @@ from pathlib import Path
 from seqcls import __version__, config
 from seqcls.checkpoints.completion import find_latest, mark_complete, read_marker
 from seqcls.errors import InputError, SeqclsError
+from seqcls.gates.preflight import preflight, servers_for
 from seqcls.history import history as serving_history
 from seqcls.history import lines as history_lines
 from seqcls.localtriton import LocalTriton, TritonServerConfig
 from seqcls.monitoring.drift import DRIFT, NOT_ENOUGH, DriftReport, Thresholds
 from seqcls.monitoring.live import monitor
+from seqcls.quality.kept import OWN_EVAL_FILES, preflight_eval_set
 from seqcls.records import EVALUATION
 from seqcls.serving.layout import calibrate_layout
 from seqcls.serving.lease import ReleaseLease
 from seqcls.settings import DEFAULT_MODEL_NAME, Settings
 from seqcls.status import status
 from seqcls.steps import EXTRA_STEPS, ORDER, STEPS, run_release, step
-from seqcls.steps.evaluate import OWN_EVAL_FILES, preflight_eval_set
 from seqcls.steps.rollback import rollback_model
 from seqcls.sync import sync
 from seqcls.workspace import open_release
@@ -277,8 +278,13 @@ def _cmd_evaluate(args: argparse.Namespace) -> tuple[int, Printer]:
 
 
 def _cmd_release(args: argparse.Namespace) -> tuple[int, Printer]:
-    release = _release_from_args(args)
-    preflight_eval_set(release)  # a bad eval set fails now, not after export, convert and validate
+    try:
+        release = _release_from_args(args)
+        # params, eval set, and the servers when the release goes that far: fails now, not after export
+        preflight(release, servers=servers_for(args.until))
+    except InputError as exc:  # the user's input: exit 2 like a usage error, no traceback
+        message = f"error: {exc}"
+        return 2, lambda: print(message, file=sys.stderr)
     results = run_release(release, until=args.until)
     return 0, lambda: _print_results(args, release.workspace.root, results)
 

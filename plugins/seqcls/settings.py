@@ -82,7 +82,10 @@ AIRFLOW_TASK_CONTEXT = (
     ("dag_id", "AIRFLOW_CTX_DAG_ID"),
     ("run_id", "AIRFLOW_CTX_DAG_RUN_ID"),
     ("try", "AIRFLOW_CTX_TRY_NUMBER"),
+    ("run_url", "SEQCLS_AIRFLOW_RUN_URL"),  # set by seqcls.airflow.tasks: the run's page, tagged on MLflow
 )
+#: The Airflow UI page of the DAG run a task belongs to (the MLflow version it released links back to it).
+ENV_AIRFLOW_RUN_URL = "SEQCLS_AIRFLOW_RUN_URL"
 
 
 def airflow_task_context() -> dict[str, str]:

@@ -11,12 +11,13 @@ state file, an unreadable lease — reported for that model, every other model s
 from __future__ import annotations
 
 import logging
+import textwrap
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from seqcls.errors import SeqclsError, ServingError
-from seqcls.registry.ledger import CANDIDATE, CHAMPION, aliased_version, client, registered_version
+from seqcls.registry.ledger import CANDIDATE, CHAMPION, aliased_version, client, find_version, version_label
 from seqcls.serving import control
 from seqcls.serving.client import endpoints_from_settings
 from seqcls.serving.lease import ReleaseLease
@@ -48,10 +49,16 @@ class ModelStatus:
         return {**asdict(self), "agree": self.agree}
 
     def lines(self) -> list[str]:
-        r = self.recorded
+        r, reg = self.recorded, self.registry
+        mlflow = {int(k): v for k, v in (reg.get("versions") or {}).items()}
+
+        def named(triton: int | None) -> str:
+            return version_label(triton, mlflow.get(triton)) if triton is not None else "none"
+
         out = [
-            f"{self.model_name}: recorded serving {r['serving']} (fingerprint {str(r['fingerprint'])[:16]}), previous "
-            f"{r['previous']}, candidate {r['candidate']}"
+            f"{self.model_name}: serving {named(r['serving'])}"
+            + (f", fingerprint {str(r['fingerprint'])[:16]}" if r["fingerprint"] else "")
+            + f"; previous {named(r['previous'])}; candidate {named(r['candidate'])}"
         ]
         names = names_for(self.model_name) if self.endpoints else None
         for ep, seen in self.endpoints.items():
@@ -59,36 +66,59 @@ class ModelStatus:
                 out.append(f"  {ep}: {seen}")
             elif names is not None:
                 out.append(
-                    f"  {ep}: {names.ensemble} {seen[names.ensemble]}, candidate route {seen[names.candidate]}, "
-                    f"composing {seen[names.tokenizer]}"
+                    f"  {ep}: Triton versions READY — {names.ensemble} {seen[names.ensemble]}, candidate route "
+                    f"{seen[names.candidate]}, composing {seen[names.tokenizer]}"
                 )
-        reg = self.registry
         if "error" in reg:
             out.append(f"  MLflow: {reg['error']}")
         else:
+            champion = reg.get("champion")
+            fp = f", fingerprint {str(reg.get('champion_fingerprint'))[:16]}" if champion is not None else ""
             out.append(
-                f"  MLflow: champion {reg.get('champion')} ({str(reg.get('champion_fingerprint'))[:16]}), "
-                f"candidate {reg.get('candidate')}"
+                f"  MLflow: champion {_aliased(champion, reg.get('champion_triton'))}{fp}; alias candidate "
+                f"{_aliased(reg.get('candidate'), reg.get('candidate_triton'))}"
             )
         out.append(f"  lease: {self.lease['holder'] if self.lease else 'free'}")
         out += [f"  ✗ {p}" for p in self.problems] or ["  ✓ served == recorded == champion"]
         return out
 
 
-def _registry(settings: Settings, model_name: str, fingerprint: str | None, key: str | None) -> dict[str, Any]:
-    """Champion and candidate, and ``expected``: the version that stands for what is served."""
+def _aliased(mlflow: int | None, triton: int | None) -> str:
+    """An alias's version: "Triton v5 (MLflow v1)" when a Triton version holds it, else "MLflow v3"."""
+    if mlflow is None:
+        return "none"
+    return version_label(triton, mlflow) if triton is not None else f"MLflow v{mlflow} (not loaded in Triton)"
+
+
+def _registry(settings: Settings, model_name: str, repo: Repository, state: ServingState) -> dict[str, Any]:
+    """Champion and candidate, ``expected`` (the version that stands for what is served) and ``versions``:
+    the MLflow version of each Triton version the state names, so every number can be said both ways."""
     try:
         c = client(settings)
         champion, candidate = aliased_version(c, model_name, CHAMPION), aliased_version(c, model_name, CANDIDATE)
-        expected = registered_version(settings, model_name, fingerprint, release_key=key) if fingerprint else None
+        versions: dict[int, int | None] = {}
+        for v in dict.fromkeys(x for x in (state.serving, state.previous, state.candidate) if x is not None):
+            mv = find_version(c, model_name, state.fingerprint_of(v), release_key=served_release_key(repo, v))
+            versions[v] = int(mv.version) if mv is not None else None
     except Exception as exc:
-        return {"error": f"unreachable or failing ({str(exc)[:200]})"}
+        return {"error": f"unreachable or failing ({textwrap.shorten(str(exc), 200, placeholder=' …')})"}
+    triton_of = {m: t for t, m in reversed(versions.items()) if m is not None}
+
+    def held_by(mv) -> int | None:
+        if mv is None:
+            return None
+        tagged = mv.tags.get("triton_version")
+        return triton_of.get(int(mv.version)) or (int(tagged) if tagged and tagged.isdigit() else None)
+
     return {
         "champion": int(champion.version) if champion else None,
         "champion_fingerprint": champion.tags.get("fingerprint") if champion else None,
         "champion_release_key": champion.tags.get("release_key") if champion else None,
+        "champion_triton": held_by(champion),
         "candidate": int(candidate.version) if candidate else None,
-        "expected": expected,
+        "candidate_triton": triton_of.get(int(candidate.version)) if candidate else None,
+        "expected": versions.get(state.serving) if state.serving is not None else None,
+        "versions": {str(t): m for t, m in versions.items()},
     }
 
 
@@ -104,8 +134,9 @@ def _state_problems(repo: Repository, state: ServingState) -> list[str]:
     path, model = state_path(repo.root, repo.model_name), repo.model_name
     damaged = state_damaged(repo.root, model)
     if damaged:
+        damaged = textwrap.shorten(damaged, 160, placeholder=" …")
         return [
-            f"{path} is unreadable ({damaged[:160]}); its newest readable copy ({state.describe()}) stands in: "
+            f"{path} is unreadable ({damaged}); its newest readable copy ({state.describe()}) stands in: "
             f"`seqcls sync --model-name {model}` records it again"
         ]
     if not path.exists() and state.serving is not None:
@@ -145,7 +176,7 @@ def model_status(settings: Settings, model_name: str) -> ModelStatus:
         model_name,
         recorded,
         endpoints,
-        _registry(settings, model_name, fp, served_release_key(repo, state.serving)),
+        _registry(settings, model_name, repo, state),
         {"holder": holder.describe(), "dead": dead} if holder else None,
     )
     status.problems += _state_problems(repo, state) + version_problems(repo, state)
@@ -159,19 +190,20 @@ def model_status(settings: Settings, model_name: str) -> ModelStatus:
         status.problems.append(f"MLflow {reg['error']}: cannot tell whether champion agrees")
     elif state.serving is not None and reg.get("expected") is None:
         status.problems.append(
-            f"no MLflow version of {model_name!r} holds the served Triton version {state.serving} (fingerprint "
+            f"no MLflow version of {model_name!r} holds the served Triton v{state.serving} (fingerprint "
             f"{str(fp)[:16]}, serving configuration {served_release_key(repo, state.serving)}): release it again"
         )
     elif state.serving is not None and reg.get("champion") != reg.get("expected"):
         champion_fp = str(reg.get("champion_fingerprint"))[:16]
         status.problems.append(
-            f"MLflow champion is version {reg.get('champion')} (fingerprint {champion_fp}), but Triton version "
-            f"{state.serving} (MLflow version {reg.get('expected')}, fingerprint {str(fp)[:16]}) is served: run "
-            "`seqcls sync`"
+            f"MLflow champion is {_aliased(reg.get('champion'), reg.get('champion_triton'))} (fingerprint "
+            f"{champion_fp}), but {version_label(state.serving, reg.get('expected'))} (fingerprint "
+            f"{str(fp)[:16]}) is served: run `seqcls sync`"
         )
     if state.candidate is not None and not lease_problem and (holder is None or dead):
         status.problems.append(
-            f"candidate {state.candidate} has no live release ({dead or 'no lease holder'}): `seqcls sync` abandons it"
+            f"candidate Triton v{state.candidate} has no live release ({dead or 'no lease holder'}): "
+            "`seqcls sync` abandons it"
         )
     return status
 

@@ -155,11 +155,16 @@ class Workspace:
         return rec
 
     def outputs_intact(self, rec: dict[str, Any]) -> bool:
+        return not self.damaged_outputs(rec)
+
+    def damaged_outputs(self, rec: dict[str, Any]) -> list[str]:
+        """The recorded outputs of ``rec`` that are missing or no longer hash as recorded."""
+        damaged = []
         for rel, digest in rec.get("outputs", {}).items():
             p = self.root / rel
             if not p.is_file() or sha256_file(p) != digest:
-                return False
-        return True
+                damaged.append(rel)
+        return damaged
 
     def record(self, name: str, rec: dict[str, Any]) -> None:
         manifest = self.read()
@@ -215,8 +220,8 @@ class Workspace:
             done = rec and rec.get("status") == "ok" and rec.get("inputs_key") == key
             if done and not always_run and self.outputs_intact(rec):
                 return self._skipped(name, rec)
-            if rec and rec.get("status") == "ok":
-                log.info("%s: inputs changed or outputs damaged since last run — redoing", name)
+            if rec and rec.get("status") == "ok" and not always_run:  # always_run steps re-check by design
+                log.info("%s: %s since its last run — redoing", name, _why_redo(rec, inputs, key, self))
             staging = self._fresh_staging(name)
             started, t0 = _now(), time.perf_counter()
             try:
@@ -331,6 +336,19 @@ class Release:
     config: ReleaseConfig
     checkpoint: Checkpoint
     workspace: Workspace
+
+
+def _why_redo(rec: dict[str, Any], inputs: dict[str, Any], key: str, ws: Workspace) -> str:
+    """Which inputs changed (by name), else which outputs are missing or changed."""
+    if rec.get("inputs_key") != key:
+        before = rec.get("inputs") or {}
+        changed = sorted(
+            k for k in {*before, *inputs} if inputs_key({k: before.get(k)}) != inputs_key({k: inputs.get(k)})
+        )
+        return f"inputs changed ({', '.join(changed) or 'their encoding'})"
+    damaged = ws.damaged_outputs(rec)
+    shown = ", ".join(damaged[:3]) + (f" and {len(damaged) - 3} more" if len(damaged) > 3 else "")
+    return f"outputs missing or changed ({shown})"
 
 
 def workspace_dir(settings: Settings, model_name: str, fingerprint: str) -> Path:

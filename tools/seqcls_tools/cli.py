@@ -39,6 +39,8 @@ def _cmd_demo(args: argparse.Namespace) -> tuple[int, Callable[[], None]]:
 
 
 def _cmd_airflow_ui(args: argparse.Namespace) -> tuple[int, Callable[[], None]]:
+    """Airflow's components and the local Triton until Ctrl-C (or SIGTERM), which ends only what this
+    started: a Triton that was already running (``seqcls triton start``, a kept demo) keeps running."""
     import signal
     import time
 
@@ -50,25 +52,38 @@ def _cmd_airflow_ui(args: argparse.Namespace) -> tuple[int, Callable[[], None]]:
     root = demo_dir()
     settings = Settings.from_env(home=Path(os.environ.get("SEQCLS_HOME") or root / "home"))
     triton = LocalTriton(TritonServerConfig.from_settings(settings))
-    triton.start()
-    stack = AirflowStack(root, settings, port=args.port, password=args.password)
+    was_running = triton.status().running
+    previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
-        stack.start()
-        print(
-            f"Airflow UI: {stack.url}  (user {USER}, password {args.password}); DAG seqcls_release — trigger it "
-            "with a checkpoint directory. Triton gRPC " + settings.triton_grpc[0] + ". Ctrl-C stops everything.",
-            file=sys.stderr,
-            flush=True,
-        )
-        signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
-        while True:
-            time.sleep(1)
+        with triton:  # stops the server on exit only if this call started it
+            stack = AirflowStack(root, settings, port=args.port, password=args.password)
+            try:
+                stack.start()
+                print(
+                    f"Airflow UI: {stack.url}  (user {USER}, password {stack.password}); DAG seqcls_release — "
+                    f"trigger it with a checkpoint directory. Triton gRPC {settings.triton_grpc[0]}"
+                    + (" (already running: left running at exit)" if was_running else "")
+                    + ". Ctrl-C stops what this started.",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                while True:
+                    time.sleep(1)
+            finally:
+                stack.stop()
     except KeyboardInterrupt:
         pass
     finally:
-        stack.stop()
-        triton.stop()
-    return 0, lambda: print("stopped: Airflow components and the local Triton")
+        signal.signal(signal.SIGTERM, previous)
+    left = triton.status().running
+    return 0, lambda: print(
+        "stopped: the Airflow components"
+        + ("; the local Triton was already running: left running" if left else " and the local Triton")
+    )
+
+
+def _interrupt(*_: object) -> None:
+    raise KeyboardInterrupt
 
 
 def _cmd_bench(args: argparse.Namespace) -> tuple[int, Callable[[], None]]:
@@ -87,7 +102,9 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_cmd_demo)
     p = sub.add_parser("airflow-ui", help="run the Airflow UI + scheduler + local Triton on 127.0.0.1 until Ctrl-C")
     p.add_argument("--port", type=int, default=8080)
-    p.add_argument("--password", default="seqcls-demo", help="password of user admin")
+    p.add_argument(
+        "--password", default=None, help="password of user admin (default: generated once per Airflow home, printed)"
+    )
     p.set_defaults(func=_cmd_airflow_ui)
     p = sub.add_parser("bench", help="benchmark every serving profile on a real local Triton (see README)")
     p.add_argument("--home", type=Path, default=None)

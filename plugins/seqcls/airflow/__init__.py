@@ -7,7 +7,7 @@
 - :mod:`~seqcls.airflow.roots` — where a run may take its checkpoint from
 - :mod:`~seqcls.airflow.models_file`, :mod:`~seqcls.airflow.params`, :mod:`~seqcls.airflow.assets` —
   what the DAG file builds (one DAG per model, its trigger form, its Assets)
-- :mod:`~seqcls.airflow.hooks`, :mod:`~seqcls.airflow.checks`, :mod:`~seqcls.airflow.provider` — the
+- :mod:`~seqcls.airflow.hooks`, :mod:`~seqcls.airflow.provider` — the
   Connections (hooks, the *Test* button, the provider metadata)
 - :mod:`~seqcls.airflow.plugin`, :mod:`~seqcls.airflow.parity_view` — the extra links and the evidence page
 

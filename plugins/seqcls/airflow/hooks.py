@@ -5,7 +5,10 @@ replicas (:class:`~seqcls.serving.client.Endpoint`) plus the live repository pat
 URI — and gives the real client: ``TritonHook.get_conn()`` one :class:`~seqcls.serving.client.TritonOps`
 per replica (tritonclient's gRPC client behind seqcls's policy: the control key on model-control
 calls only, timeouts, the one retry policy), ``MlflowHook.get_conn()`` an ``MlflowClient``. No
-release logic lives here; ``test_connection()`` (the UI's *Test* button) is :mod:`seqcls.airflow.checks`.
+release logic lives here; ``test_connection()`` (the UI's *Test* button) runs the checks a release runs
+at resolve (:mod:`seqcls.gates.preflight`),
+except for a sqlite MLflow store: opened read-only (:func:`check_sqlite_store`), since an MLflow client
+would create, migrate and lock a store just to answer *Test*.
 
 Connection types (``seqcls.airflow.provider``: the forms; ``docker-compose.airflow.yml`` defines both)::
 
@@ -36,6 +39,9 @@ defaults. A Connection that does not exist is not an error: the hook logs that i
 
 from __future__ import annotations
 
+import contextlib
+import os
+import sqlite3
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -44,9 +50,9 @@ from airflow.sdk import BaseHook
 from airflow.sdk.exceptions import AirflowNotFoundException
 from airflow.sdk.log import mask_secret
 
-from seqcls.airflow.checks import check_mlflow, check_triton
 from seqcls.airflow.provider import MLFLOW_CONN_TYPE, MLFLOW_NAME, TRITON_CONN_TYPE, TRITON_NAME
 from seqcls.errors import InputError
+from seqcls.gates.preflight import check_mlflow, check_triton
 from seqcls.registry.ledger import client as mlflow_client
 from seqcls.serving.client import Endpoint, TritonOps, endpoints_from_settings
 from seqcls.settings import Settings, check_tracking_uri, mlflow_credentials
@@ -99,6 +105,42 @@ class _SeqclsHook(BaseHook):
 
     def _check(self) -> tuple[bool, str]:
         raise NotImplementedError
+
+
+SQLITE = "sqlite:///"
+#: Tables every MLflow sqlite store has (the registry's, and the schema version MLflow migrates by).
+MLFLOW_TABLES = frozenset({"registered_models", "alembic_version"})
+
+
+def check_sqlite_store(uri: str) -> tuple[bool, str]:
+    """*Test* of a ``sqlite:///`` tracking URI: the store opened read-only, as this process sees the path.
+
+    An MLflow store answers with its registered-model count; a missing one is OK when a release could
+    create it (its nearest existing directory is writable) and is reported as not there yet; a directory,
+    a file that is no sqlite database or a database without MLflow's tables fail. Nothing is written."""
+    path = Path(uri[len(SQLITE) :]).expanduser()
+    if path.is_dir():
+        return False, f"MLflow: {path} is a directory, not a sqlite file; use sqlite:///{path / 'mlflow.db'}"
+    if not path.exists():
+        parent = next((p for p in path.parents if p.exists()), None)
+        if parent is None or not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+            return False, f"MLflow: no store at {path}, and {parent} is not a writable directory here to create it in"
+        return True, (
+            f"MLflow OK — no MLflow store at {path} yet (as this process sees it): the first release creates it "
+            f"({parent} is writable); check the path if you expected a store there"
+        )
+    try:
+        with contextlib.closing(sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, timeout=5)) as db:
+            tables = {row[0] for row in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+            if missing := MLFLOW_TABLES - tables:
+                return False, f"MLflow: {path} is not an MLflow store (no {', '.join(sorted(missing))} table)"
+            models = db.execute("SELECT count(*) FROM registered_models").fetchone()[0]
+    except sqlite3.OperationalError as exc:
+        return False, f"MLflow: {path} could not be read here ({exc}); check its permissions"
+    except sqlite3.DatabaseError as exc:
+        return False, f"MLflow: {path} is not a sqlite database ({exc}); check the tracking URI"
+    what = f"{models} registered model(s)" if models else "no registered model yet"
+    return True, f"MLflow OK — the model registry at {uri} answered (sqlite store opened read-only: {what})"
 
 
 def mask_connection(conn) -> None:
@@ -241,7 +283,10 @@ class MlflowHook(_SeqclsHook):
         return self.client
 
     def _check(self) -> tuple[bool, str]:
-        return check_mlflow(Settings.from_env(mlflow_tracking_uri=self.tracking_uri), self.credentials_env())
+        settings = Settings.from_env(mlflow_tracking_uri=self.tracking_uri)
+        if str(settings.mlflow_tracking_uri).startswith(SQLITE):
+            return check_sqlite_store(str(settings.mlflow_tracking_uri))
+        return check_mlflow(settings, self.credentials_env())
 
     @cached_property
     def client(self):
@@ -249,4 +294,4 @@ class MlflowHook(_SeqclsHook):
         return mlflow_client(Settings.from_env(mlflow_tracking_uri=self.tracking_uri))
 
 
-__all__ = ["MlflowHook", "TritonHook", "mask_connection"]
+__all__ = ["MlflowHook", "TritonHook", "check_sqlite_store", "mask_connection"]

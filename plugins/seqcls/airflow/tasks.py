@@ -42,6 +42,7 @@ from seqcls.airflow.models_file import dag_id_for
 from seqcls.airflow.report import report
 from seqcls.airflow.roots import LATEST, locate_checkpoint
 from seqcls.errors import InputError, ServingError, StepOrderError
+from seqcls.gates.preflight import PreflightError, preflight
 from seqcls.records import EVALUATION
 from seqcls.registry import journal
 from seqcls.registry.ledger import champion_fingerprint, champion_release_key
@@ -49,9 +50,8 @@ from seqcls.serving.control import LeaseContext, give_lease, lease_context, rele
 from seqcls.serving.lease import DEFAULT_TTL, ReleaseLease
 from seqcls.serving.names import names_for
 from seqcls.serving.release import release_key
-from seqcls.settings import Settings, scoped_environ
+from seqcls.settings import ENV_AIRFLOW_RUN_URL, Settings, scoped_environ
 from seqcls.steps import LEASE_FROM, sigterm_aborts, step
-from seqcls.steps.evaluate import preflight_eval_set
 from seqcls.sync import sync
 from seqcls.workspace import Release, open_release
 
@@ -74,6 +74,25 @@ def connected(params: Mapping[str, Any] | str | None, *, checkpoints_root: str |
     settings = settings_from_params(values, checkpoints_root=checkpoints_root, **overrides)
     with scoped_environ(mlflow.credentials_env()):
         yield settings
+
+
+def run_url(ti: Any) -> str | None:
+    """The Airflow UI page of this task's DAG run (from the task's own log URL: Airflow's ``[api] base_url``)."""
+    try:
+        return str(ti.log_url).split("/tasks/", 1)[0] or None
+    except Exception:  # a bare task instance in a unit test: no link
+        return None
+
+
+def connection_sources(params: Mapping[str, Any] | str | None) -> dict[str, str]:
+    """Where a run's servers come from, as a failed preflight names them: the run's Connections."""
+    values = as_params(params)
+    triton = values.get("triton_conn_id") or TritonHook.default_conn_name
+    mlflow = values.get("mlflow_conn_id") or MlflowHook.default_conn_name
+    return {
+        "triton": f"the Airflow Connection {triton!r} (extra grpc_endpoints; password: the model-control key)",
+        "mlflow": f"the Airflow Connection {mlflow!r} (extra tracking_uri, or host/port)",
+    }
 
 
 def task_settings(params: Mapping[str, Any] | str | None, *, checkpoints_root: str | None = None) -> Settings:
@@ -101,11 +120,16 @@ def resolve_release(model_name: str, checkpoints_root: str, params, dag_run, ti)
                 )
             path = locate_checkpoint(LATEST if automatic else params.get("checkpoint"), settings)
             release = open_release(path, config, settings)
-            eval_set = preflight_eval_set(release)  # a bad eval set fails here, not after export
+            # params against the checkpoint, the eval set, Triton and MLflow: seconds, before any export
+            eval_set = preflight(release, sources=connection_sources(params)).eval_set
             skip = automatic or params.get("skip_if_champion", True)
             reason = champion_skip_reason(release, model_name=config.model_name) if skip else None
-    except InputError as exc:
+    except InputError as exc:  # said first, on one line: the traceback Airflow adds comes after it
+        log.error("bad release input: %s", exc)
         raise AirflowFailException(f"bad release input: {exc}") from exc
+    except PreflightError as exc:  # a server down may be up at the retry: not a fail-fast
+        log.error("%s", exc)
+        raise
     if reason:
         raise AirflowSkipException(reason)
     ckpt = release.checkpoint
@@ -167,7 +191,8 @@ def run_task_step(
         model, owner = release.config.model_name, release_owner(release)
         attempt = journal.Attempt.new(model, owner, kind="run", run=run, workspace=str(release.workspace.root))
         scope = lease_context(LeaseContext(kind="run", run=run))
-        with scope, journal.attempt_scope(attempt), sigterm_aborts(release) as sigterm:
+        link = scoped_environ({ENV_AIRFLOW_RUN_URL: run_url(ti)})  # MLflow tags and the serving log link back
+        with scope, link, journal.attempt_scope(attempt), sigterm_aborts(release) as sigterm:
             if name == LEASE_FROM:
                 take_lease(Path(str(settings.triton_repository)), model, owner, name)
             result = step(name)(release, **kwargs)

@@ -37,6 +37,8 @@ class Framework(Protocol):
     artifact_dir: str
     #: The files whose bytes define the model (hashed into the fingerprint when present).
     model_files: tuple[str, ...]
+    #: The distributions that export and check its releases (their versions become MLflow tags).
+    packages: tuple[str, ...]
 
     def check_checkpoint(self, root: Path, config: dict, *, allow_unsafe_pickle: bool = False) -> Intake:
         """The framework's intake checks (weights it may read, its tokenizer), cheap: no framework import."""

@@ -219,6 +219,7 @@ class Paddle:
     name = "paddle"
     reference_runtime = "Paddle"
     artifact_dir = "paddle_static"
+    packages = ("paddlepaddle", "paddlenlp", "paddle2onnx")
     model_files = MODEL_FILES
 
     def check_checkpoint(self, root: Path, config: dict, *, allow_unsafe_pickle: bool = False) -> Intake:

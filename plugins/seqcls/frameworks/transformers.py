@@ -379,6 +379,7 @@ class Transformers:
     name = "transformers"
     reference_runtime = "PyTorch"
     artifact_dir = "torch_export"
+    packages = ("torch", "transformers")
     model_files = HF_MODEL_FILES
 
     def check_checkpoint(self, root: Path, config: dict, *, allow_unsafe_pickle: bool = False) -> Intake:

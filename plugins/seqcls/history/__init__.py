@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
+import textwrap
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -342,7 +343,7 @@ def lines(result: History, limit: int | None = None) -> list[str]:
                 e.change(registry=result.registry),
                 (e.fingerprint or "-")[:12],
                 who_label(e.who, e.by),
-                reason[:160],
+                textwrap.shorten(reason, 160, placeholder=" …"),
             )
         )
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]

@@ -43,6 +43,27 @@ HISTORY_KEEP = 20
 RELEASE_KEY_TAG = "release_key"
 SERVING_CONFIG_TAG = "serving_config"
 FINGERPRINT_TAG = "fingerprint"
+CHAMPION_SINCE_TAG = "champion_since"
+
+
+def version_label(triton: int | None, mlflow: int | None) -> str:
+    """The project's one way to name a release: "Triton v5 (MLflow v1)" — each side alone when the other is unknown."""
+    if triton is None:
+        return f"MLflow v{mlflow}" if mlflow is not None else "none"
+    return f"Triton v{triton} (MLflow v{mlflow})" if mlflow is not None else f"Triton v{triton}"
+
+
+def _untag(c, name: str, version: int, tag: str) -> None:
+    """Remove a version's tag (a version or tag already gone is fine)."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        c.delete_model_version_tag(name, str(version), tag)
+    except MlflowException as exc:
+        if not is_not_found(exc):
+            raise mlflow_failed(f"removing tag {tag!r} of version {version} of {name!r}", exc) from exc
+
+
 def tracking_uri(settings: Settings) -> str:
     """The settings' URI, checked: never a file store, never with credentials (they go in MLflow's variables)."""
     uri = check_tracking_uri(str(settings.mlflow_tracking_uri), f"set {' / '.join(MLFLOW_CREDENTIAL_VARS)} instead")
@@ -310,7 +331,9 @@ def set_champion(settings: Settings, model_name: str, version: int, triton_versi
         c.set_registered_model_alias(model_name, PREVIOUS, current.version)
     c.set_registered_model_alias(model_name, CHAMPION, str(version))
     now = datetime.now(UTC).isoformat(timespec="seconds")
-    c.set_model_version_tag(model_name, str(version), "champion_since", now)
+    c.set_model_version_tag(model_name, str(version), CHAMPION_SINCE_TAG, now)
+    if current is not None:  # only the champion says since when it is one; the history keeps the rest
+        _untag(c, model_name, int(current.version), CHAMPION_SINCE_TAG)
     replaced = int(current.version) if current else None
     _append_history(
         c, model_name, {"champion": version, "replaced": replaced, "at": now, "triton_version": triton_version}

@@ -9,6 +9,7 @@ registry, and neither depends on the other for it.
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import json
 from typing import Any
@@ -68,7 +69,7 @@ def serving_config(release: Release) -> dict[str, Any]:
     try:
         vector = shipped.decide(release.settings).threshold_vector(list(ckpt.labels), cfg.threshold, cfg.thresholds)
     except ValueError as exc:
-        raise InputError(f"thresholds: {exc}") from exc
+        raise InputError(_unknown_labels(ckpt.labels, cfg.thresholds, ckpt.label_file) or f"thresholds: {exc}") from exc
     return {
         "fingerprint": ckpt.fingerprint,
         "profile": cfg.profile,
@@ -77,6 +78,22 @@ def serving_config(release: Release) -> dict[str, Any]:
         "hierarchy": cfg.hierarchy,
         "thresholds": {label: float32(t) for label, t in zip(ckpt.labels, vector, strict=True)},
     }
+
+
+def _unknown_labels(labels: tuple[str, ...], per_label: dict[str, float], label_file: object) -> str | None:
+    """``thresholds`` naming labels the checkpoint does not have: each, with the closest label if any."""
+    unknown = [name for name in per_label if name not in labels]
+    if not unknown:
+        return None
+    said = []
+    for name in unknown:
+        close = difflib.get_close_matches(name, labels, n=1, cutoff=0.6)
+        said.append(f"{name!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
+    shown = ", ".join(labels[:8]) + (f", … ({len(labels)} in all)" if len(labels) > 8 else "")
+    return (
+        f"thresholds: {', '.join(said)} {'is not a label' if len(unknown) == 1 else 'are not labels'} of this "
+        f"checkpoint ({label_file}: {shown}); fix the label or drop it from thresholds"
+    )
 
 
 def float32(value: float) -> float:

@@ -50,7 +50,8 @@ def actor() -> dict[str, Any]:
     except Exception:  # no passwd entry (a container's arbitrary uid)
         user = str(os.getuid())
     who: dict[str, Any] = {"user": user, "host": socket.gethostname(), "pid": os.getpid()}
-    return {**who, **airflow_task_context()}
+    who.update(airflow_task_context())
+    return who
 
 
 def append_line(path: Path, record: dict[str, Any]) -> bool:

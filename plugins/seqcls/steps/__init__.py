@@ -27,6 +27,7 @@ from typing import Any
 
 from seqcls import faults
 from seqcls.errors import SeqclsError
+from seqcls.frameworks.output import library_output
 from seqcls.registry import journal
 from seqcls.registry.ledger import undo
 from seqcls.serving.control import current_context, release_owner
@@ -59,7 +60,8 @@ class Step:
         return getattr(importlib.import_module(self.module_name), self.function)
 
     def __call__(self, release: Release, **kwargs: Any) -> StepResult:
-        return self.load()(release, **kwargs)
+        with library_output(self.name):  # the libraries' banners and warnings at debug: the log tells the step
+            return self.load()(release, **kwargs)
 
 
 STEPS: tuple[Step, ...] = (

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from seqcls.errors import StepOrderError
 from seqcls.records import OUT_DIRS, Published, Registered
-from seqcls.registry.ledger import CHAMPION, PREVIOUS, model_version_url, set_champion
+from seqcls.registry.ledger import CHAMPION, PREVIOUS, model_version_url, set_champion, version_label
 from seqcls.serving import control
 from seqcls.serving.release import release_key
 from seqcls.serving.state import append_event, current_state
@@ -48,8 +48,8 @@ def promote(release: Release) -> StepResult:
         state = current_state(repository, cfg.model_name)
         if state.serving != triton_version:
             raise StepOrderError(
-                f"{cfg.model_name}: the recorded state serves version {state.serving}, not this release's "
-                f"version {triton_version}; the champion follows what is served — run `seqcls expose` first."
+                f"{cfg.model_name}: the recorded state serves Triton v{state.serving}, not this release's "
+                f"Triton v{triton_version}; the champion follows what is served — run `seqcls expose` first."
             )
         moved = set_champion(release.settings, cfg.model_name, version, triton_version)
         if not moved["already"]:  # the serving log (`seqcls history`) shows the champion moves too
@@ -74,12 +74,13 @@ def promote(release: Release) -> StepResult:
             "url": model_version_url(release.settings, cfg.model_name, version),
         }
         (out / "promote.json").write_text(json.dumps(summary, indent=1), encoding="utf-8")
+        this = version_label(triton_version, version)
         if moved["already"]:
-            return summary, f"{cfg.model_name} version {version} is already {CHAMPION}"
+            return summary, f"{cfg.model_name} {this} is already {CHAMPION}"
         return summary, (
-            f"{CHAMPION} → {cfg.model_name} version {version} (Triton version {triton_version}); "
+            f"{CHAMPION} → {cfg.model_name} {this}; "
             + (
-                f"{PREVIOUS} → version {summary['previous']}"
+                f"{PREVIOUS} → MLflow v{summary['previous']}"
                 if summary["previous"] is not None
                 else f"no {PREVIOUS} (first champion)"
             )

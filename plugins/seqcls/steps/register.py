@@ -20,6 +20,7 @@ import json
 import logging
 import tempfile
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +52,7 @@ from seqcls.serving import shipped
 from seqcls.serving.control import release_owner
 from seqcls.serving.release import float32, key_of, release_values, serving_config
 from seqcls.serving.repository import ServingOptions
+from seqcls.serving.statelog import actor
 from seqcls.settings import Settings
 from seqcls.steps import require
 from seqcls.workspace import Release, StepResult, package_versions
@@ -71,6 +73,7 @@ def lineage_tags(
 ) -> dict[str, str]:
     """Model-version tags that answer "where did this come from, what does it serve" without opening the run."""
     cfg, ckpt = release.config, release.checkpoint
+    used = for_checkpoint(ckpt).packages  # this framework's toolchain: a Paddle release names no torch
     tags = {
         RELEASE_KEY_TAG: key_of(config),
         SERVING_CONFIG_TAG: json.dumps(config, sort_keys=True, ensure_ascii=False),
@@ -81,11 +84,28 @@ def lineage_tags(
         "profile": cfg.profile,
         "seqcls_version": str(versions.get("seqcls")),
         "num_labels": str(ckpt.num_labels),
-        "checkpoint": str(ckpt.origin),
         "parity.logits_max_abs_diff": str(report.numeric.get("logits_max_abs_diff")),
         "parity.decision_agreement": str(report.decisions.get("agreement")),
+        **release_tags(release),
     }
-    tags.update({f"version.{k}": str(v) for k, v in versions.items() if k != "seqcls"})
+    tags.update({f"version.{k}": str(v) for k, v in versions.items() if k != "seqcls" and (k in used or k in COMMON)})
+    return tags
+
+
+#: Packages every release runs whatever its framework (the serving graph, the tokenizer).
+COMMON = ("onnx", "onnxruntime", "tokenizers", "mlflow")
+
+
+def release_tags(release: Release) -> dict[str, str]:
+    """Who released this version, when, from which path — set on every release of it (a re-release that
+    reuses the version says it was released again), with the Airflow dag/run/try and the run's page."""
+    who = actor()
+    tags = {
+        "checkpoint": str(release.checkpoint.origin),
+        "released_at": datetime.now(UTC).isoformat(timespec="seconds"),
+        "released_by": f"{who['user']}@{who['host']}",
+    }
+    tags.update({f"airflow.{k}": str(who[k]) for k in ("dag_id", "run_id", "try", "run_url") if who.get(k)})
     return tags
 
 
@@ -222,12 +242,7 @@ def _new_version(c, release: Release, config: dict[str, Any], run_id: str) -> Re
     )
     journal.record(settings, cfg.model_name, "created", model=cfg.model_name, run_id=run_id, version=int(mv.version))
     faults.point("register:version-created")
-    prev_candidate = aliased_version(c, cfg.model_name, CANDIDATE)
-    previous = int(prev_candidate.version) if prev_candidate else None
-    journal.record(
-        settings, cfg.model_name, "alias", alias=CANDIDATE, target=int(mv.version), previous=previous, run_id=run_id
-    )
-    c.set_registered_model_alias(cfg.model_name, CANDIDATE, mv.version)
+    previous = point_candidate(c, settings, cfg.model_name, int(mv.version), run_id)
     return Registered(
         model_name=cfg.model_name,
         version=int(mv.version),
@@ -240,6 +255,18 @@ def _new_version(c, release: Release, config: dict[str, Any], run_id: str) -> Re
         seconds=round(time.perf_counter() - t0, 3),
         release_key=key,
     )
+
+
+def point_candidate(c, settings: Settings, name: str, version: int, run_id: str | None) -> int | None:
+    """Alias ``candidate`` → ``version`` (journalled first, so an undone attempt restores it); returns the
+    version it pointed to before (None: unset). The candidate follows the attempt, also one reusing a version."""
+    before = aliased_version(c, name, CANDIDATE)
+    previous = int(before.version) if before else None
+    if previous == version:
+        return previous
+    journal.record(settings, name, "alias", alias=CANDIDATE, target=version, previous=previous, run_id=run_id)
+    c.set_registered_model_alias(name, CANDIDATE, str(version))
+    return previous
 
 
 def check_validated(release: Release, records: dict[str, dict[str, Any]], config: dict[str, Any]) -> None:
@@ -288,16 +315,21 @@ def register(release: Release) -> StepResult:
             log.warning("register: dead attempts of %s: %s", cfg.model_name, dead)
         existing = find_version(client(release.settings), cfg.model_name, ckpt.fingerprint, release_key=key)
         if existing is not None and existing.tags.get(RELEASE_KEY_TAG) == key:  # not a legacy (untagged) one
-            reg = Registered(cfg.model_name, int(existing.version), existing.run_id, release_key=key)
-            runs.mark_reused(client(release.settings), records["validate"], key, reg.version)
+            c = client(release.settings)
+            version = int(existing.version)
+            for tag, value in release_tags(release).items():
+                c.set_model_version_tag(cfg.model_name, str(version), tag, value)
+            previous = point_candidate(c, release.settings, cfg.model_name, version, existing.run_id)
+            reg = Registered(cfg.model_name, version, existing.run_id, release_key=key, previous_candidate=previous)
+            runs.mark_reused(c, records["validate"], key, reg.version)
             msg = (
-                f"{cfg.model_name} version {reg.version} already holds fingerprint {ckpt.short_fingerprint} with "
-                f"serving configuration {key} — reused"
+                f"MLflow v{reg.version} already holds fingerprint {ckpt.short_fingerprint} with serving "
+                f"configuration {key} — reused, alias {CANDIDATE}"
             )
         else:
             reg = register_new(release, config, records["validate"])
             msg = (
-                f"registered {cfg.model_name} version {reg.version} (serving configuration {key}, run "
+                f"registered {cfg.model_name} as MLflow v{reg.version} (serving configuration {key}, run "
                 f"{str(reg.run_id)[:8]}, alias {CANDIDATE})"
             )
         (out / "registry.json").write_text(json.dumps(reg.to_dict(), indent=1), encoding="utf-8")

@@ -338,7 +338,7 @@ def report(result: DemoResult) -> str:
             f"{result.trained['macro_f1']:.3f}."
         )
     lines += [
-        f"Triton serves seqcls version {result.served_version}; MLflow champion: version {result.champion_version}.",
+        f"seqcls serves Triton v{result.served_version}; MLflow champion: MLflow v{result.champion_version}.",
         f"Smoke test: {result.smoke.get('texts')} golden texts answered as validated "
         f"(p50 {result.smoke.get('p50_ms')} ms, p95 {result.smoke.get('p95_ms')} ms).",
         "",
@@ -358,8 +358,7 @@ def report(result: DemoResult) -> str:
             f"  candidate micro/macro-F1 {rt.candidate['micro_f1']:.3f}/{rt.candidate['macro_f1']:.3f} vs champion "
             f"{rt.champion.get('micro_f1', 0):.3f}/{rt.champion.get('macro_f1', 0):.3f} on {EVAL_SET}",
             f"  {rt.reason[:400]}",
-            f"  Triton still serves seqcls version {rt.served_version}; MLflow champion still version "
-            f"{rt.champion_version}.",
+            f"  seqcls still serves Triton v{rt.served_version}; MLflow champion still MLflow v{rt.champion_version}.",
         ]
     timing = ", ".join(f"{k} {v:.0f}s" for k, v in result.seconds.items())
     lines += [

@@ -1,39 +1,211 @@
-"""A local Airflow 3 UI stack (api-server, scheduler, dag-processor, triggerer) on loopback.
+"""A local Airflow 3 UI stack (api-server, scheduler, dag-processor, triggerer, log server) on loopback.
 
-For ``make airflow-ui`` and the browser test: each component is its own process (stopping
+For ``make airflow-ui`` and the browser tests: each component is its own process (stopping
 ``airflow standalone`` with SIGTERM orphans its children; SIGINT to each component stops it
-cleanly), bound to 127.0.0.1, logs under ``<demo dir>/logs``, sqlite database, a known login
-(SimpleAuthManager user ``admin`` with the password written to its passwords file). The local
-Triton and the MLflow sqlite store come from the same settings as ``seqcls demo``.
+cleanly), logs under ``<demo dir>/logs``, sqlite database, a SimpleAuthManager user ``admin``. The
+local Triton and the MLflow sqlite store come from the same settings as ``seqcls demo``.
+
+What keeps it to this machine and this user:
+
+- **Loopback only.** The api-server binds 127.0.0.1. Airflow 3.3's scheduler and triggerer would
+  each fork a task-log server bound to every interface (``serve_logs`` passes ``host=""``; there is
+  no option for it), so they run with ``--skip-serve-logs`` and the stack runs Airflow's own
+  log-server app itself (:func:`serve_logs`) on 127.0.0.1, on free ports unless given. The hostname
+  the components record — the api-server fetches a running task's log from it — is the loopback
+  address (:func:`loopback_hostname`), whatever the machine's name resolves to.
+- **Per-home secrets.** The JWT secret, the API secret key (log-server requests), the Fernet key
+  (Connections in the metadata database) and the UI password of ``seqcls airflow-ui`` are generated
+  once into ``<AIRFLOW_HOME>/seqcls-stack-secrets.json`` (0600; refused, like ssh does, when others
+  may read it) and reused by later starts, so sessions and encrypted Connections survive restarts.
+  The Airflow home itself is made 0700 (database, logs, login file).
+- **Real Connections.** ``triton_default`` and ``mlflow_default`` are written into the metadata
+  database on every start (``airflow connections import --overwrite``), from the settings, so the
+  Connections page lists them and *Test* tests them; no ``AIRFLOW_CONN_*`` variable shadows them.
 """
 
 from __future__ import annotations
 
+import base64
+import configparser
 import contextlib
 import json
 import logging
 import os
+import secrets
 import signal
+import socket
+import stat
 import subprocess
 import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
-from seqcls.errors import SeqclsError
+from seqcls.errors import InputError, SeqclsError
 from seqcls.settings import Settings
 from seqcls_tools.demo.run import airflow_cli, airflow_env
 
 log = logging.getLogger(__name__)
 
 COMPONENTS = ("api-server", "scheduler", "dag-processor", "triggerer")
+#: The stack's task-log server (Airflow's log-server app on loopback), a process beside the components.
+LOG_SERVER = "serve-logs"
+#: Components that would otherwise fork their own log server on every interface.
+SKIP_SERVE_LOGS = ("scheduler", "triggerer")
+LOOPBACK = "127.0.0.1"
 USER = "admin"
+#: The login of a stack built without a password (the tests'); ``seqcls airflow-ui`` uses the home's generated one.
 DEFAULT_PASSWORD = "seqcls-demo"
+#: The stack's generated secrets, in its Airflow home beside the database the Fernet key encrypts.
+SECRETS_FILE = "seqcls-stack-secrets.json"
+#: The Connections the stack writes (and rewrites on every start) into its metadata database.
+CONNECTIONS = ("triton_default", "mlflow_default")
+LOG_APP = "airflow.utils.serve_logs.log_server:get_app"
+MODULE = "seqcls_tools.demo.stack"  # not __name__: the log-server process runs this module as __main__
+
+
+def loopback_hostname() -> str:
+    """``[core] hostname_callable`` of the stack: task logs are fetched from where the log server listens."""
+    return LOOPBACK
+
+
+@dataclass(frozen=True, repr=False)
+class StackSecrets:
+    """What the stack's components must share and nobody else may know (see :func:`stack_secrets`)."""
+
+    jwt_secret: str  # [api_auth] jwt_secret: UI/API sessions and the tasks' execution-API tokens
+    api_secret_key: str  # [api] secret_key: the api-server's requests to the log server
+    fernet_key: str  # [core] fernet_key: Connection passwords and extras in the metadata database
+    admin_password: str  # the UI login of `seqcls airflow-ui` (unless --password)
+
+    def __repr__(self) -> str:  # never the values (assertion messages, logs)
+        return "StackSecrets(***)"
+
+    def env(self) -> dict[str, str]:
+        return {
+            "AIRFLOW__API_AUTH__JWT_SECRET": self.jwt_secret,
+            "AIRFLOW__API__SECRET_KEY": self.api_secret_key,
+            "AIRFLOW__CORE__FERNET_KEY": self.fernet_key,
+        }
+
+
+def stack_secrets(airflow_home: Path) -> StackSecrets:
+    """The home's secrets: generated on first use (0600, created atomically), the same on every later start.
+
+    A home from before this file keeps the Fernet key Airflow wrote into its ``airflow.cfg``, so what its
+    database holds stays readable.
+    """
+    path = Path(airflow_home) / SECRETS_FILE
+    if not path.exists():
+        values = {
+            "jwt_secret": secrets.token_urlsafe(64),  # HS512 wants a key of 64 bytes or more (RFC 7518 3.2)
+            "api_secret_key": secrets.token_urlsafe(64),
+            "fernet_key": _existing_fernet_key(Path(airflow_home)) or _new_fernet_key(),
+            "admin_password": secrets.token_urlsafe(16),
+        }
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                json.dump(values, f, indent=1)
+                f.flush()
+                os.fsync(f.fileno())
+            with contextlib.suppress(FileExistsError):  # a concurrent first start won: use its secrets
+                os.link(tmp, path)
+        finally:
+            tmp.unlink(missing_ok=True)
+        log.info("generated the local Airflow stack's secrets into %s (0600)", path)
+    return _read_secrets(path)
+
+
+def _read_secrets(path: Path) -> StackSecrets:
+    mode = path.stat().st_mode
+    fix = "delete it to have new ones generated (sessions end; Connection passwords saved since must be entered again)"
+    if not stat.S_ISREG(mode):
+        raise InputError(f"the Airflow stack's secrets {path} is not a regular file; {fix}")
+    if mode & (stat.S_IRWXG | stat.S_IRWXO):
+        raise InputError(
+            f"the Airflow stack's secrets {path} are readable by others (mode {stat.filemode(mode)}): "
+            f"`chmod 600 {path}`, or {fix}"
+        )
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        values = {f: data[f] for f in StackSecrets.__dataclass_fields__}
+    except (ValueError, KeyError, TypeError) as exc:
+        raise InputError(f"the Airflow stack's secrets {path} are unreadable ({exc!r}); {fix}") from None
+    if not all(isinstance(v, str) and v for v in values.values()):
+        raise InputError(f"the Airflow stack's secrets {path} hold an empty value; {fix}")
+    return StackSecrets(**values)
+
+
+def _new_fernet_key() -> str:
+    return base64.urlsafe_b64encode(secrets.token_bytes(32)).decode("ascii")  # what Fernet.generate_key() makes
+
+
+def _existing_fernet_key(airflow_home: Path) -> str | None:
+    """``[core] fernet_key`` of the home's ``airflow.cfg`` when it is a usable key (Airflow generated it there)."""
+    cfg = configparser.ConfigParser(interpolation=None, strict=False)
+    try:
+        cfg.read(airflow_home / "airflow.cfg", encoding="utf-8")
+        key = cfg.get("core", "fernet_key", fallback="").strip()
+        return key if key and len(base64.urlsafe_b64decode(key.encode("ascii"))) == 32 else None
+    except (configparser.Error, ValueError, UnicodeError):
+        return None
+
+
+def local_connections(settings: Settings) -> dict[str, dict]:
+    """``triton_default`` and ``mlflow_default`` for ``settings`` (``airflow connections import`` format).
+
+    No password: the Triton hook falls back to ``SEQCLS_TRITON_CONTROL_KEY`` / the local server's key
+    file, so the key is not copied into one more place."""
+    grpc, http = settings.triton_grpc, settings.triton_http
+    host, _, port = grpc[0].removeprefix("dns:///").rpartition(":")
+    return {
+        "triton_default": {
+            "conn_type": "triton",
+            "description": "The local Triton of seqcls airflow-ui (rewritten from the settings on every start)",
+            "host": host,
+            "port": int(port),
+            "extra": {
+                "grpc_endpoints": ",".join(grpc),
+                "http_endpoints": ",".join(http),
+                "repository": str(settings.triton_repository),
+            },
+        },
+        "mlflow_default": {
+            "conn_type": "mlflow",
+            "description": "The MLflow store of seqcls airflow-ui (rewritten from the settings on every start)",
+            "extra": {"tracking_uri": str(settings.mlflow_tracking_uri)},
+        },
+    }
+
+
+def serve_logs(ports: Sequence[int], host: str = LOOPBACK) -> None:
+    """Airflow's task-log server app (what ``serve-logs`` runs) on ``host`` only, one socket per port.
+
+    The same app, the same JWT check against ``[api] secret_key``, the same log folder — only bound
+    where the stack binds everything. Returns on SIGINT/SIGTERM."""
+    import uvicorn
+
+    socks = []
+    for port in ports:
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        socks.append(sock)
+    config = uvicorn.Config(LOG_APP, factory=True, log_level="info", access_log=False)
+    with contextlib.suppress(KeyboardInterrupt):  # uvicorn re-raises the SIGINT it handled
+        uvicorn.Server(config).run(sockets=socks)
 
 
 class AirflowStack:
-    """Start/stop the Airflow components; ``with AirflowStack(...) as stack:`` for tests."""
+    """Start/stop the Airflow components; ``with AirflowStack(...) as stack:`` for tests.
+
+    ``password`` None: the home's generated one (:class:`StackSecrets`). ``log_ports`` (worker,
+    triggerer) default to free ports. ``env`` may be changed before :meth:`start`."""
 
     def __init__(
         self,
@@ -41,46 +213,98 @@ class AirflowStack:
         settings: Settings,
         *,
         port: int = 8080,
-        password: str = DEFAULT_PASSWORD,
+        password: str | None = DEFAULT_PASSWORD,
         log_ports: tuple[int, int] | None = None,
     ) -> None:
+        from seqcls.localtriton import free_ports
+
         self.root = Path(root)
         self.settings = settings
         self.port = port
-        self.password = password
-        self.url = f"http://127.0.0.1:{port}"
+        self.url = f"http://{LOOPBACK}:{port}"
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.logs = self.root / "logs"
         self.env = airflow_env(self.root, settings)
-        passwords = Path(self.env["AIRFLOW_HOME"]) / "simple_auth_manager_passwords.json"
-        worker_log, trigger_log = log_ports or (8793, 8794)
+        for conn_id in CONNECTIONS:  # would hide the database's rows from tasks (the variables win)
+            self.env.pop(f"AIRFLOW_CONN_{conn_id.upper()}", None)
+        home = Path(self.env["AIRFLOW_HOME"])
+        home.chmod(0o700)
+        self.secrets = stack_secrets(home)
+        self.password = password or self.secrets.admin_password
+        self.passwords_file = home / "simple_auth_manager_passwords.json"
+        self.log_ports: tuple[int, int] = tuple(log_ports or free_ports(2))  # type: ignore[assignment]
+        self.connections = local_connections(settings)
+        worker_log, trigger_log = self.log_ports
         self.env.update(
             {
-                "AIRFLOW__API__HOST": "127.0.0.1",
+                "AIRFLOW_CONFIG": str(home / "airflow.cfg"),  # this home's, never a file the caller points at
+                "AIRFLOW__API__HOST": LOOPBACK,
                 "AIRFLOW__API__PORT": str(port),
                 "AIRFLOW__API__BASE_URL": self.url,
                 "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"{self.url}/execution/",
+                "AIRFLOW__CORE__HOSTNAME_CALLABLE": f"{MODULE}.{loopback_hostname.__name__}",
                 "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": f"{USER}:admin",
-                "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(passwords),
+                "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(self.passwords_file),
                 "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(worker_log),
                 "AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT": str(trigger_log),
                 "AIRFLOW__SCHEDULER__ENABLE_HEALTH_CHECK": "False",
-                "AIRFLOW__API_AUTH__JWT_SECRET": "seqcls-local-demo-secret",
+                "AIRFLOW__SCHEDULER__SCHEDULER_HEALTH_CHECK_SERVER_HOST": LOOPBACK,
+                **self.secrets.env(),
             }
         )
-        self.passwords_file = passwords
+
+    def commands(self) -> dict[str, list[str]]:
+        """The command line of each process the stack starts, by name (log server first)."""
+        airflow = str(Path(sys.executable).parent / "airflow")
+        worker_log, trigger_log = self.log_ports
+        serve = [sys.executable, "-m", MODULE, LOG_SERVER, LOOPBACK, str(worker_log), str(trigger_log)]
+        return {
+            LOG_SERVER: serve,
+            **{
+                name: [airflow, name, *(["--skip-serve-logs"] if name in SKIP_SERVE_LOGS else [])]
+                for name in COMPONENTS
+            },
+        }
+
+    def write_login(self) -> None:
+        """The SimpleAuthManager passwords file (0600) with this stack's login."""
+        self.passwords_file.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.passwords_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        os.fchmod(fd, 0o600)  # an older file keeps its mode through O_CREAT
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump({USER: self.password}, f)
+
+    def write_connections(self, timeout: float = 120) -> None:
+        """:data:`CONNECTIONS` into the metadata database (after ``db migrate``): added, or updated in place."""
+        self.logs.mkdir(parents=True, exist_ok=True)
+        home = Path(self.env["AIRFLOW_HOME"])
+        file = home / f".seqcls-connections-{os.getpid()}.json"
+        fd = os.open(file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(self.connections, f)
+        out = self.logs / "connections-import.log"
+        try:
+            proc = airflow_cli(
+                ["connections", "import", str(file), "--overwrite"], self.env, timeout=timeout, log_file=out
+            )
+        finally:
+            file.unlink(missing_ok=True)
+        if proc.returncode:
+            raise SeqclsError(f"`airflow connections import` of {', '.join(self.connections)} failed; see {out}")
+        log.info(
+            "Connections %s written to %s", ", ".join(self.connections), self.env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"]
+        )
 
     def start(self, timeout: float = 180) -> None:
         self.logs.mkdir(parents=True, exist_ok=True)
-        self.passwords_file.parent.mkdir(parents=True, exist_ok=True)
-        self.passwords_file.write_text(json.dumps({USER: self.password}))
+        self.write_login()
         if airflow_cli(["db", "migrate"], self.env, timeout=600, log_file=self.logs / "db-migrate.log").returncode:
             raise SeqclsError(f"`airflow db migrate` failed; see {self.logs / 'db-migrate.log'}")
-        airflow = str(Path(sys.executable).parent / "airflow")
-        for name in COMPONENTS:
+        self.write_connections()
+        for name, cmd in self.commands().items():
             out = open(self.logs / f"{name}.log", "ab")  # noqa: SIM115 (owned by the child)
             self.procs[name] = subprocess.Popen(
-                [airflow, name], env=self.env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+                cmd, env=self.env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
             )
             out.close()
         deadline = time.monotonic() + timeout
@@ -93,10 +317,12 @@ class AirflowStack:
                 with urllib.request.urlopen(f"{self.url}/api/v2/monitor/health", timeout=3) as r:
                     if r.status == 200:
                         log.info(
-                            "airflow UI at %s (user %s) after %.0fs",
+                            "airflow UI at %s (user %s) after %.0fs; task logs served on %s ports %s",
                             self.url,
                             USER,
                             timeout - (deadline - time.monotonic()),
+                            LOOPBACK,
+                            "/".join(map(str, self.log_ports)),
                         )
                         return
             except (urllib.error.URLError, OSError):
@@ -152,3 +378,16 @@ class AirflowStack:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def _main(argv: Sequence[str]) -> int:
+    """``python -m seqcls_tools.demo.stack serve-logs HOST PORT...`` (the stack's log-server process)."""
+    if len(argv) < 3 or argv[0] != LOG_SERVER:
+        print(f"usage: python -m {MODULE} {LOG_SERVER} HOST PORT [PORT...]", file=sys.stderr)
+        return 2
+    serve_logs([int(p) for p in argv[2:]], host=argv[1])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_main(sys.argv[1:]))
