@@ -515,6 +515,9 @@ def test_drill_damaged_served_and_missing_previous_versions(drill: Drill, tiny_c
     assert _answers(d) == before
     out = d.cli("release", "--checkpoint", str(tiny_checkpoint_src))  # the fix it names
     assert out.returncode == 0, out.stderr[-3000:]
+    last = out.stdout.strip().splitlines()[-1]  # what is served now, where, and where the time went
+    assert last.startswith("seqcls: serving Triton v3 (MLflow v") and f" at {d.server.config.grpc_url} " in last
+    assert "release took" in last and "steps" in last and "resolve + preflight" in last, last
     # removes what is left of version 1 (no rollback target)
     assert all(r.ok for r in timed_sync(d.settings, "2: served damaged, previous gone", "restored", module=MODULE))
     d.assert_invariant(served=3)

@@ -20,6 +20,7 @@ import json
 import logging
 import os
 import sys
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -34,6 +35,7 @@ from seqcls.monitoring.drift import DRIFT, NOT_ENOUGH, DriftReport, Thresholds
 from seqcls.monitoring.live import monitor
 from seqcls.quality.kept import OWN_EVAL_FILES, preflight_eval_set
 from seqcls.records import EVALUATION
+from seqcls.registry.ledger import version_label
 from seqcls.serving.layout import calibrate_layout
 from seqcls.serving.lease import ReleaseLease
 from seqcls.settings import DEFAULT_MODEL_NAME, Settings
@@ -278,6 +280,7 @@ def _cmd_evaluate(args: argparse.Namespace) -> tuple[int, Printer]:
 
 
 def _cmd_release(args: argparse.Namespace) -> tuple[int, Printer]:
+    t0 = time.perf_counter()
     try:
         release = _release_from_args(args)
         # params, eval set, and the servers when the release goes that far: fails now, not after export
@@ -285,8 +288,33 @@ def _cmd_release(args: argparse.Namespace) -> tuple[int, Printer]:
     except InputError as exc:  # the user's input: exit 2 like a usage error, no traceback
         message = f"error: {exc}"
         return 2, lambda: print(message, file=sys.stderr)
+    resolved = time.perf_counter() - t0
     results = run_release(release, until=args.until)
-    return 0, lambda: _print_results(args, release.workspace.root, results)
+    total = time.perf_counter() - t0
+
+    def show() -> None:
+        _print_results(args, release.workspace.root, results)
+        if not args.json:
+            print(_release_line(release, results, resolved, total))
+
+    return 0, show
+
+
+def _release_line(release, results: list, resolved: float, total: float) -> str:
+    """The last line of a release: what is served now, where — and where the time went."""
+    steps = sum(r.seconds for r in results)
+    took = (
+        f"{total:.1f}s: steps {steps:.1f}s, resolve + preflight {resolved:.1f}s, the rest "
+        f"{max(total - steps - resolved, 0.0):.1f}s (library imports, lease and workspace locks, records)"
+    )
+    done = {r.step: r for r in results}
+    promoted = done.get("promote")
+    if promoted is None:
+        return f"{release.config.model_name}: stopped after {results[-1].step if results else 'resolve'} in {took}"
+    summary = promoted.summary
+    where = ", ".join(release.settings.triton_grpc)
+    served = version_label(summary.get("triton_version"), summary.get("version"))
+    return f"{release.config.model_name}: serving {served} at {where} (gRPC) — release took {took}"
 
 
 def _cmd_monitor(args: argparse.Namespace) -> tuple[int, Printer]:

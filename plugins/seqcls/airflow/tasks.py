@@ -130,7 +130,8 @@ def resolve_release(model_name: str, checkpoints_root: str, params, dag_run, ti)
     except PreflightError as exc:  # a server down may be up at the retry: not a fail-fast
         log.error("%s", exc)
         raise
-    if reason:
+    if reason:  # said in the log too: the UI shows the skip's reason only under "Post Execute"
+        log.info("nothing to release — every task is skipped: %s", reason)
         raise AirflowSkipException(reason)
     ckpt = release.checkpoint
     log.info(
