@@ -303,9 +303,16 @@ def test_one_version_per_serving_configuration(tiny_checkpoint: Path) -> None:
     missing = registry.mirror_champion(at05.settings, "seqcls", fp, 3, release_key="0" * 16)
     assert missing["missing"] and _aliases(c, "seqcls")["champion"] == 2  # keyed versions hold other configs
 
+    tags = {int(v.version): v.tags for v in c.search_model_versions("name = 'seqcls'")}
+    assert "champion_since" in tags[2] and "champion_since" not in tags[1]  # only the champion says since when
+
+    assert _aliases(c, "seqcls")["candidate"] == 2
     back = _validated(tiny_checkpoint)  # 0.5 again: validate re-runs, the first version is reused
     assert register(back).summary["version"] == 1 and not register(back).summary["created"]
     assert len(c.search_model_versions("name = 'seqcls'")) == 2
+    assert _aliases(c, "seqcls")["candidate"] == 1  # the candidate follows the attempt, also a reused version
+    again = c.get_model_version("seqcls", "1").tags
+    assert again["checkpoint"] == str(back.checkpoint.origin) and again["released_at"] >= tags[1]["released_at"]
 
 
 def test_legacy_version_without_release_key_is_found_by_fingerprint(tiny_checkpoint: Path) -> None:

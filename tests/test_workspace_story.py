@@ -47,3 +47,29 @@ def test_steps_that_recheck_every_time_do_not_claim_to_redo(tmp_path: Path, capl
     for _ in range(2):
         ws.run_step("reload", {"version": 1}, _body("1"), out_dir="reload", always_run=True)
     assert not any("redoing" in line for line in _said(caplog))
+
+
+def test_status_cuts_a_long_error_at_a_word_and_names_versions_both_ways(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import seqcls.status as status_mod
+    from seqcls.serving.state import ServingState, write_state
+    from seqcls.settings import Settings
+
+    settings = Settings.from_env(
+        home=tmp_path / "home", triton_repository=tmp_path / "repo", triton_grpc=("127.0.0.1:9",)
+    )
+    write_state(
+        settings.triton_repository, ServingState.empty("seqcls").with_candidate(3, "a" * 64, "x"), expected_generation=0
+    )
+
+    def down(_settings):
+        raise ConnectionError("MLflow at http://mlflow:5000 refused the connection " + "because it is restarting " * 20)
+
+    monkeypatch.setattr(status_mod, "client", down)
+    (report,) = status_mod.status(settings, ["seqcls"])
+    text = "\n".join(report.lines())
+    assert text.startswith("seqcls: serving none; previous none; candidate Triton v3"), text
+    mlflow_line = next(line for line in report.lines() if line.startswith("  MLflow:"))
+    assert "…" in text and text.count("…") == text.count(" …"), text  # cut after a whole word, never "Failed to conne"
+    assert mlflow_line.endswith(" is …)"), mlflow_line  # a whole word, then the ellipsis — never "restar…"

@@ -190,7 +190,8 @@ def _cmd_rollback(args: argparse.Namespace) -> tuple[int, Printer]:
     return 0, lambda: print(
         json.dumps(result, indent=2, default=str)
         if args.json
-        else f"rollback: {args.model_name} serves version {result['serving_version']} again (was {result['from']})"
+        else f"rollback: {args.model_name} serves Triton v{result['serving_version']} again "
+        f"(was Triton v{result['from']})"
     )
 
 

@@ -24,6 +24,7 @@ import os
 import re
 import shutil
 import socket
+import textwrap
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -149,7 +150,7 @@ def _mirror(settings: Settings, state: ServingState) -> dict[str, Any]:
             settings, state.model_name, state.fingerprint_of(state.serving), state.serving, release_key=key
         )
     except Exception as exc:  # MLflow down: serving is fixed anyway; the next sync mirrors
-        return {"error": f"MLflow: {str(exc)[:300]}"}
+        return {"error": f"MLflow: {textwrap.shorten(str(exc), 300, placeholder=' …')}"}
 
 
 #: ``publish.TMP_PUBLISH`` (``.tmp-publish.<model>.<pid>-<version>``), and the layout before per-model
@@ -360,7 +361,7 @@ def _undo_dead_registry(settings: Settings, repo: Repository, model: str) -> dic
         owner = f"sync:{socket.gethostname()}:{os.getpid()}"
         control.take_lease(repo.root, model, owner, "sync")
     except ServingError as exc:  # an unreadable lease: reported by the lease check below
-        return {"skipped": f"lease unreadable ({str(exc)[:200]})"}
+        return {"skipped": f"lease unreadable ({textwrap.shorten(str(exc), 200, placeholder=' …')})"}
     try:
         return journal.undo_dead_attempts(settings, model, reason="undone by seqcls sync")
     finally:

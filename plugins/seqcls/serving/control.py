@@ -23,6 +23,7 @@ import contextvars
 import logging
 import os
 import socket
+import textwrap
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -184,7 +185,7 @@ def transition(
 def require_converged(report: ReconcileReport, what: str) -> None:
     """A reconcile that left an endpoint behind is an error naming it (``seqcls sync`` finishes it)."""
     if report.errors:
-        detail = "; ".join(f"{ep}: {msg[:300]}" for ep, msg in report.errors.items())
+        detail = "; ".join(f"{ep}: {textwrap.shorten(msg, 300, placeholder=' …')}" for ep, msg in report.errors.items())
         raise ServingError(
             f"{what}: the recorded state is written, but not every endpoint serves it — {detail}. Fix the "
             "endpoint and run `seqcls sync` (or let the seqcls_sync DAG do it); nothing else needs undoing."
@@ -210,5 +211,5 @@ def observe_all(endpoints: Sequence[Endpoint], model_name: str) -> dict[str, dic
             op.require_live()
             out[op.endpoint.grpc] = observe(op, names)
         except Exception as exc:
-            out[op.endpoint.grpc] = f"unreachable: {str(exc)[:200]}"
+            out[op.endpoint.grpc] = f"unreachable: {textwrap.shorten(str(exc), 200, placeholder=' …')}"
     return out

@@ -67,10 +67,10 @@ def expose(release: Release, endpoints: Sequence[Endpoint] | None = None) -> Ste
         }
         (out / "expose.json").write_text(json.dumps(summary, indent=1), encoding="utf-8")
         if summary["already"]:
-            return summary, f"{repo.names.ensemble} already serves version {version} on {len(endpoints)} endpoint(s)"
-        warm = f"previous version {after.previous} kept warm" if after.previous is not None else "no previous version"
+            return summary, f"{repo.names.ensemble} already serves Triton v{version} on {len(endpoints)} endpoint(s)"
+        warm = f"previous Triton v{after.previous} kept warm" if after.previous is not None else "no previous version"
         return summary, (
-            f"{repo.names.ensemble} serves version {version} on {len(endpoints)} endpoint(s) ({warm}) in "
+            f"{repo.names.ensemble} serves Triton v{version} on {len(endpoints)} endpoint(s) ({warm}) in "
             f"{report.seconds:.1f}s"
         )
 

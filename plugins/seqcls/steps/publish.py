@@ -329,7 +329,7 @@ def publish(release: Release, options: ServingOptions | None = None, *, retain: 
             version, reused, str(repo.root), key, options.to_dict(), pruned, repo.complete_versions()
         ).to_dict()
         (out / "publish.json").write_text(json.dumps(summary, indent=1), encoding="utf-8")
-        msg = f"{'reused' if reused else 'published'} version {version} in {repo.root}"
+        msg = f"{'reused' if reused else 'published'} Triton v{version} in {repo.root}"
         return summary, msg
 
     return ws.run_step(STEP, inputs, body, out_dir=OUT_DIR, always_run=True)

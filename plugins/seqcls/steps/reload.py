@@ -101,12 +101,12 @@ def stage(release: Release, endpoints: Sequence[Endpoint], options: ServingOptio
         "actions": report.actions,
     }
     if already:
-        msg = f"version {version} already serving on {len(endpoints)} endpoint(s)"
+        msg = f"Triton v{version} already serving on {len(endpoints)} endpoint(s)"
     else:
         msg = (
-            f"version {version} loaded as candidate on {len(endpoints)} endpoint(s) in {seconds:.1f}s; "
+            f"Triton v{version} loaded as candidate on {len(endpoints)} endpoint(s) in {seconds:.1f}s; "
             f"{repo.names.ensemble} "
-            + (f"still serves version {after.serving}" if after.serving is not None else "serves nothing yet")
+            + (f"still serves Triton v{after.serving}" if after.serving is not None else "serves nothing yet")
             + f" (composing live {summary['live_composing']})"
         )
     return summary, msg

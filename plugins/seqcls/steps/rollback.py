@@ -167,7 +167,8 @@ def rollback(
             summary = undo_attempt(release, version, reason, endpoints)
         (out / "rollback.json").write_text(json.dumps(summary, indent=1, default=str), encoding="utf-8")
         if summary.get("rolled_back"):
-            return summary, f"version {version} withdrawn; serving {summary['serving_version'] or 'nothing'} again"
+            served = summary["serving_version"]
+            return summary, f"Triton v{version} withdrawn; serving {f'Triton v{served}' if served else 'nothing'} again"
         return summary, f"nothing to roll back: {summary.get('why', '')}"
 
     result = ws.run_step(STEP, inputs, body, out_dir=OUT_DIR, always_run=True)
