@@ -4,6 +4,13 @@ run to succeed, keep screenshots; over REST (SimpleAuthManager, POST /auth/token
 bad conf, the run's task states, the plugin's extra links and a task log; then every component is
 stopped with SIGINT and nothing may be left running or listening. Every wait is bounded.
 
+The form cannot lie (issue 25): it opens with the everyday params, the gates' tolerances and the
+expert knobs folded in their own sections; ``1e-8`` typed into *Parity atol* reaches the run's conf
+and the parity gate exactly (Airflow's number widget sent ``1``). After the run, the seqcls pages in
+the same browser: the parity and quality evidence (verdict above the plot, a working link back to
+the Airflow run), the same pages as tabs of the DAG run, the model's history — each screenshotted
+into ``var/test-artifacts/`` (and ``SEQCLS_SCREENSHOTS_DIR`` when set, for a report).
+
 One stack and one release serve both the browser and the REST client (each costs an api-server,
 scheduler, dag-processor and a release through the LocalExecutor: the suite's budget): the form's
 trigger *is* the REST call ``POST /api/v2/dags/seqcls_release/dagRuns``, asserted here from the
@@ -24,13 +31,17 @@ LocalExecutor, sqlite; started from the session's migrated database), a real loc
 from __future__ import annotations
 
 import json
+import os
+import re
 import shutil
 import time
 from pathlib import Path
+from urllib.parse import quote
 
 import pytest
 import requests
 
+from seqcls.config import EXPERT_SECTION, GATE_SECTION
 from seqcls.localtriton import free_ports
 from seqcls.serving.repository import Repository
 from seqcls.settings import PROJECT_ROOT
@@ -80,6 +91,104 @@ def _log_tail(stack: AirflowStack, n: int = 40) -> str:
         lines = path.read_text(errors="replace").splitlines()[-n:] if path.exists() else []
         out.append(f"--- {name} ---\n" + "\n".join(line[:300] for line in lines))
     return "\n".join(out)
+
+
+def _shot(page, name: str, *, full_page: bool = True) -> Path:
+    """A screenshot into the test artifacts (and a copy into ``SEQCLS_SCREENSHOTS_DIR`` when set)."""
+    path = ARTIFACTS / name
+    page.screenshot(path=str(path), full_page=full_page)
+    extra = os.environ.get("SEQCLS_SCREENSHOTS_DIR")
+    if extra:
+        Path(extra).mkdir(parents=True, exist_ok=True)
+        shutil.copy2(path, Path(extra) / name)
+    return path
+
+
+def _eval_set(path: Path) -> Path:
+    """Labeled texts for the quality gate (JSONL), from the tiny checkpoint's corpus and labels."""
+    from seqcls_tools.testing import TINY_CORPUS, TINY_LABELS
+
+    children = [label for label in TINY_LABELS if "##" in label]
+    lines = [
+        json.dumps(
+            {"text": text, "labels": [children[i % len(children)].split("##")[0], children[i % len(children)]]},
+            ensure_ascii=False,
+        )
+        for i, text in enumerate(TINY_CORPUS)
+    ]
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+def _fill_the_form(page, form, checkpoint: Path) -> None:
+    """The form as it opens: the everyday params shown, the gates and expert sections folded below, in
+    that order; then the checkpoint, the eval set and ``1e-8`` typed into *Parity atol*."""
+    sections = [form.get_by_text(title, exact=True) for title in ("Run Parameters", GATE_SECTION, EXPERT_SECTION)]
+    tops = [s.bounding_box()["y"] for s in sections]
+    assert tops == sorted(tops), tops
+    form.locator("#element_checkpoint").wait_for(state="visible", timeout=30_000)
+
+    def label(title: str):  # a param's label: its title, and the required mark
+        return form.get_by_text(re.compile(rf"^{re.escape(title)}\s*\*?$")).first
+
+    for everyday in ("Checkpoint", "Model name", "Serving profile", "Skip if already champion", "Eval set"):
+        assert label(everyday).is_visible(), everyday  # open, without a click
+    assert not label("Parity atol").is_visible()  # folded in the gates' section
+    form.locator("#element_checkpoint").fill(str(checkpoint))
+    form.locator("#element_eval_set").fill("eval.jsonl")  # relative to the model's checkpoints root
+    sections[1].scroll_into_view_if_needed()  # the end of the everyday section, the two folded below it
+    _shot(page, "airflow-ui-trigger-form.png", full_page=False)
+    sections[1].click()
+    atol = form.locator("#element_atol")
+    atol.wait_for(state="visible", timeout=10_000)
+    assert atol.evaluate("el => el.type") == "text"  # not Airflow's number widget, which rounded 1e-8 to 1
+    atol.fill("1e-8")
+    atol.scroll_into_view_if_needed()
+    _shot(page, "airflow-ui-trigger-form-gates.png", full_page=False)
+
+
+def _evidence_pages(page, stack: AirflowStack, run_id: str) -> None:
+    """The gates' pages and the history in the browser: the verdict above the plot, the exact tolerance
+    the run was given, the Airflow run link working; then the same pages as tabs of the DAG run."""
+    run = quote(run_id, safe="")
+    for gate, title in (("parity", "Parity gate passed"), ("quality", "Quality gate passed")):
+        page.goto(f"{stack.url}/seqcls/{gate}/{DAG_ID}/{run}")
+        verdict, plot = page.get_by_role("heading", name=title, exact=True), page.locator("img.plot")
+        assert verdict.is_visible() and plot.is_visible(), page.content()[:3000]
+        assert verdict.bounding_box()["y"] < plot.bounding_box()["y"]
+        assert plot.evaluate("img => img.complete && img.naturalWidth > 0"), f"{gate} plot did not load"
+        if gate == "parity":
+            assert page.get_by_text("allowed 1e-08 + 0.001·|x|").is_visible()  # the form's 1e-8, exactly
+        _shot(page, f"seqcls-{gate}-evidence.png")
+    page.get_by_role("link", name="Airflow run", exact=True).click()
+    page.wait_for_url(re.compile(rf"/dags/{DAG_ID}/runs/"), timeout=30_000)
+    page.get_by_text(run_id).first.wait_for(timeout=30_000)  # the run's own page, not a 404
+    assert page.url == f"{stack.url}/dags/{DAG_ID}/runs/{run}", page.url
+
+    page.goto(f"{stack.url}/dags/{DAG_ID}/runs/{run}/plugin/seqcls-parity")  # the run's *Parity evidence* tab
+    tab = page.frame_locator("iframe[title='Parity evidence']")
+    tab.get_by_role("heading", name="Parity gate passed").wait_for(timeout=30_000)
+    page.wait_for_timeout(1000)
+    _shot(page, "airflow-ui-run-parity-tab.png", full_page=False)
+
+    page.goto(f"{stack.url}/seqcls/history/seqcls")
+    page.get_by_role("heading", name="seqcls serves Triton v1 (MLflow v1)").wait_for(timeout=30_000)
+    rows = page.locator("table.history tr")
+    assert rows.count() >= 4, page.content()[:3000]  # header, candidate, expose, promote
+    _shot(page, "seqcls-history.png")
+    page.locator("table.history").get_by_role("link", name="Airflow run").first.click()
+    page.wait_for_url(re.compile(rf"/dags/{DAG_ID}/runs/"), timeout=30_000)
+    page.get_by_text(run_id).first.wait_for(timeout=30_000)
+    page.goto(f"{stack.url}/seqcls/history")
+    page.get_by_role("link", name="seqcls", exact=True).wait_for(timeout=30_000)
+    _shot(page, "seqcls-history-index.png")
+    page.goto(stack.url)  # the history in Airflow's Browse menu
+    page.get_by_role("button", name="Browse").click()
+    page.get_by_role("menuitem", name="Release history").click()
+    page.frame_locator("iframe[title='Release history']").get_by_role("heading", name="Serving history").wait_for(
+        timeout=30_000
+    )
+    _shot(page, "airflow-ui-browse-release-history.png", full_page=False)
 
 
 def _rest(stack: AirflowStack, method: str, path: str, body: dict | None = None, token: str | None = None):
@@ -160,6 +269,7 @@ def test_trigger_release_from_the_ui_and_check_it_over_the_rest_api(
     settings = settings_for(server, home)
     checkpoint = settings.checkpoints_root / "run-1"  # under the checkpoints root, as every run's must be
     shutil.copytree(tiny_checkpoint, checkpoint)
+    _eval_set(settings.checkpoints_root / "eval.jsonl")
     port, worker_log, trigger_log = free_ports(3)
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     t_start = time.perf_counter()
@@ -185,6 +295,9 @@ def test_trigger_release_from_the_ui_and_check_it_over_the_rest_api(
             bad_conf = {"checkpoint": str(checkpoint), "opset": 99}
             bad = _rest(stack, "POST", runs, {"logical_date": None, "conf": bad_conf}, token=token)
             assert bad.status_code == 400 and "opset" in bad.text, bad.text  # the trigger form's schema
+            typo = {"checkpoint": str(checkpoint), "atol": "1e-8x"}
+            bad = _rest(stack, "POST", runs, {"logical_date": None, "conf": typo}, token=token)
+            assert bad.status_code == 400 and "atol" in bad.text, bad.text  # a tolerance is a number, as text
 
             with sync_playwright() as pw:
                 browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
@@ -198,9 +311,7 @@ def test_trigger_release_from_the_ui_and_check_it_over_the_rest_api(
                 page.goto(f"{stack.url}/dags/{DAG_ID}")
                 page.get_by_role("button", name="Trigger").first.click()
                 form = page.get_by_role("dialog")
-                field = form.locator("#element_checkpoint")
-                field.fill(str(checkpoint))
-                page.screenshot(path=str(ARTIFACTS / "airflow-ui-trigger-form.png"))
+                _fill_the_form(page, form, checkpoint)
                 with page.expect_response(lambda r: r.url.endswith("/dagRuns") and r.request.method == "POST") as sent:
                     form.get_by_role("button", name="Trigger").last.click()
                 # the form's trigger is the REST call: POST dagRuns with the conf → 200, a run id
@@ -208,6 +319,7 @@ def test_trigger_release_from_the_ui_and_check_it_over_the_rest_api(
                 triggered = sent.value.json()
                 run_id = triggered["dag_run_id"]
                 assert triggered["conf"]["checkpoint"] == str(checkpoint), triggered
+                assert triggered["conf"]["atol"] == "1e-8" and float(triggered["conf"]["atol"]) == 1e-8, triggered
                 t_run = time.perf_counter()
                 _check_triton_connection_form(page, stack, server, token)  # while the run works
 
@@ -219,7 +331,11 @@ def test_trigger_release_from_the_ui_and_check_it_over_the_rest_api(
                 run_seconds = time.perf_counter() - t_run
                 page.goto(f"{stack.url}/dags/{DAG_ID}/runs/{run_id}")
                 page.wait_for_timeout(3000)
-                page.screenshot(path=str(ARTIFACTS / "airflow-ui-run.png"), full_page=True)
+                _shot(page, "airflow-ui-run.png")
+                if state == "success":
+                    t_pages = time.perf_counter()
+                    _evidence_pages(page, stack, run_id)
+                    print(f"\nseqcls pages in the browser: {time.perf_counter() - t_pages:.1f}s")
                 browser.close()
 
             run = _rest(stack, "GET", f"{runs}/{run_id}", token=token).json()
@@ -229,6 +345,10 @@ def test_trigger_release_from_the_ui_and_check_it_over_the_rest_api(
             print(f"\ntriggered run {state} in {run_seconds:.0f}s (tasks: {durations})")
             assert state == "success", f"{states}\n{_log_tail(stack)}"
             assert run["conf"]["checkpoint"] == str(checkpoint)  # the form's value reached the run
+            assert run["conf"]["atol"] == "1e-8"
+            plugins = _rest(stack, "GET", "/api/v2/plugins", token=token).json()["plugins"]
+            views = {v["name"]: v for p in plugins if p["name"] == "seqcls" for v in p["external_views"]}
+            assert {"Parity evidence", "Quality evidence", "Release history"} <= set(views), plugins
             assert states.pop("rollback") == "skipped" and set(states.values()) == {"success"}, states
 
             # REST: the plugin's extra links and a task's log

@@ -1,6 +1,8 @@
-"""The quality evidence page (issue 24): candidate beside champion for a passed, refused, skipped and
-not-run gate, through FastAPI's TestClient on a workspace whose evidence evaluate's own
-``write_evidence`` wrote from hand-made predictions (no model, no Triton: fast)."""
+"""The quality evidence page (issues 24, 25): the verdict first, candidate beside champion, the plot,
+then per label, the eval set, the bad cases and every check folded — for a passed, refused, skipped
+and not-run gate, with links to the Airflow run, the parity page, the history and the run's MLflow run;
+through FastAPI's TestClient on a workspace whose evidence evaluate's own ``write_evidence`` wrote
+from hand-made predictions (no model, no Triton: fast)."""
 
 from __future__ import annotations
 
@@ -10,17 +12,22 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
-from fastapi.testclient import TestClient
 
-from seqcls.airflow.parity_view import authorized, create_app
-from seqcls.quality.evalset import EvalSet
-from seqcls.quality.metrics import score
-from seqcls.quality.rules import QualityRules, judge
-from seqcls.quality.scoring import Predictions
-from seqcls.records import OUT_DIRS
-from seqcls.settings import Settings
-from seqcls.steps.evaluate import write_evidence
-from seqcls.workspace import Workspace, workspace_dir
+from tests.helpers.airflow import private_airflow_home
+
+AIRFLOW_HOME = private_airflow_home()  # before anything imports airflow
+
+from fastapi.testclient import TestClient  # noqa: E402
+
+from seqcls.airflow.parity_view import authorized, create_app  # noqa: E402
+from seqcls.quality.evalset import EvalSet  # noqa: E402
+from seqcls.quality.metrics import score  # noqa: E402
+from seqcls.quality.rules import QualityRules, judge  # noqa: E402
+from seqcls.quality.scoring import Predictions  # noqa: E402
+from seqcls.records import OUT_DIRS  # noqa: E402
+from seqcls.settings import Settings  # noqa: E402
+from seqcls.steps.evaluate import write_evidence  # noqa: E402
+from seqcls.workspace import Workspace, workspace_dir  # noqa: E402
 
 DAG, RUN = "seqcls_release", "manual__2026-01-01T00:00:00+00:00"
 MODEL, FINGERPRINT = "news", "0123456789abcdef" * 4
@@ -63,9 +70,11 @@ def _gate(home: Path, *, rules: QualityRules, champion: int | None = 3, status: 
     return evaluation
 
 
-def _client(home: Path, ref: dict | None = None) -> TestClient:
+def _client(home: Path, ref: dict | None = None, params: dict | None = None) -> TestClient:
     ref = ref or {"model_name": MODEL, "fingerprint": FINGERPRINT}
-    app = create_app(lambda d, r: ref if (d, r) == (DAG, RUN) else None, Settings(home=home))
+    app = create_app(
+        lambda d, r: ref if (d, r) == (DAG, RUN) else None, Settings(home=home), params_of=lambda d, r: params or {}
+    )
     app.dependency_overrides[authorized] = lambda: None
     return TestClient(app)
 
@@ -82,7 +91,17 @@ def test_passed_gate_shows_candidate_beside_champion(home: Path) -> None:
     page = client.get(f"/quality/{DAG}/{RUN}")
     assert page.status_code == 200, page.text
     text = page.text
-    assert text.index("Quality gate passed") < text.index("<table class='headline'>")  # the verdict first
+    order = [
+        "<h1 class='passed'>Quality gate passed</h1>",  # the verdict first
+        "<table class='headline'>",  # the key numbers: candidate beside champion
+        "<img class='plot' alt='F1 per label, candidate vs champion'",
+        "<table class='labels'>",  # then the details
+        "<table class='evalset'>",
+        "bad_cases.tsv</a>",
+        "<details><summary>All ",  # every check with its threshold, folded
+    ]
+    positions = [text.index(part) for part in order]
+    assert positions == sorted(positions), list(zip(order, positions, strict=True))
     assert "champion (Triton v3)" in text and "<th>Δ</th>" in text and "level 2 micro-F1" in text
     cand, champ = evaluation["candidate"], evaluation["champion"]
     micro = next(r for r in _rows(text, "headline") if "<th align='left'>micro-F1</th>" in r)
@@ -125,6 +144,7 @@ def test_first_release_has_no_champion_column_values(home: Path) -> None:
     _gate(home, rules=LENIENT, champion=None)
     text = _client(home).get(f"/quality/{DAG}/{RUN}").text
     assert "Quality gate passed" in text and "champion (none: first release)" in text
+    assert "0 checks passed" not in text  # says what happened: no rule applied, or how many passed
     assert "change rules skipped" in text and "class='n worse'" not in text
 
 
@@ -205,3 +225,24 @@ def test_link_on_evaluate_quality_only(monkeypatch: pytest.MonkeyPatch) -> None:
     assert link.get_link(None, ti_key=key._replace(task_id="validate_parity")) == ""
     assert ParityEvidenceLink().get_link(None, ti_key=key) == ""
     assert any(isinstance(x, QualityEvidenceLink) for x in SeqclsPlugin.global_operator_extra_links)
+
+
+def test_links_to_the_run_the_parity_page_the_history_and_the_runs_mlflow(
+    home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _gate(home, rules=LENIENT)
+    conn = {"conn_type": "mlflow", "extra": {"tracking_uri": "https://mlflow.example"}}
+    monkeypatch.setenv("AIRFLOW_CONN_MLFLOW_QUALITY", json.dumps(conn))
+    text = _client(home, params={"mlflow_conn_id": "mlflow_quality"}).get(f"/quality/{DAG}/{RUN}").text
+    bar = text[text.index("<nav class='links'>") : text.index("</nav>")]
+    base = "manual__2026-01-01T00%3A00%3A00%2B00%3A00"
+    for href in (
+        f"../../../dags/{DAG}/runs/{base}",
+        f"../../parity/{DAG}/{base}",
+        f"../../history/{MODEL}",
+        "https://mlflow.example/#/runs/run1",
+    ):
+        assert f"href='{href}'" in bar, (href, bar)
+    assert "news · quality gate · run manual__2026-01-01T00:00:00+00:00" in bar
+    sqlite = _client(home).get(f"/quality/{DAG}/{RUN}").text  # the default: the sqlite store under the home
+    assert "MLflow run run1: its tracking store has no UI" in sqlite and "/#/runs/" not in sqlite

@@ -5,6 +5,11 @@ written. :class:`ReleaseConfig` validates against it in ``__post_init__`` (a bad
 before any work, naming the parameter), the CLI's flags are generated from it
 (:func:`add_arguments`), and so are the Airflow Params form (:func:`param_schema`, used by
 ``seqcls.airflow.params``) — a test asserts the DAG's Params equal these schemas.
+
+The form groups the fields (Airflow 3 Params ``section``): everyday ones (no section: the form's
+first, open section), :data:`GATE_SECTION`, :data:`EXPERT_SECTION`. A ``number`` is entered as text
+there (Airflow's number widget rounds: ``1e-8`` was sent as ``1``) and parsed exactly by
+:meth:`ReleaseConfig.from_dict` (:meth:`Field.parse`); the CLI's flags stay floats.
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
@@ -21,6 +27,12 @@ from seqcls.settings import DEFAULT_MODEL_NAME, MODEL_NAME_PATTERN, validate_mod
 
 PROFILES = ("fp32", "fp32-fused", "int8")
 PROVIDERS = ("auto", "cpu", "cuda")
+#: The trigger form's sections after the everyday one (a field without a section is everyday).
+GATE_SECTION = "Gates: parity and quality tolerances"
+EXPERT_SECTION = "Expert: export, runtime, connections"
+SECTIONS: tuple[str | None, ...] = (None, GATE_SECTION, EXPERT_SECTION)
+#: A non-negative decimal or scientific number as typed (no sign, nan, inf or ``_``; ASCII digits).
+NUMBER_TEXT = r"^\s*([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][-+]?[0-9]+)?\s*$"
 
 
 @dataclass(frozen=True)
@@ -37,14 +49,29 @@ class Field:
     enum: tuple[str, ...] | None = None
     pattern: str | None = None
     nullable: bool = False
+    section: str | None = None  # the trigger form's section (None: everyday, the first one)
+    examples: tuple[str, ...] = ()  # a number's typical values, as the form suggests them
+
+    @property
+    def as_text(self) -> bool:
+        """Entered as text in the trigger form (a number: Airflow's number widget is not exact)."""
+        return self.type == "number"
 
     @property
     def flag(self) -> str:
         return "--" + self.name.replace("_", "-")
 
     def schema(self) -> dict[str, Any]:
-        """JSON schema of the value (what Airflow's Param validates at trigger time)."""
-        out: dict[str, Any] = {"type": [self.type, "null"] if self.nullable else self.type}
+        """JSON schema of the value (what Airflow's Param validates at trigger time).
+
+        A number may come as text (the form's, checked by ``pattern``; its range is checked when parsed)
+        or as a JSON number (a REST conf, a models-file default; ranged here). ``string`` first, with
+        ``examples``: Airflow 3's form then renders its plain text input.
+        """
+        kind: str | list[str] = ["string", "number"] if self.as_text else self.type
+        if self.nullable:
+            kind = [*([kind] if isinstance(kind, str) else kind), "null"]
+        out: dict[str, Any] = {"type": kind}
         lo, hi = ("exclusiveMinimum", "exclusiveMaximum") if self.exclusive else ("minimum", "maximum")
         if self.minimum is not None:
             out[lo] = self.minimum
@@ -52,8 +79,10 @@ class Field:
             out[hi] = self.maximum
         if self.enum:
             out["enum"] = list(self.enum)
-        if self.pattern:
-            out["pattern"] = self.pattern
+        if self.pattern or self.as_text:
+            out["pattern"] = self.pattern or NUMBER_TEXT
+        if self.as_text:
+            out["examples"] = list(self.examples)
         if self.name == "thresholds":
             out["additionalProperties"] = PROBABILITY
         return out
@@ -79,6 +108,18 @@ class Field:
             for key, item in value.items():
                 _PROB_FIELD.check(item, f"{name}[{key!r}]")
 
+    def parse(self, value: Any, name: str | None = None) -> Any:
+        """``value`` as the field's type: a number typed as text → ``float`` (exactly what ``float()`` reads
+        from it); anything else as given (:meth:`check` judges it)."""
+        if not (self.as_text and isinstance(value, str)):
+            return value
+        if not re.fullmatch(NUMBER_TEXT, value):
+            raise InputError(
+                f"{name or self.name} must be {self.type_word()}{self._range()} written like 1e-4 or 0.0001, "
+                f"got {value!r}"
+            )
+        return float(value)
+
     def type_word(self) -> str:
         return "an integer" if self.type == "integer" else "a number"
 
@@ -100,6 +141,17 @@ class Field:
 PROBABILITY = {"type": "number", "exclusiveMinimum": 0, "exclusiveMaximum": 1}
 _PROB_FIELD = Field("threshold", "number", "Threshold", minimum=0, maximum=1, exclusive=True)
 
+
+def _gate(name: str, title: str, description: str, *examples: str, nullable: bool = False) -> Field:
+    """A gate's tolerance or rule: a number in [0, 1], in the form's gate section."""
+    return Field(name, "number", title, description, 0, 1, nullable=nullable, section=GATE_SECTION, examples=examples)
+
+
+def _rule(name: str, title: str, description: str, *examples: str) -> Field:
+    """A quality rule: like :func:`_gate`, and unset (None) turns it off."""
+    return _gate(name, title, description, *examples, nullable=True)
+
+
 FIELDS: tuple[Field, ...] = (
     Field(
         "model_name",
@@ -108,8 +160,16 @@ FIELDS: tuple[Field, ...] = (
         "MLflow registered model and release workspace name (letters, digits, _ . -).",
         pattern=MODEL_NAME_PATTERN,
     ),
-    Field("opset", "integer", "ONNX opset", "ONNX opset of the converted model.", 11, 21),
-    Field("max_length", "integer", "Max length", "Tokenizer max_length (tokens per text).", 8, 4096),
+    Field("opset", "integer", "ONNX opset", "ONNX opset of the converted model.", 11, 21, section=EXPERT_SECTION),
+    Field(
+        "max_length",
+        "integer",
+        "Max length",
+        "Tokenizer max_length (tokens per text).",
+        8,
+        4096,
+        section=EXPERT_SECTION,
+    ),
     Field(
         "threshold",
         "number",
@@ -118,6 +178,7 @@ FIELDS: tuple[Field, ...] = (
         0,
         1,
         exclusive=True,
+        examples=("0.5", "0.4", "0.6"),
     ),
     Field(
         "thresholds",
@@ -125,20 +186,32 @@ FIELDS: tuple[Field, ...] = (
         "Per-label thresholds",
         'JSON object label → threshold, e.g. {"体育##夺冠": 0.6}; other labels use Threshold.',
     ),
-    Field("hierarchy", "boolean", "Hierarchical labels", "A predicted child label (parent##child) implies its parent."),
-    Field("atol", "number", "Parity atol", "Logits absolute tolerance of the parity gate.", 0, 1),
-    Field("rtol", "number", "Parity rtol", "Logits relative tolerance of the parity gate.", 0, 1),
     Field(
+        "hierarchy",
+        "boolean",
+        "Hierarchical labels",
+        "A predicted child label (parent##child) implies its parent.",
+        section=EXPERT_SECTION,
+    ),
+    _gate("atol", "Parity atol", "Logits absolute tolerance of the parity gate.", "1e-4", "1e-5", "1e-6", "1e-3"),
+    _gate("rtol", "Parity rtol", "Logits relative tolerance of the parity gate.", "1e-3", "1e-4", "1e-5", "1e-2"),
+    _rule(
         "prob_atol",
-        "number",
         "Parity prob_atol",
         "Optional stricter tolerance on probabilities; unset = derived from the logit tolerance "
         "((atol + rtol·|x|)/4, sigmoid's largest slope).",
-        0,
-        1,
-        nullable=True,
+        "1e-4",
+        "1e-5",
+        "1e-6",
     ),
-    Field("near_margin", "number", "Near-threshold margin", "Probabilities this close to a threshold may flip.", 0, 1),
+    _gate(
+        "near_margin",
+        "Near-threshold margin",
+        "Probabilities this close to a threshold may flip.",
+        "1e-3",
+        "1e-4",
+        "1e-2",
+    ),
     Field(
         "gpu_tolerance_factor",
         "number",
@@ -146,9 +219,24 @@ FIELDS: tuple[Field, ...] = (
         "Tolerances are multiplied by this when the gate runs on CUDA.",
         1,
         1000,
+        section=GATE_SECTION,
+        examples=("10", "1", "100"),
     ),
-    Field("provider", "string", "ONNX Runtime provider", "Provider the parity gate runs ONNX on.", enum=PROVIDERS),
-    Field("require_gpu", "boolean", "Require GPU", "Fail the parity gate when CUDA is not available."),
+    Field(
+        "provider",
+        "string",
+        "ONNX Runtime provider",
+        "Provider the parity gate runs ONNX on.",
+        enum=PROVIDERS,
+        section=EXPERT_SECTION,
+    ),
+    Field(
+        "require_gpu",
+        "boolean",
+        "Require GPU",
+        "Fail the parity gate when CUDA is not available.",
+        section=EXPERT_SECTION,
+    ),
     Field(
         "profile",
         "string",
@@ -156,14 +244,13 @@ FIELDS: tuple[Field, ...] = (
         "fp32, fp32-fused (ORT-fused graph) or int8 (dynamic quantisation), each gated.",
         enum=PROFILES,
     ),
-    Field(
+    _gate(
         "min_decision_agreement",
-        "number",
         "Min decision agreement",
         "Share of label decisions a non-exact profile (int8) must keep.",
-        0,
-        1,
-        exclusive=False,
+        "0.995",
+        "0.999",
+        "0.99",
     ),
     Field(
         "eval_set",
@@ -174,59 +261,39 @@ FIELDS: tuple[Field, ...] = (
         "Unset = the checkpoint's own test/dev file, if it has one.",
         nullable=True,
     ),
-    Field(
-        "min_micro_f1",
-        "number",
-        "Min micro-F1",
-        "Quality floor: refuse a candidate below this micro-F1.",
-        0,
-        1,
-        nullable=True,
-    ),
-    Field(
-        "min_macro_f1",
-        "number",
-        "Min macro-F1",
-        "Quality floor: refuse a candidate below this macro-F1.",
-        0,
-        1,
-        nullable=True,
-    ),
-    Field(
+    _rule("min_micro_f1", "Min micro-F1", "Quality floor: refuse a candidate below this micro-F1.", "0.9", "0.8"),
+    _rule("min_macro_f1", "Min macro-F1", "Quality floor: refuse a candidate below this macro-F1.", "0.8", "0.7"),
+    _rule(
         "max_f1_drop",
-        "number",
         "Max F1 drop",
         "Largest absolute drop vs the served champion of micro-F1, macro-F1 and sample accuracy (same eval set).",
-        0,
-        1,
-        nullable=True,
+        "0.025",
+        "0.01",
+        "0.05",
     ),
-    Field(
+    _rule(
         "max_f1_drop_relative",
-        "number",
         "Max relative F1 drop",
         "Largest relative drop (0.05 = 5 %) vs the champion of micro-F1, macro-F1 and sample accuracy.",
-        0,
-        1,
-        nullable=True,
+        "0.05",
+        "0.02",
+        "0.1",
     ),
-    Field(
+    _rule(
         "max_level_f1_drop",
-        "number",
         "Max per-level F1 drop",
         "Largest absolute drop vs the champion of each hierarchy level's micro- and macro-F1.",
-        0,
-        1,
-        nullable=True,
+        "0.03",
+        "0.02",
+        "0.05",
     ),
-    Field(
+    _rule(
         "max_label_f1_drop",
-        "number",
         "Max per-label F1 drop",
         "Largest absolute drop vs the champion of one label's F1 (labels with Min label support).",
-        0,
-        1,
-        nullable=True,
+        "0.15",
+        "0.1",
+        "0.3",
     ),
     Field(
         "min_label_support",
@@ -235,15 +302,15 @@ FIELDS: tuple[Field, ...] = (
         "Gold texts a label needs in the eval set before its own F1 is gated.",
         1,
         1_000_000,
+        section=GATE_SECTION,
     ),
-    Field(
+    _rule(
         "max_profile_f1_drop",
-        "number",
         "Max profile F1 drop",
         "fp32-fused / int8: largest drop of micro- and macro-F1 vs the fp32 graph on the same eval set.",
-        0,
-        1,
-        nullable=True,
+        "0.005",
+        "0.002",
+        "0.01",
     ),
     Field(
         "allow_unsafe_pickle",
@@ -251,6 +318,7 @@ FIELDS: tuple[Field, ...] = (
         "Allow unsafe pickle",
         "Load a .pdparams whose pickle imports more than arrays, unscanned (trusted legacy files only); "
         "also needs SEQCLS_ALLOW_UNSAFE_PICKLE=1 on the worker. Prefer model.safetensors.",
+        section=EXPERT_SECTION,
     ),
 )
 FIELD_BY_NAME = {f.name: f for f in FIELDS}
@@ -310,16 +378,28 @@ class ReleaseConfig:
         unknown = sorted(set(data) - known)
         if unknown:
             raise InputError(f"unknown release parameter(s): {', '.join(unknown)}")
-        return cls(**{k: v for k, v in data.items() if v is not None})
+        return cls(**{k: _parse(k, v) for k, v in data.items() if v is not None})
 
 
 DEFAULTS = ReleaseConfig()
 
 
+def _parse(name: str, value: Any) -> Any:
+    spec = FIELD_BY_NAME.get(name)
+    return spec.parse(value) if spec else value
+
+
 def param_schema(name: str) -> dict[str, Any]:
     """Keyword arguments for an Airflow ``Param`` of release parameter ``name`` (default included)."""
     spec = FIELD_BY_NAME[name]
-    return {"default": getattr(DEFAULTS, name), "title": spec.title, "description": spec.description, **spec.schema()}
+    section = {"section": spec.section} if spec.section else {}
+    return {
+        "default": getattr(DEFAULTS, name),
+        "title": spec.title,
+        "description": spec.description,
+        **spec.schema(),
+        **section,
+    }
 
 
 def _json_object(value: str) -> dict[str, Any]:

@@ -57,7 +57,12 @@ def as_params(params: Mapping[str, Any] | str | None) -> dict[str, Any]:
 
 
 def config_from_params(params: Mapping[str, Any] | str | None) -> ReleaseConfig:
-    """The validated release config; a bad value raises InputError naming the param."""
+    """The validated release config; a bad value raises InputError naming the param.
+
+    The trigger form sends what was typed: an emptied optional field as ``""`` (None here), ``thresholds``
+    as JSON text, a number as text (``"1e-8"``: the form has no number widget for them, it rounded),
+    which :meth:`ReleaseConfig.from_dict` reads exactly with ``float()``.
+    """
     values = as_params(params)
     refuse_root_param(values)
     unknown = sorted(set(values) - RELEASE_PARAMS - NON_RELEASE_PARAMS)

@@ -1,10 +1,15 @@
 """The DAG's Params form, generated from :data:`seqcls.config.FIELDS` plus the run-level params.
 
-Release parameters get their type, range, enum, title and description from the config table, so
-the trigger form validates exactly what :class:`~seqcls.config.ReleaseConfig` accepts; the
+Release parameters get their type, range, enum, title, description and form section from the config
+table, so the trigger form validates exactly what :class:`~seqcls.config.ReleaseConfig` accepts; the
 run-level params (which checkpoint, runtime, Connections) are defined here, once. Where checkpoints
 come from is not among them: the model's checkpoints root is the deployment's (``seqcls.airflow.roots``),
 named in the ``checkpoint`` param's description only.
+
+The form shows three sections (Airflow 3's Params ``section``; :data:`seqcls.config.SECTIONS`): the
+everyday params first, in Airflow's open *Run Parameters* section (:data:`LEAD` at its top), then the
+gates' tolerances, then the expert knobs, both folded. Numbers are text fields there, read exactly
+(:meth:`seqcls.config.Field.parse`): what is typed is what the release gets.
 """
 
 from __future__ import annotations
@@ -14,8 +19,11 @@ from typing import Any
 
 from airflow.sdk import Param
 
-from seqcls.config import FIELDS, param_schema
+from seqcls.config import EXPERT_SECTION, FIELDS, SECTIONS, param_schema
 from seqcls.settings import ENV_CHECKPOINTS_ROOT, RUNTIMES, default_runtime
+
+#: The params a person sets most, at the top of the form's first section (in this order).
+LEAD = ("checkpoint", "model_name", "profile", "skip_if_champion")
 
 
 def root_label(root: str = "") -> str:
@@ -48,6 +56,7 @@ def run_params(model_name: str, root: str = "") -> dict[str, dict[str, Any]]:
             "title": "Triton runtime",
             "description": "python-onnxruntime (python backend, local Triton) or onnxruntime (native backend, "
             "NGC image).",
+            "section": EXPERT_SECTION,
         },
         "skip_if_champion": {
             "default": True,
@@ -56,22 +65,43 @@ def run_params(model_name: str, root: str = "") -> dict[str, dict[str, Any]]:
             "description": "End as skipped when the checkpoint already is the MLflow champion (always on for "
             "scheduled and asset-triggered runs). Turn off to release it again, e.g. after a Triton restart.",
         },
-        "triton_conn_id": {"default": "triton_default", "type": "string", "minLength": 1, "title": "Triton connection"},
-        "mlflow_conn_id": {"default": "mlflow_default", "type": "string", "minLength": 1, "title": "MLflow connection"},
+        "triton_conn_id": {
+            "default": "triton_default",
+            "type": "string",
+            "minLength": 1,
+            "title": "Triton connection",
+            "description": "Airflow Connection (type triton) of the Triton replicas this run releases to, with the "
+            "live model repository and the model-control key.",
+            "section": EXPERT_SECTION,
+        },
+        "mlflow_conn_id": {
+            "default": "mlflow_default",
+            "type": "string",
+            "minLength": 1,
+            "title": "MLflow connection",
+            "description": "Airflow Connection (type mlflow) of the tracking server and model registry this run "
+            "records to; the evidence pages link to its UI.",
+            "section": EXPERT_SECTION,
+        },
     }
 
 
 def schemas(model_name: str, defaults: Mapping[str, Any] | None = None, *, root: str = "") -> dict[str, dict[str, Any]]:
-    """Every DAG param's schema (with default): which checkpoint first, then the release parameters, then
-    the other run-level params.
+    """Every DAG param's schema (with default), in the form's order: section by section
+    (:data:`seqcls.config.SECTIONS`), :data:`LEAD` first, then the release parameters in table order,
+    then the run-level params.
 
     ``defaults`` (a model's entry of the models file, validated there) replaces defaults by name;
     ``root`` is the model's checkpoints root (:func:`run_params`).
     """
     release = {f.name: param_schema(f.name) for f in FIELDS}
     release["model_name"]["default"] = model_name
-    run = run_params(model_name, root)
-    out = {"checkpoint": run.pop("checkpoint"), **release, **run}
+    every = {**release, **run_params(model_name, root)}
+
+    def place(name: str) -> tuple[int, int]:
+        return SECTIONS.index(every[name].get("section")), LEAD.index(name) if name in LEAD else len(LEAD)
+
+    out = {name: every[name] for name in sorted(every, key=place)}
     unknown = sorted(set(defaults or {}) - set(out))
     if unknown:
         raise KeyError(f"not DAG params: {', '.join(unknown)}")

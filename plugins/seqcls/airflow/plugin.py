@@ -15,6 +15,11 @@ server — a sqlite store has no UI), ``publish_repository``/``reload_triton``/`
 ``expose_version`` push Triton's HTTP metadata URL of the served ensemble version. The two gates'
 evidence links (``validate_parity``'s *Parity evidence*, ``evaluate_quality``'s *Quality evidence*)
 need no XCom: a refused gate pushes none, so their URL is computed from the task instance's key.
+
+The pages also sit where people look (Airflow 3's ``external_views``): each DAG run has the tabs
+*Parity evidence* and *Quality evidence* (the page in the run's view; destination ``dag_run``, the
+run's ids filled in by the UI), and the *Browse* menu has *Release history*
+(``/seqcls/history``: every model's serving changes, :mod:`seqcls.airflow.parity_view`).
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ from airflow.configuration import conf
 from airflow.plugins_manager import AirflowPlugin
 from airflow.sdk import BaseOperatorLink
 
-from seqcls.airflow.parity_view import URL_PREFIX, create_app, evidence_path, quality_path
+from seqcls.airflow.parity_view import URL_PREFIX, create_app, evidence_path, history_path, quality_path
 from seqcls.airflow.report import MLFLOW_URL_KEY, TRITON_URL_KEY, pushed_value
 from seqcls.steps import BY_NAME
 
@@ -35,6 +40,26 @@ EVALUATE_TASK = BY_NAME["evaluate"].task_id
 if TYPE_CHECKING:
     from airflow.sdk import BaseOperator
     from airflow.sdk.types import TaskInstanceKey
+
+
+def api_base() -> str:
+    """``[api] base_url`` without its trailing slash ("" when unset): what the UI's own URLs start with."""
+    return (conf.get("api", "base_url", fallback="") or "").rstrip("/")
+
+
+def external_views(base: str) -> list[dict[str, str]]:
+    """The UI entries (Airflow 3 ``external_views``): the gates' pages as tabs of every DAG run (the UI
+    fills ``{DAG_ID}``/``{RUN_ID}``; a run without seqcls evidence answers 404 with why), the history
+    in the *Browse* menu."""
+    run = "{DAG_ID}/{RUN_ID}"
+    return [
+        {"name": "Parity evidence", "href": f"{base}{URL_PREFIX}/parity/{run}", "destination": "dag_run",
+         "url_route": "seqcls-parity"},
+        {"name": "Quality evidence", "href": f"{base}{URL_PREFIX}/quality/{run}", "destination": "dag_run",
+         "url_route": "seqcls-quality"},
+        {"name": "Release history", "href": f"{base}{history_path()}", "destination": "nav", "category": "browse",
+         "url_route": "seqcls-history"},
+    ]  # fmt: skip
 
 
 class _XComUrlLink(BaseOperatorLink):
@@ -78,8 +103,7 @@ class _EvidenceLink(BaseOperatorLink):
     def get_link(self, operator: BaseOperator, *, ti_key: TaskInstanceKey) -> str:
         if ti_key.task_id != self.task_id:
             return ""
-        base = (conf.get("api", "base_url", fallback="") or "").rstrip("/")
-        return f"{base}{self.page(ti_key.dag_id, ti_key.run_id)}"
+        return f"{api_base()}{self.page(ti_key.dag_id, ti_key.run_id)}"
 
 
 class ParityEvidenceLink(_EvidenceLink):
@@ -103,7 +127,7 @@ class QualityEvidenceLink(_EvidenceLink):
 
 
 class SeqclsPlugin(AirflowPlugin):
-    """Extra links for the seqcls release tasks, and the gates' evidence pages they point at."""
+    """Extra links for the seqcls release tasks, the pages they point at, and those pages in the UI."""
 
     name = "seqcls"
     global_operator_extra_links: ClassVar[list] = [
@@ -113,6 +137,15 @@ class SeqclsPlugin(AirflowPlugin):
         QualityEvidenceLink(),
     ]
     fastapi_apps: ClassVar[list] = [{"app": create_app(), "url_prefix": URL_PREFIX, "name": "seqcls"}]
+    external_views: ClassVar[list] = external_views(api_base())
 
 
-__all__ = ["MlflowModelVersionLink", "ParityEvidenceLink", "QualityEvidenceLink", "SeqclsPlugin", "TritonModelLink"]
+__all__ = [
+    "MlflowModelVersionLink",
+    "ParityEvidenceLink",
+    "QualityEvidenceLink",
+    "SeqclsPlugin",
+    "TritonModelLink",
+    "api_base",
+    "external_views",
+]
