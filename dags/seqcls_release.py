@@ -46,6 +46,13 @@ step; every step is idempotent, so re-running a run or a task redoes only what i
   If an endpoint dies during `expose_version`, the recorded state already says N and
   `seqcls_sync` finishes the switch. A failed `promote` (MLflow unreachable) is not rolled back:
   the smoke-tested version keeps serving, and a re-run (or `seqcls_sync`) moves the alias.
+- `report_outcome` — last, after every other task whatever happened (a *teardown*: it never decides the
+  run's state, so a failed release still ends failed): tells the model's `notify` URLs from the models
+  file (Apprise: mail, chat, webhooks; and/or the Apprise Connection `notify_conn_id`) how the run ended —
+  promoted as "Triton vN (MLflow vM)"; refused at preflight, by a gate or by the approver, with the reason;
+  failed at which task, and whether the candidate was withdrawn. A run skipped as already champion sends
+  nothing (the task is skipped too). A notification that cannot be sent is a warning in its log, never a
+  failure. Without a models file the URLs are `SEQCLS_NOTIFY_URLS` (space-separated), as for the CLI.
 
 **Params** (trigger form): `checkpoint` is a directory under the model's checkpoints root (absolute,
 or relative to it) or `latest`; it must resolve (symlinks followed) inside that root, else
@@ -95,6 +102,7 @@ from airflow.sdk.exceptions import AirflowTimetableInvalid
 from seqcls.airflow.assets import champion_asset, checkpoints_asset
 from seqcls.airflow.context import RESOLVE_TASK, ROLLBACK_ON
 from seqcls.airflow.models_file import ASSET_SCHEDULE, ModelSpec, release_models
+from seqcls.airflow.outcome import REPORT_TASK, records_failure
 from seqcls.airflow.params import dag_params
 from seqcls.airflow.tasks import APPROVAL_TASK, ReleaseApproval
 from seqcls.errors import InputError
@@ -118,9 +126,9 @@ def heavy_task(fn):
     else a plain @task in the worker. The function's source is what runs over there: imports stay
     inside, params arrive rendered as JSON (no Airflow needed there), and it is wrapped here
     rather than decorated (the copied source must not name this helper)."""
-    if PADDLE_PYTHON:
+    if PADDLE_PYTHON:  # its failure's reason: the step's record in the workspace
         return task.external_python(python=PADDLE_PYTHON, expect_airflow=False, execution_timeout=HEAVY_TIMEOUT)(fn)
-    return task(execution_timeout=HEAVY_TIMEOUT)(fn)
+    return task(execution_timeout=HEAVY_TIMEOUT)(records_failure(fn))
 
 
 def export_static(checkpoint: str, fingerprint: str, params_json: str, checkpoints_root: str) -> dict:
@@ -158,7 +166,13 @@ def release_dag(spec: ModelSpec) -> DAG:
         default_args={"retries": 0, "execution_timeout": SERVING_TIMEOUT},
         tags=["seqcls", "release", "triton", "mlflow", f"model:{spec.name}"],
     ) as release:
-        release_tasks(spec.name, spec.checkpoints_root, approval=spec.approval_required)
+        release_tasks(
+            spec.name,
+            spec.checkpoints_root,
+            approval=spec.approval_required,
+            notify=spec.notify,
+            notify_conn_id=spec.notify_conn_id,
+        )
     try:
         release.timetable.validate()
     except AirflowTimetableInvalid as exc:  # name the file and the model, not only Airflow's words
@@ -172,23 +186,36 @@ def _doc(spec: ModelSpec) -> str:
         spec.schedule, f"`{spec.schedule}`"
     )
     approval = f"; a person approves each release (`{APPROVAL_TASK}`)" if spec.approval_required else ""
+    targets = len(spec.notify) + bool(spec.notify_conn_id)  # how many, never which: URLs may hold secrets
+    notify = f"; `{REPORT_TASK}` notifies {targets} Apprise target(s)" if targets else ""
     head = (
-        f"**Model `{spec.name}`** (from {source}) — schedule {schedule}{approval}; promote emits "
+        f"**Model `{spec.name}`** (from {source}) — schedule {schedule}{approval}{notify}; promote emits "
         f"`{champion_asset(spec.name).uri}`."
     )
     title, rest = __doc__.strip().split("\n", 1)
     return f"{title}\n\n{head}\n{rest}"
 
 
-def release_tasks(model_name: str, checkpoints_root: str = "", *, approval: bool = False) -> None:
+def release_tasks(
+    model_name: str,
+    checkpoints_root: str = "",
+    *,
+    approval: bool = False,
+    notify: tuple[str, ...] = (),
+    notify_conn_id: str | None = None,
+) -> None:
     """The release checklist's tasks for ``model_name``, in the DAG being defined (promote emits its champion).
 
     ``checkpoints_root`` (the models file's, as written there) reaches every task as an argument fixed
     at parse time — the only root a run's checkpoint may come from (``seqcls.airflow.roots``).
     ``approval`` (models file ``approval: required``): the human approval task between smoke and expose.
+    ``notify`` (Apprise URLs) and ``notify_conn_id`` (an Apprise Connection): where ``report_outcome`` sends
+    the run's outcome. The URLs reach it through its closure, not as an argument: arguments are serialized
+    with the DAG and shown in the UI, and the URLs may carry secrets.
     """
 
     @task(execution_timeout=timedelta(minutes=10))
+    @records_failure
     def resolve_checkpoint(checkpoints_root: str, params=None, dag_run=None, ti=None) -> dict:
         """Validate params + checkpoint before any heavy work; skip when it already is champion."""
         from seqcls.airflow.tasks import resolve_release
@@ -196,6 +223,7 @@ def release_tasks(model_name: str, checkpoints_root: str = "", *, approval: bool
         return resolve_release(model_name, checkpoints_root, params, dag_run, ti)
 
     @task
+    @records_failure
     def evaluate_quality(checkpoint: str, fingerprint: str, checkpoints_root: str, params=None, ti=None) -> dict:
         """The quality gate: the serving graph vs the served champion on the labeled eval set."""
         from seqcls.airflow.tasks import run_task_step
@@ -203,6 +231,7 @@ def release_tasks(model_name: str, checkpoints_root: str = "", *, approval: bool
         return run_task_step("evaluate", checkpoint, fingerprint, params, ti, checkpoints_root=checkpoints_root)
 
     @task
+    @records_failure
     def register_model(checkpoint: str, fingerprint: str, checkpoints_root: str, params=None, ti=None) -> dict:
         """MLflow model version for this fingerprint (idempotent) + alias `candidate`."""
         from seqcls.airflow.tasks import run_task_step
@@ -210,6 +239,7 @@ def release_tasks(model_name: str, checkpoints_root: str = "", *, approval: bool
         return run_task_step("register", checkpoint, fingerprint, params, ti, checkpoints_root=checkpoints_root)
 
     @task
+    @records_failure
     def publish_repository(checkpoint: str, fingerprint: str, checkpoints_root: str, params=None, ti=None) -> dict:
         """Write Triton version N of tokenizer, seqcls_model, seqcls_postprocess and the ensemble."""
         from seqcls.airflow.tasks import run_task_step
@@ -217,6 +247,7 @@ def release_tasks(model_name: str, checkpoints_root: str = "", *, approval: bool
         return run_task_step("publish", checkpoint, fingerprint, params, ti, checkpoints_root=checkpoints_root)
 
     @task
+    @records_failure
     def reload_triton(checkpoint: str, fingerprint: str, checkpoints_root: str, params=None, ti=None) -> dict:
         """Load N beside the served version as the candidate on every endpoint; nothing public changes."""
         from seqcls.airflow.tasks import run_task_step
@@ -224,6 +255,7 @@ def release_tasks(model_name: str, checkpoints_root: str = "", *, approval: bool
         return run_task_step("reload", checkpoint, fingerprint, params, ti, checkpoints_root=checkpoints_root)
 
     @task
+    @records_failure
     def smoke_test(checkpoint: str, fingerprint: str, checkpoints_root: str, params=None, ti=None) -> dict:
         """Golden texts through the candidate route (gRPC) must answer what the gate validated."""
         from seqcls.airflow.tasks import run_task_step
@@ -231,6 +263,7 @@ def release_tasks(model_name: str, checkpoints_root: str = "", *, approval: bool
         return run_task_step("smoke", checkpoint, fingerprint, params, ti, checkpoints_root=checkpoints_root)
 
     @task
+    @records_failure
     def expose_version(checkpoint: str, fingerprint: str, checkpoints_root: str, params=None, ti=None) -> dict:
         """The public ensemble serves N on every endpoint (recorded state first, then reconciled)."""
         from seqcls.airflow.tasks import run_task_step
@@ -238,6 +271,7 @@ def release_tasks(model_name: str, checkpoints_root: str = "", *, approval: bool
         return run_task_step("expose", checkpoint, fingerprint, params, ti, checkpoints_root=checkpoints_root)
 
     @task(outlets=[champion_asset(model_name)])
+    @records_failure
     def promote(
         checkpoint: str, fingerprint: str, checkpoints_root: str, params=None, ti=None, outlet_events=None
     ) -> dict:
@@ -250,11 +284,20 @@ def release_tasks(model_name: str, checkpoints_root: str = "", *, approval: bool
         )
 
     @task(trigger_rule=TriggerRule.ONE_FAILED)
+    @records_failure
     def rollback(checkpoint: str, fingerprint: str, checkpoints_root: str, params=None, ti=None) -> dict:
         """After a serving step FAILED (not merely upstream-failed): withdraw this attempt's candidate."""
         from seqcls.airflow.tasks import roll_back_failed_attempt
 
         return roll_back_failed_attempt(checkpoint, fingerprint, params, ti, checkpoints_root=checkpoints_root)
+
+    @task(task_id=REPORT_TASK, execution_timeout=timedelta(minutes=5))
+    def report_outcome(checkpoint: str, fingerprint: str, checkpoints_root: str, params=None, ti=None) -> dict:
+        """How the run ended (promoted / refused and why / failed, withdrawn) → the model's notify URLs; never fails."""
+        from seqcls.airflow.outcome import report_run
+
+        kwargs = {"checkpoints_root": checkpoints_root, "urls": notify, "conn_id": notify_conn_id}
+        return report_run(model_name, fingerprint, params, ti, **kwargs)
 
     step = {"checkpoint": CHECKPOINT, "fingerprint": FINGERPRINT, "checkpoints_root": checkpoints_root}
     resolved = resolve_checkpoint(checkpoints_root=checkpoints_root)
@@ -288,7 +331,10 @@ def release_tasks(model_name: str, checkpoints_root: str = "", *, approval: bool
     # Rollback after the steps the table marks undo_on_failure (the task checks they really failed), and
     # after a rejected approval: the candidate is withdrawn as after a failed smoke test.
     undo_on = [t for t in tasks if t in approve or t.operator.task_id in ROLLBACK_ON]
-    undo_on >> rollback(**step)
+    rolled_back = rollback(**step)
+    undo_on >> rolled_back
+    # After everything, whatever happened; a teardown, so the run's state stays the release's (see the doc).
+    [*tasks, rolled_back] >> report_outcome(**step).as_teardown()
 
 
 for _spec in MODELS:

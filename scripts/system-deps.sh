@@ -7,6 +7,7 @@
 #   prometheus     — `promtool` checks and unit-tests the alerting/recording rules and the dashboard
 #                    queries, and the `prometheus` server runs them on a real Triton's metrics text
 #                    (tests/test_monitoring_rules.py; under CI a missing binary fails, not skips)
+#   fonts-wqy-zenhei — a CJK font: label names like 组织关系##裁员 in the UI screenshots and the plots
 set -euo pipefail
 need=()
 python3.11 -c 'import sysconfig,sys; sys.exit(0 if sysconfig.get_config_var("Py_ENABLE_SHARED") else 1)' 2>/dev/null \
@@ -15,6 +16,7 @@ command -v docker-compose >/dev/null 2>&1 || need+=(docker-compose)
 command -v chromium >/dev/null 2>&1 || need+=(chromium)
 ldconfig -p 2>/dev/null | grep -q 'libb64\.so\.0d' || need+=(libb64-0d)
 { command -v promtool && command -v prometheus; } >/dev/null 2>&1 || need+=(prometheus)
+{ command -v fc-list >/dev/null 2>&1 && fc-list :lang=zh | grep -q .; } || need+=(fonts-wqy-zenhei)
 [ ${#need[@]} -eq 0 ] && exit 0
 if [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then
   echo "system-deps: installing ${need[*]} (apt-get)" >&2

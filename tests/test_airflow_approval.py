@@ -82,6 +82,7 @@ def test_the_approval_task_sits_between_smoke_and_expose(tmp_path: Path, monkeyp
     from airflow.providers.standard.operators.hitl import ApprovalOperator
 
     from seqcls.airflow.context import ROLLBACK_ON, ROLLBACK_TASK, TASK_ORDER
+    from seqcls.airflow.outcome import REPORT_TASK
 
     path = _models_file(
         tmp_path / "models.yaml", f"models: [{{name: seqcls}}, {{name: {MODEL}, approval: required}}]\n"
@@ -92,13 +93,13 @@ def test_the_approval_task_sits_between_smoke_and_expose(tmp_path: Path, monkeyp
     bag = DagBag(dag_folder=str(Path(__file__).resolve().parents[1] / "dags"))
     assert bag.import_errors == {}, bag.import_errors
     plain, gated = bag.dags["seqcls_release"], bag.dags[DAG_ID]
-    assert set(plain.task_ids) == set(TASK_ORDER)  # without approval: exactly today's tasks
+    assert set(plain.task_ids) == {*TASK_ORDER, REPORT_TASK}  # without approval: exactly today's tasks
     assert plain.get_task(ROLLBACK_TASK).upstream_task_ids == set(ROLLBACK_ON)
-    assert set(gated.task_ids) == {*TASK_ORDER, APPROVE_TASK}
+    assert set(gated.task_ids) == {*TASK_ORDER, APPROVE_TASK, REPORT_TASK}
     approve = gated.get_task(APPROVE_TASK)
     assert isinstance(approve, ApprovalOperator) and approve.fail_on_reject, type(approve)
     assert approve.upstream_task_ids == {"smoke_test"}
-    assert approve.downstream_task_ids == {"expose_version", ROLLBACK_TASK}
+    assert approve.downstream_task_ids == {"expose_version", ROLLBACK_TASK, REPORT_TASK}
     assert gated.get_task("expose_version").upstream_task_ids == {APPROVE_TASK}
     assert gated.get_task(ROLLBACK_TASK).upstream_task_ids == {*ROLLBACK_ON, APPROVE_TASK}
     assert approve.response_timeout is not None  # an unanswered release does not hold the model for ever
@@ -130,7 +131,7 @@ def test_the_text_says_when_the_gate_did_not_run() -> None:
         "smoke": {"message": "65 golden texts answered as validated", "route": f"{MODEL}_candidate"},
     }
     subject, body = approval_text(summary)
-    assert subject == f"Release {MODEL} (Triton version 3, fingerprint {'ab' * 6})? Quality gate did not run"
+    assert subject == f"Release {MODEL} (Triton v3, fingerprint {'ab' * 6})? Quality gate did not run"
     assert f"### Quality gate — skipped — {why}" in body and "micro-F1" not in body
     assert "### Smoke test — 65 golden texts answered as validated" in body
 

@@ -38,9 +38,12 @@ from tests.helpers.airflow import (
     tasks_between,
     triton,
 )
+from tests.helpers.receivers import json_receiver, wait_for
 
 AIRFLOW_HOME = private_airflow_home()  # before anything imports airflow
-__all__ = ["airflow_db", "task_logs_reach_this_test", "triton"]  # the fixtures, imported for this module's tests
+# the fixtures, imported for this module's tests
+__all__ = ["airflow_db", "json_receiver", "task_logs_reach_this_test", "triton"]
+REPORT_TASK = "report_outcome"  # seqcls.airflow.outcome.REPORT_TASK (imports Airflow: not at module level)
 
 
 # ----------------------------------------------------------------------------- fast: no services
@@ -215,8 +218,12 @@ def test_mlflow_credentials_come_from_connection_fields_masked_and_scoped(monkey
 def test_dag_imports_with_the_release_shape(monkeypatch: pytest.MonkeyPatch) -> None:
     from airflow.sdk import TriggerRule
 
+    from seqcls.airflow import outcome
+
     dag = parse_dag(monkeypatch, SEQCLS_SCHEDULE=None, SEQCLS_PADDLE_PYTHON=None)
-    assert tuple(t.task_id for t in dag.topological_sort()) == TASKS
+    assert REPORT_TASK == outcome.REPORT_TASK
+    assert tuple(t.task_id for t in dag.topological_sort()) == (*TASKS, REPORT_TASK)
+    assert dag.get_task(REPORT_TASK).is_teardown and dag.get_task(REPORT_TASK).upstream_task_ids == set(TASKS)
     assert dag.schedule is None and dag.catchup is False and dag.max_active_runs == 1
     assert dag.doc_md and "seqcls_release" in dag.doc_md
     assert dag.get_task("rollback").trigger_rule == TriggerRule.ONE_FAILED
@@ -293,6 +300,7 @@ def test_release_skip_then_smoke_failure_rolls_back(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
     capfd: pytest.CaptureFixture[str],
+    json_receiver,
 ) -> None:
     from seqcls.serving.names import ENSEMBLE, MODELS
     from seqcls.serving.repository import Repository
@@ -302,7 +310,8 @@ def test_release_skip_then_smoke_failure_rolls_back(
     ckpt_a = root / "run-a"
     shutil.copytree(tiny_checkpoint, ckpt_a)
     monkeypatch.setenv("SEQCLS_CHECKPOINTS_ROOT", str(root))
-    dag = parse_dag(monkeypatch, SEQCLS_PADDLE_PYTHON=None)
+    # report_outcome tells every outcome to this URL (no models file: SEQCLS_NOTIFY_URLS, read at parse time)
+    dag = parse_dag(monkeypatch, SEQCLS_PADDLE_PYTHON=None, SEQCLS_NOTIFY_URLS=json_receiver.url())
 
     champion_uri = "seqcls://models/seqcls/champion"
     before = len(champion_events(champion_uri))  # the session's Airflow DB is shared by the Airflow tests
@@ -310,7 +319,7 @@ def test_release_skip_then_smoke_failure_rolls_back(
     # 1. a full release: Triton serves version 1, MLflow champion is it, the logs tell the story
     dr, states = run_dag(dag, {"checkpoint": str(ckpt_a)})
     assert dr.state == "success", states
-    assert states == {**{t: "success" for t in TASKS}, "rollback": "skipped"}
+    assert states == {**{t: "success" for t in TASKS}, "rollback": "skipped", REPORT_TASK: "success"}
     assert ready_models(triton) == {m: ["1"] for m in MODELS}
     settings = Settings.from_env(triton_repository=triton.config.repository)
     assert Repository.from_settings(settings, "seqcls").serving_version() == 1
@@ -319,6 +328,10 @@ def test_release_skip_then_smoke_failure_rolls_back(
 
     fp_a = resolve_checkpoint(ckpt_a).fingerprint
     assert champion is not None and int(champion.version) == 1 and champion.tags["fingerprint"] == fp_a
+    (note,) = wait_for(json_receiver, 1)
+    assert (note.title, note.kind) == ("[seqcls] seqcls: Triton v1 (MLflow v1) promoted", "success")
+    assert f"fingerprint {fp_a[:12]}, checkpoint {ckpt_a}" in note.body and "gates: parity passed" in note.body
+    assert f"/dags/{DAG_ID}/runs/" in note.body  # the Airflow run's link
     # promote emitted the champion Asset, its extra naming what is served now
     assert [(e["extra"], e["dag_id"], e["run_id"]) for e in champion_events(champion_uri)[before:]] == [
         ({"version": 1, "triton_version": 1, "fingerprint": fp_a}, DAG_ID, dr.run_id)
@@ -336,7 +349,7 @@ def test_release_skip_then_smoke_failure_rolls_back(
         "reload: ok in",
         "smoke figures: version=1, texts=65, p50_ms=",
         "promote: ok in",
-        "champion → seqcls version 1",
+        "champion → seqcls Triton v1 (MLflow v1)",
         f"publish link: http://{triton.config.http_url.split('://')[-1]}/v2/models/{ENSEMBLE}/versions/1",
     ):
         assert line in text, f"task logs lack {line!r}"
@@ -359,6 +372,7 @@ def test_release_skip_then_smoke_failure_rolls_back(
     assert dr.state == "success" and set(states.values()) == {"skipped"}, states
     assert "is already the MLflow champion" in "".join(capfd.readouterr())
     assert len(champion_events(champion_uri)) == before + 1  # a skipped run emits nothing
+    assert len(json_receiver.received) == 1  # and tells nothing: report_outcome is skipped too
     # a real scheduled / asset-triggered run ignores the checkpoint and skip_if_champion params
     from types import SimpleNamespace
 
@@ -392,6 +406,7 @@ def test_release_skip_then_smoke_failure_rolls_back(
         "expose_version": "upstream_failed",
         "promote": "upstream_failed",
         "rollback": "success",
+        REPORT_TASK: "success",  # a teardown: the run still ends failed
     }
     assert ready_models(triton) == {m: ["1"] for m in MODELS}
     assert Repository.from_settings(settings, "seqcls").serving_version() == 1
@@ -399,8 +414,12 @@ def test_release_skip_then_smoke_failure_rolls_back(
     assert int(champion.version) == 1 and champion.tags["fingerprint"] == fp_a
     assert len(champion_events(champion_uri)) == before + 1  # nor does a failed one
     text = "".join(capfd.readouterr())
-    assert "smoke test of seqcls version 2 failed" in text
-    assert "rollback: ok in" in text and "serving 1 again" in text
+    assert "smoke test of seqcls Triton v2 failed" in text
+    assert "rollback: ok in" in text and "serving Triton v1 again" in text
+    note = wait_for(json_receiver, 2)[-1]
+    assert (note.title, note.kind) == ("[seqcls] seqcls: release failed at smoke_test; candidate withdrawn", "failure")
+    assert note.body.startswith("smoke test of seqcls Triton v2 failed: ")  # the reason first
+    assert "serving now: Triton v1 (MLflow v1)" in note.body and "rollback: this attempt was undone" in note.body
 
     # 4. Triton restarts (explicit mode comes back empty): the seqcls_sync DAG serves version 1 again
     triton.stop()
@@ -418,7 +437,7 @@ def test_release_skip_then_smoke_failure_rolls_back(
 @pytest.mark.integration
 @pytest.mark.timeout(400)
 def test_parity_failure_in_external_python_registers_and_publishes_nothing(
-    airflow_db: Path, tiny_checkpoint: Path, home: Path, monkeypatch: pytest.MonkeyPatch, capfd
+    airflow_db: Path, triton, tiny_checkpoint: Path, home: Path, monkeypatch: pytest.MonkeyPatch, capfd
 ) -> None:
     # Heavy steps in another interpreter (here: this venv's, where seqcls is installed).
     monkeypatch.setenv("SEQCLS_CHECKPOINTS_ROOT", str(tiny_checkpoint.parent))
@@ -437,6 +456,7 @@ def test_parity_failure_in_external_python_registers_and_publishes_nothing(
         "validate_parity": "failed",
         **{t: "upstream_failed" for t in tasks_between("validate_parity", "rollback")},
         "rollback": "skipped",
+        REPORT_TASK: "success",
     }
     text = "".join(capfd.readouterr())
     assert "Executing cmd: " + sys.executable in text  # really ran in the external interpreter
@@ -453,11 +473,11 @@ def test_parity_failure_in_external_python_registers_and_publishes_nothing(
 @pytest.mark.integration
 @pytest.mark.timeout(300)
 def test_bad_params_fail_before_any_work(
-    airflow_db: Path, tiny_checkpoint: Path, home: Path, monkeypatch: pytest.MonkeyPatch, capfd
+    airflow_db: Path, tiny_checkpoint: Path, home: Path, monkeypatch: pytest.MonkeyPatch, capfd, json_receiver
 ) -> None:
     from airflow.sdk.exceptions import ParamValidationError
 
-    dag = parse_dag(monkeypatch, SEQCLS_PADDLE_PYTHON=None)
+    dag = parse_dag(monkeypatch, SEQCLS_PADDLE_PYTHON=None, SEQCLS_NOTIFY_URLS=json_receiver.url())
     with pytest.raises(ParamValidationError, match="opset"):  # the trigger form's schema
         dag.test(run_conf={"checkpoint": str(tiny_checkpoint), "opset": 99})
     # passes the schema, refused by the library: no path traversal through the model name
@@ -467,8 +487,12 @@ def test_bad_params_fail_before_any_work(
         "resolve_checkpoint": "failed",
         **{t: "upstream_failed" for t in tasks_between("resolve_checkpoint", "rollback")},
         "rollback": "skipped",
+        REPORT_TASK: "success",
     }
     assert "bad release input: model name 'x..y' is not allowed" in "".join(capfd.readouterr())
+    note = wait_for(json_receiver, 1)[0]  # the refusal, told with its reason (the first run that ran)
+    assert (note.title, note.kind) == ("[seqcls] seqcls: release refused at preflight", "warning")
+    assert note.body.startswith("bad release input: model name 'x..y' is not allowed")
     # a checkpoint outside the model's root (here: $SEQCLS_HOME/checkpoints), and a conf choosing the root
     dag = parse_dag(monkeypatch, SEQCLS_PADDLE_PYTHON=None)  # one process: dag.test() leaves conf values in dag.params
     root = (home / "checkpoints").resolve()
@@ -521,7 +545,7 @@ def test_a_transformers_checkpoint_releases_through_the_same_dag(
     assert "framework" not in dag.params  # detected from the checkpoint, never asked for
     dr, states = run_dag(dag, {"checkpoint": "latest"})
     assert dr.state == "success", states
-    assert states == {**{t: "success" for t in TASKS}, "rollback": "skipped"}
+    assert states == {**{t: "success" for t in TASKS}, "rollback": "skipped", REPORT_TASK: "success"}
     assert ready_models(triton) == {m: ["1"] for m in MODELS}
     champion = champion_version()
     assert champion is not None and champion.tags["framework"] == "transformers"

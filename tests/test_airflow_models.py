@@ -233,13 +233,14 @@ def test_a_dag_per_model_from_the_file(tmp_path: Path, monkeypatch: pytest.Monke
     from airflow.sdk import TriggerRule
 
     from seqcls.airflow.context import TASK_ORDER
+    from seqcls.airflow.outcome import REPORT_TASK
 
     bag = _bag(monkeypatch, EXAMPLE)
     assert bag.import_errors == {}, bag.import_errors
     assert sorted(bag.dags) == ["seqcls_release", "seqcls_release__alpha", "seqcls_release__beta", "seqcls_sync"]
     alpha, beta, default = (bag.dags[f"seqcls_release{s}"] for s in ("__alpha", "__beta", ""))
     for dag, model in ((alpha, "alpha"), (beta, "beta"), (default, "seqcls")):
-        assert set(dag.task_ids) == set(TASK_ORDER) and dag.max_active_runs == 1 and dag.catchup is False
+        assert set(dag.task_ids) == {*TASK_ORDER, REPORT_TASK} and dag.max_active_runs == 1 and dag.catchup is False
         assert dag.get_task("rollback").trigger_rule == TriggerRule.ONE_FAILED
         assert [a.uri for a in dag.get_task("promote").outlets] == [f"seqcls://models/{model}/champion"]
         assert dag.params["model_name"] == model and f"model:{model}" in dag.tags
@@ -254,7 +255,9 @@ def test_a_dag_per_model_from_the_file(tmp_path: Path, monkeypatch: pytest.Monke
     # the checkpoints root: every task's parse-time argument, not a param of the trigger form
     for dag, root, shown in ((alpha, "alpha", "SEQCLS_CHECKPOINTS_ROOT/alpha"), (beta, "/data/checkpoints/beta", None)):
         assert "checkpoints_root" not in dag.params
-        assert {t.task_id: t.op_kwargs["checkpoints_root"] for t in dag.tasks} == {t: root for t in TASK_ORDER}
+        assert {t.task_id: t.op_kwargs["checkpoints_root"] for t in dag.tasks} == {
+            t: root for t in (*TASK_ORDER, REPORT_TASK)
+        }
         assert f"under this model's checkpoints root {shown or root}," in dag.params.get_param("checkpoint").description
     assert beta.params["mlflow_conn_id"] == "mlflow_beta" and default.params["threshold"] == 0.5
     # the default location: seqcls-models.yaml beside the DAG file
@@ -332,6 +335,12 @@ def test_a_dag_takes_checkpoints_only_from_its_models_root(
     )
     dag = _bag(monkeypatch, models, SEQCLS_CHECKPOINTS_ROOT=str(tmp_path / "checkpoints")).dags["seqcls_release__beta"]
     resolve = dag.get_task("resolve_checkpoint")
+    import functools
+
+    from seqcls.airflow import tasks
+
+    # roots only: the preflight's Triton/MLflow checks are tested in test_airflow_dag and test_preflight
+    monkeypatch.setattr(tasks, "preflight", functools.partial(tasks.preflight, servers=()))
 
     def run(**conf):
         params = {**dag.params.dump(), "skip_if_champion": False, **conf}
@@ -590,7 +599,7 @@ def test_alpha_and_beta_release_concurrently_through_airflow(
         timing = ", ".join(f"{t} {(tasks[t][2] or 0) - (tasks[t][1] or 0):.1f}s" for t in TASKS if t in tasks)
         print(f"\n{model}: {r['state']} in {r['end'] - r['start']:.0f}s: {timing}", file=sys.__stderr__)
     states = {m: {t: v[0] for t, v in r["tasks"].items()} for m, r in results.items()}
-    expected = {**{t: "success" for t in TASKS}, "rollback": "skipped"}
+    expected = {**{t: "success" for t in TASKS}, "rollback": "skipped", "report_outcome": "success"}
     assert states == {"alpha": expected, "beta": expected}, states
     # they really ran at the same time: the two runs overlap for most of their length
     overlap = min(r["end"] for r in results.values()) - max(r["start"] for r in results.values())

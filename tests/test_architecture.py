@@ -204,15 +204,17 @@ def _linear_chain(dag, ids: set[str]) -> list[str]:
 
 def test_dag_chain_equals_the_step_table(dag) -> None:
     from seqcls.airflow.context import ROLLBACK_TASK, TASK_ORDER
+    from seqcls.airflow.outcome import REPORT_TASK
     from seqcls.steps import STEPS
 
-    assert set(dag.task_ids) == set(TASK_ORDER)
+    assert set(dag.task_ids) == {*TASK_ORDER, REPORT_TASK}
     chain_ids = set(TASK_ORDER) - {ROLLBACK_TASK}
     assert _linear_chain(dag, chain_ids) == [t for t in TASK_ORDER if t != ROLLBACK_TASK]
     undo = {s.task_id for s in STEPS if s.undo_on_failure}
     assert undo, "the step table marks no step undo_on_failure"
     assert dag.get_task(ROLLBACK_TASK).upstream_task_ids == undo
-    assert not dag.get_task(ROLLBACK_TASK).downstream_task_ids
+    assert dag.get_task(ROLLBACK_TASK).downstream_task_ids == {REPORT_TASK}  # the teardown after every task
+    assert dag.get_task(REPORT_TASK).upstream_task_ids == set(TASK_ORDER) and dag.get_task(REPORT_TASK).is_teardown
 
 
 def test_dag_params_equal_the_config_table(dag) -> None:

@@ -348,7 +348,7 @@ def test_unpinned_clients_never_see_an_unsmoked_model(
     for t in threads:
         t.start()
     try:
-        with pytest.raises(SeqclsError, match="smoke test of seqcls version 2 failed"):
+        with pytest.raises(SeqclsError, match="smoke test of seqcls Triton v2 failed"):
             drill.release(tiny_checkpoint_b_src, settings=bad)
     finally:
         stop.set()
@@ -462,7 +462,7 @@ def test_mlflow_killed_during_undo(
     # MLflow dies once the candidate is staged: smoke fails → rollback meets a dead registry
     watcher = when(lambda: current_state(drill.repo, "seqcls").candidate is not None, mlflow_server.kill)
     try:
-        with pytest.raises(SeqclsError, match="smoke test of seqcls version 2 failed"):
+        with pytest.raises(SeqclsError, match="smoke test of seqcls Triton v2 failed"):
             run_release(release_b)  # Triton is restored first; the registry undo fails and says so
         watcher.join(timeout=60)
         rb = release_b.workspace.step("rollback")["summary"]

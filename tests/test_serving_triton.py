@@ -262,7 +262,7 @@ def test_smoke_failure_rolls_back(
     settings = settings_for(server, home)
     run_release(open_release(tiny_checkpoint, settings=settings))
     release = open_release(tiny_checkpoint_b, settings=settings_for(server, home, _broken_source(tmp_path, negate)))
-    with pytest.raises(SmokeError, match=r"smoke test of seqcls version 2 failed: .*answers differ — #0 "):
+    with pytest.raises(SmokeError, match=r"smoke test of seqcls Triton v2 failed: .*answers differ — #0 "):
         run_release(release)
     assert release.workspace.step("smoke")["status"] == "failed"
     assert release.workspace.step("rollback")["summary"]["serving_version"] == 1

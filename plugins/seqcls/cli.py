@@ -33,6 +33,7 @@ from seqcls.history import lines as history_lines
 from seqcls.localtriton import LocalTriton, TritonServerConfig
 from seqcls.monitoring.drift import DRIFT, NOT_ENOUGH, DriftReport, Thresholds
 from seqcls.monitoring.live import monitor
+from seqcls.notify.commands import notify_outcome
 from seqcls.quality.kept import OWN_EVAL_FILES, preflight_eval_set
 from seqcls.records import EVALUATION
 from seqcls.registry.ledger import version_label
@@ -548,7 +549,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     try:
         with stdout_to_stderr():
-            code, printer = args.func(args)
+            code, printer = notify_outcome(args.func, args)  # release/rollback: outcome to SEQCLS_NOTIFY_URLS
         printer()
         return code
     except SeqclsError as exc:

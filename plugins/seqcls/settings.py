@@ -174,6 +174,19 @@ def prometheus_url() -> str | None:
     return os.environ.get(ENV_PROMETHEUS_URL, "").strip() or None
 
 
+ENV_NOTIFY_URLS = "SEQCLS_NOTIFY_URLS"  # Apprise URLs (space-separated): `seqcls release`/`rollback` outcomes
+
+
+def notify_urls() -> tuple[str, ...]:
+    """The Apprise URLs ``seqcls release`` and ``seqcls rollback`` send their outcome to (``SEQCLS_NOTIFY_URLS``,
+    separated by spaces; also the single release DAG's when there is no models file), read at call time.
+
+    Unset or empty: nothing is sent. Checked by :func:`seqcls.notify.check_urls` where they are used: a
+    notification never fails or changes a release, so a bad URL is a warning there, not an error here.
+    """
+    return tuple(os.environ.get(ENV_NOTIFY_URLS, "").split())
+
+
 def fault_plan() -> str:
     """The test-only fault plan (``SEQCLS_FAULT_PLAN``); empty in production. See :mod:`seqcls.faults`."""
     return os.environ.get(ENV_FAULT_PLAN, "")

@@ -20,6 +20,10 @@ no file (or ``SEQCLS_MODELS_FILE=none``) → the single DAG ``seqcls_release`` f
       - name: beta
         mlflow_conn_id: mlflow_beta
         approval: required           # none (default) | required: a person approves before it goes live
+        notify:                      # Apprise URLs told every outcome of its runs (or one string, space-separated)
+          - mailto://ops@example.com?smtp=smtp.example.com
+          - json://hooks.example.com/seqcls
+        notify_conn_id: apprise_ops  # and/or an Airflow Connection of type `apprise` (its `config` extra)
 
 The file is checked strictly when the DAG file is parsed, so a mistake is an import error in the
 Airflow UI naming the file, the model and the key: unknown keys, duplicate keys or model names,
@@ -28,6 +32,14 @@ names Triton/MLflow cannot take, release params :class:`~seqcls.config.ReleaseCo
 test and the exposure of that model's release: what the gates measured is shown to a person, who
 approves (it goes live) or rejects (it is withdrawn like a failed smoke test) — for models where a
 passed gate is necessary but not sufficient. ``none`` (default): no such task, the DAG as without it.
+
+``notify`` (also under ``defaults``; ``notify: []`` opts a model out of the defaults'): the Apprise URLs
+the run's ``report_outcome`` task tells how the run ended — promoted, refused (preflight, a gate, the
+approver) with the reason, failed (and withdrawn), :mod:`seqcls.notify`. Each URL is checked with Apprise
+here and an error names its position and scheme, never the URL (it may carry a password or token).
+``notify_conn_id`` names an Airflow Connection of type ``apprise`` (``apache-airflow-providers-apprise``)
+to send through as well: the secret then lives in Airflow's Connections, not in this file. Neither is a
+run param: they are fixed when the file is parsed, and not written to the serialized DAG.
 
 Imports nothing from Airflow (the DAG file validates the schedules with Airflow's timetables).
 """
@@ -42,16 +54,19 @@ from typing import Any
 
 from seqcls.config import ReleaseConfig
 from seqcls.errors import InputError
+from seqcls.notify import check_urls
 from seqcls.serving.names import names_for
 from seqcls.settings import (
     DEFAULT_MODEL_NAME,
     ENV_MODEL_NAME,
     ENV_MODELS_FILE,
+    ENV_NOTIFY_URLS,
     ENV_SCHEDULE,
     RUNTIMES,
     dag_model_name,
     dag_models_file,
     dag_schedule,
+    notify_urls,
     validate_model_name,
 )
 
@@ -69,6 +84,8 @@ MODEL_KEYS = (
     "triton_conn_id",
     "mlflow_conn_id",
     "approval",
+    "notify",
+    "notify_conn_id",
 )
 DEFAULT_KEYS = tuple(k for k in MODEL_KEYS if k not in ("name", "checkpoints_root", "eval_set"))
 TOP_KEYS = ("defaults", "models")
@@ -91,6 +108,9 @@ class ModelSpec:
     params: dict[str, Any] = field(default_factory=dict)  # DAG param defaults (validated)
     source: Path | None = None  # the models file it came from (None: the environment)
     approval: str = APPROVAL_NONE  # "required": a human approves between smoke_test and expose_version
+    #: Apprise URLs told each run's outcome; never in repr or a log line (they may carry secrets).
+    notify: tuple[str, ...] = field(default=(), repr=False)
+    notify_conn_id: str | None = None  # an Airflow Connection of type `apprise` to send through too
 
     @property
     def approval_required(self) -> bool:
@@ -116,7 +136,8 @@ def release_models(dag_folder: Path) -> tuple[ModelSpec, ...]:
     path = models_file(dag_folder)
     if path is None:
         schedule = _schedule(dag_schedule(), f"{ENV_SCHEDULE}")
-        return (ModelSpec(dag_model_name(), schedule=schedule),)
+        notify = check_urls(notify_urls(), ENV_NOTIFY_URLS)
+        return (ModelSpec(dag_model_name(), schedule=schedule, notify=notify),)
     if dag_schedule().strip() or dag_model_name() != DEFAULT_MODEL_NAME:
         raise InputError(
             f"{path}: this models file defines the release DAGs, but {ENV_SCHEDULE}/{ENV_MODEL_NAME} are set too "
@@ -216,6 +237,8 @@ def _model(path: Path, index: int, entry: Any, defaults: Mapping[str, Any]) -> M
         params=params,
         source=path,
         approval=_approval(merged.get("approval", APPROVAL_NONE), f"{where}: approval"),
+        notify=check_urls(merged.get("notify"), f"{where}: notify"),
+        notify_conn_id=_conn_id(merged.get("notify_conn_id"), f"{where}: notify_conn_id"),
     )
 
 
@@ -278,6 +301,14 @@ def _approval(value: Any, where: str) -> str:
             f"smoke_test and expose_version), got {value!r}"
         )
     return value
+
+
+def _conn_id(value: Any, where: str) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value.strip():
+        raise InputError(f"{where}: must be a Connection id (a non-empty string), got {value!r}")
+    return value.strip()
 
 
 def _root(value: Any, where: str) -> str:

@@ -354,7 +354,7 @@ def approval_text(summary: Mapping[str, Any]) -> tuple[str, str]:
     q, smoke, model, version = summary["quality"], summary["smoke"], summary["model_name"], summary["version"]
     gate = "did not run" if q["candidate"] is None else "passed" if q["passed"] else "refused"
     fingerprint = summary["fingerprint"]
-    subject = f"Release {model} (Triton version {version}, fingerprint {fingerprint[:12]})? Quality gate {gate}"
+    subject = f"Release {model} (Triton v{version}, fingerprint {fingerprint[:12]})? Quality gate {gate}"
     route = smoke.get("route") or names_for(model).candidate
     lines = [
         f"**{model}**: checkpoint `{summary['checkpoint']}` (fingerprint `{fingerprint[:16]}`) as Triton "

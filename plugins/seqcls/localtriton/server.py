@@ -381,4 +381,3 @@ class LocalTriton:
 
 def _with_detail(status: TritonStatus, detail: str) -> TritonStatus:
     return replace(status, detail=detail)
-

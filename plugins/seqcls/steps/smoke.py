@@ -275,7 +275,7 @@ def smoke(release: Release, endpoints: Sequence[Endpoint] | None = None) -> Step
                     + (f"; metadata: {r['metadata_problems']}" if r["metadata_problems"] else "")
                 )
             model = release.config.model_name
-            raise SmokeError(f"smoke test of {model} version {version} failed: " + " | ".join(parts))
+            raise SmokeError(f"smoke test of {model} Triton v{version} failed: " + " | ".join(parts))
         shadow = shadow_of(release, endpoints[0], route, version)
         summary = {
             "version": version,
