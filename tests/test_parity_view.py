@@ -247,3 +247,38 @@ def test_the_pages_are_where_people_look() -> None:
         "browse",
     )
     assert len({v["url_route"] for v in SeqclsPlugin.external_views}) == 3
+
+
+def test_an_old_runs_triton_link_leads_to_the_history_once_its_version_is_gone(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Issue 25: the *Triton model* link of an old run pointed at a version no longer loaded (a 400)."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+    from types import SimpleNamespace
+
+    from seqcls.airflow import plugin
+
+    class Triton(BaseHTTPRequestHandler):  # answers /ready as Triton does: 200 loaded, 400 not
+        def do_GET(self) -> None:
+            self.send_response(200 if self.path == "/v2/models/seqcls/versions/2/ready" else 400)
+            self.end_headers()
+
+        def log_message(self, *args) -> None:
+            pass
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Triton)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    base = f"http://127.0.0.1:{httpd.server_port}/v2/models/seqcls/versions"
+    pushed: dict[str, str] = {}
+    monkeypatch.setattr(plugin, "pushed_value", lambda ti_key, key: pushed.get(ti_key.run_id))
+    link = plugin.TritonModelLink()
+    try:
+        for run, version in (("old", 1), ("new", 2)):
+            pushed[run] = f"{base}/{version}"
+        assert link.get_link(None, ti_key=SimpleNamespace(run_id="new")) == f"{base}/2"  # still loaded
+        assert link.get_link(None, ti_key=SimpleNamespace(run_id="old")).endswith("/seqcls/history/seqcls")
+    finally:
+        httpd.shutdown()
+    pushed["down"] = f"{base}/1"  # Triton does not answer: the link as the task pushed it
+    assert link.get_link(None, ti_key=SimpleNamespace(run_id="down")) == f"{base}/1"

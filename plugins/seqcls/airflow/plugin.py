@@ -24,7 +24,11 @@ run's ids filled in by the UI), and the *Browse* menu has *Release history*
 
 from __future__ import annotations
 
+import re
+import urllib.error
+import urllib.request
 from typing import TYPE_CHECKING, ClassVar
+from urllib.parse import unquote
 
 from airflow.configuration import conf
 from airflow.plugins_manager import AirflowPlugin
@@ -82,8 +86,36 @@ class MlflowModelVersionLink(_XComUrlLink):
 
 
 class TritonModelLink(_XComUrlLink):
+    """The Triton version the task published or served — while Triton still has it loaded; an old run's
+    version that is gone (rolled back, replaced, unloaded) links to the model's history instead, which
+    says what happened to it and what is served now."""
+
     name = "Triton model"
     key = TRITON_URL_KEY
+
+    def get_link(self, operator: BaseOperator, *, ti_key: TaskInstanceKey) -> str:
+        url = super().get_link(operator, ti_key=ti_key)
+        found = VERSIONED.search(url) if url else None
+        if found is None or version_ready(url) is not False:  # unknown (Triton down): the link as pushed
+            return url
+        return f"{api_base()}{history_path(unquote(found.group('model')))}"
+
+
+#: ``…/v2/models/<model>/versions/<n>``: the metadata URL a task pushes for one Triton version.
+VERSIONED = re.compile(r"/v2/models/(?P<model>[^/]+)/versions/(?P<version>\d+)$")
+#: How long the API server waits for Triton when it renders a link (a down Triton must not stall the UI).
+READY_TIMEOUT_S = 1.0
+
+
+def version_ready(url: str) -> bool | None:
+    """Whether Triton answers ``<url>/ready`` with 200 (True), another status (False), or not at all (None)."""
+    try:
+        with urllib.request.urlopen(f"{url}/ready", timeout=READY_TIMEOUT_S) as answer:
+            return answer.status == 200
+    except urllib.error.HTTPError:
+        return False
+    except (urllib.error.URLError, OSError, ValueError):
+        return None
 
 
 class _EvidenceLink(BaseOperatorLink):
