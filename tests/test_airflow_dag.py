@@ -370,7 +370,9 @@ def test_release_skip_then_smoke_failure_rolls_back(
     # 2. what a scheduled run does — `latest`, already champion — ends with every task skipped
     dr, states = run_dag(dag, {})
     assert dr.state == "success" and set(states.values()) == {"skipped"}, states
-    assert "is already the MLflow champion" in "".join(capfd.readouterr())
+    skipped_log = "".join(capfd.readouterr())
+    assert "nothing to release — every task is skipped: checkpoint" in skipped_log  # in the log, not only Post Execute
+    assert "is already the MLflow champion" in skipped_log
     assert len(champion_events(champion_uri)) == before + 1  # a skipped run emits nothing
     assert len(json_receiver.received) == 1  # and tells nothing: report_outcome is skipped too
     # a real scheduled / asset-triggered run ignores the checkpoint and skip_if_champion params

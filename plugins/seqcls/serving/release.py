@@ -12,6 +12,7 @@ from __future__ import annotations
 import difflib
 import hashlib
 import json
+from pathlib import Path
 from typing import Any
 
 from seqcls.errors import InputError
@@ -69,7 +70,8 @@ def serving_config(release: Release) -> dict[str, Any]:
     try:
         vector = shipped.decide(release.settings).threshold_vector(list(ckpt.labels), cfg.threshold, cfg.thresholds)
     except ValueError as exc:
-        raise InputError(_unknown_labels(ckpt.labels, cfg.thresholds, ckpt.label_file) or f"thresholds: {exc}") from exc
+        operators = Path(str(ckpt.origin)) / ckpt.label_file.name  # named as the operator knows it, not the copy
+        raise InputError(_unknown_labels(ckpt.labels, cfg.thresholds, operators) or f"thresholds: {exc}") from exc
     return {
         "fingerprint": ckpt.fingerprint,
         "profile": cfg.profile,
