@@ -63,6 +63,28 @@ def atomic_write(path: Path, data: bytes | str, *, encoding: str = "utf-8") -> N
     fsync_dir(path.parent)
 
 
+def create_private(path: Path, text: str) -> bool:
+    """Create ``path`` holding ``text``, mode 0600, complete or not at all; False when it exists already.
+
+    For a secret generated on first use: written to a unique temporary file and linked into place, so
+    of two racing first starts one wins and the other reads the winner's (never a half-written file).
+    """
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{os.urandom(4).hex()}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            return False
+        return True
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
 def replace_file(src: Path, dst: Path) -> None:
     """Move the finished file ``src`` over ``dst`` (same filesystem): data fsynced, one rename, directory fsynced."""
     fd = os.open(src, os.O_RDONLY)

@@ -17,14 +17,13 @@ it — so it is masked in everything seqcls logs, and kept out of the server's e
 
 from __future__ import annotations
 
-import contextlib
-import os
 import secrets
 import stat
 from collections.abc import Sequence
 from pathlib import Path
 
 from seqcls.errors import InputError
+from seqcls.files import create_private
 from seqcls.settings import (
     CONTROL_HEADER,
     CONTROL_KEY_FILE,
@@ -60,17 +59,7 @@ def ensure_key(repository: Path) -> str:
     existing = _read_private(path)
     if existing:
         return existing
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    try:
-        with os.fdopen(fd, "w", encoding="ascii") as f:
-            f.write(secrets.token_urlsafe(32) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
-        with contextlib.suppress(FileExistsError):  # another start won the race: use its key
-            os.link(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    create_private(path, secrets.token_urlsafe(32) + "\n")  # another start may win the race: its key is used
     key = _read_private(path)
     if not key:
         raise InputError(f"{path} is empty; delete it to have a new Triton control key generated")

@@ -45,6 +45,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from seqcls.errors import InputError, SeqclsError
+from seqcls.files import create_private
 from seqcls.settings import Settings
 from seqcls_tools.demo.run import airflow_cli, airflow_env
 
@@ -106,17 +107,7 @@ def stack_secrets(airflow_home: Path) -> StackSecrets:
             "fernet_key": _existing_fernet_key(Path(airflow_home)) or _new_fernet_key(),
             "admin_password": secrets.token_urlsafe(16),
         }
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                json.dump(values, f, indent=1)
-                f.flush()
-                os.fsync(f.fileno())
-            with contextlib.suppress(FileExistsError):  # a concurrent first start won: use its secrets
-                os.link(tmp, path)
-        finally:
-            tmp.unlink(missing_ok=True)
+        create_private(path, json.dumps(values, indent=1))  # a concurrent first start may win: its secrets are used
         log.info("generated the local Airflow stack's secrets into %s (0600)", path)
     return _read_secrets(path)
 
