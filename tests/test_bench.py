@@ -1,6 +1,8 @@
 """``seqcls bench --quick``: the whole benchmark on a tiny model — output well-formed, nothing left running.
 
-Checks structure only (keys, table rows, files), never timing values: the machine may be busy.
+Checks structure only (keys, table rows, files, the conditions each table names, how a lone
+request's parts add up), never timing values: the machine may be busy. The unit tests at the top
+run the lone-request arithmetic and the conditions line on hand-written Triton statistics.
 """
 
 from __future__ import annotations
@@ -13,10 +15,102 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = [pytest.mark.slow, pytest.mark.integration]
-
 PROFILES = ("classic", "fp32", "fp32-fused", "int8")
+#: the CPU flags every conditions line names, present or absent (issue 26)
+FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16", "amx_int8")
+CONDITION_SECTIONS = (
+    "serving",
+    "head_to_head",
+    "lone",
+    "inprocess",
+    "memory",
+    "tokenizers",
+    "releases",
+    "batch_dependence",
+    "hot_reload",
+)
 CELL_KEYS = ("sentences_per_s", "p50_ms", "p95_ms", "p99_ms", "triton_batch", "cpu_cores", "rss", "failed")
+
+
+def _stats(**parts: tuple[int, int]) -> dict:
+    """One model's ``get_inference_statistics(as_json=True)`` as Triton writes it: 64-bit numbers as
+    strings, zero fields left out, one entry per loaded version."""
+    inference = {k: {"count": str(c), "ns": str(ns)} for k, (c, ns) in parts.items() if c or ns}
+    return {"model_stats": [{"name": "m", "version": "1", "inference_stats": inference}]}
+
+
+def test_lone_breakdown_splits_client_latency_by_triton_statistics() -> None:
+    from seqcls_tools.bench import lone
+
+    composing = ("tokenizer", "seqcls_model", "seqcls_postprocess")
+    before = {m: lone.parse_statistics(_stats()) for m in (*composing, "seqcls")}
+    ms = 1_000_000
+    after = {
+        "tokenizer": lone.parse_statistics(
+            _stats(success=(4, 9 * ms), queue=(4, 1 * ms), compute_input=(4, 1 * ms), compute_infer=(4, 6 * ms))
+        ),
+        "seqcls_model": lone.parse_statistics(
+            _stats(success=(4, 21 * ms), queue=(4, 2 * ms), compute_infer=(4, 16 * ms), compute_output=(4, 2 * ms))
+        ),
+        "seqcls_postprocess": lone.parse_statistics(_stats(success=(4, 5 * ms), compute_infer=(4, 4 * ms))),
+        "seqcls": lone.parse_statistics(_stats(success=(4, 40 * ms))),
+    }
+    out = lone.breakdown(before, after, [11.0, 12.0, 12.0, 13.0], ensemble="seqcls", composing=composing)
+    assert out["requests"] == out["ensemble_requests"] == 4
+    assert out["client_mean_ms"] == 12.0 and out["client_p50_ms"] == 12.0 and out["ensemble_ms"] == 10.0
+    tok = out["models"]["tokenizer"]
+    assert (tok["queue_ms"], tok["compute_input_ms"], tok["compute_infer_ms"], tok["compute_output_ms"]) == (
+        0.25,
+        0.25,
+        1.5,
+        0.0,
+    )
+    assert [p["ms"] for p in out["parts"]] == [2.0, 5.0, 1.0, 4.0]  # the remainder is 12 - (2 + 5 + 1)
+    assert out["parts"][-1]["part"] == lone.REMAINDER
+    assert sum(p["ms"] for p in out["parts"]) == pytest.approx(out["client_mean_ms"])
+    assert sum(p["share"] for p in out["parts"]) == pytest.approx(1.0)
+    assert out["remainder"] == {"outside_ensemble_ms": 2.0, "ensemble_minus_models_ms": 2.0}
+    with pytest.raises(ValueError, match="no successful request"):
+        lone.breakdown(before, after, [], ensemble="seqcls", composing=composing)
+
+
+def test_lone_in_process_times_each_step_on_one_text() -> None:
+    from seqcls_tools.bench import lone
+
+    seen = []
+    steps = {"tokenize": lambda batch: seen.append(batch) or [len(batch[0])], "decide": lambda ids: ids[0] * 2}
+    runs = [lone.time_steps(steps, text) for text in ("ab", "cde", "f")]
+    assert seen == [["ab"], ["cde"], ["f"]] and all(len(r) == 2 and min(r) >= 0 for r in runs)
+    out = lone.summarize_steps(list(steps), runs)
+    assert out["requests"] == 3 and set(out["steps_ms"]) == {"tokenize", "decide"}
+    assert out["mean_ms"] == pytest.approx(sum(out["steps_ms"].values()), abs=1e-3)
+    served = {"client_p50_ms": 3.0, "client_mean_ms": 4.0}
+    assert lone.compare(served, {"p50_ms": 1.5, "mean_ms": 1.0}) == {"p50": 2.0, "mean": 4.0}
+
+
+def test_conditions_line_names_every_flag_threads_batch_lengths_and_load() -> None:
+    from seqcls_tools.bench import conditions
+
+    results = {
+        "meta": {
+            "machine": {"cpu_model": "Some CPU 9000", "cpus": 2, "cpus_usable": 2, "isa": dict.fromkeys(FLAGS, False)},
+            "clients": [1, 8],
+            "texts_per_request": [1, 8],
+        },
+        "corpus": {"tokens": {"texts": 10, "min": 4, "median": 17, "p95": 40, "max": 52, "mean": 20.0}},
+        "configs": {
+            "fp32": {
+                "options": {"model_instances": 1, "intra_op_threads": 2, "dynamic_batching": True, "max_batch_size": 64}
+            }
+        },
+    }
+    results["meta"]["machine"]["isa"]["avx2"] = True
+    cond = conditions.sections(results)["serving"]
+    line = conditions.line(cond)
+    assert "CPU Some CPU 9000" in line and "2 usable CPUs" in line
+    assert "avx2 yes" in line and all(f"{f} absent" in line for f in FLAGS if f != "avx2")
+    assert "fp32 1×2" in line and "fp32 on ≤ 64" in line and "1/8 texts per request, 1/8 clients" in line
+    assert "tokens min 4 / median 17 / p95 40 / max 52" in line and "load generator: Python gRPC client" in line
 
 
 def _our_servers(root: Path) -> list[str]:
@@ -30,6 +124,8 @@ def _our_servers(root: Path) -> list[str]:
     return found
 
 
+@pytest.mark.slow
+@pytest.mark.integration
 def test_bench_quick_cli(tmp_path: Path) -> None:
     out = tmp_path / "bench"
     env = {**os.environ, "SEQCLS_HOME": str(tmp_path / "home"), "GLOG_minloglevel": "2"}
@@ -62,6 +158,7 @@ def test_bench_quick_cli(tmp_path: Path) -> None:
         "hot_reload",
         "head_to_head",
         "ratios",
+        "conditions",
     } <= set(results)
     assert results["meta"]["mode"] == "quick" and results["meta"]["loadavg_start"]
     assert set(results["releases"]) == {"fp32", "fp32-fused", "int8"}
@@ -112,3 +209,65 @@ def test_bench_quick_cli(tmp_path: Path) -> None:
         assert len(rows) == (0 if results["configs"][name].get("skipped") else 6), name
     assert "## Ratios vs targets" in md
     assert (out / "plot.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    _assert_conditions(results, md)
+    _assert_lone(results, md)
+
+
+def _assert_conditions(results: dict, md: str) -> None:
+    """Every table of results.md sits under a conditions line naming this run's CPU, flags and text lengths."""
+    machine = results["meta"]["machine"]
+    assert set(FLAGS) <= set(machine["isa"]) and machine["cpu_model"]
+    assert set(CONDITION_SECTIONS) <= set(results["conditions"])
+    for name in CONDITION_SECTIONS:
+        cond = results["conditions"][name]
+        assert cond["cpu"] == machine["cpu_model"] and cond["flags"] == machine["isa"], name
+        assert cond["threads"] and cond["batch"] and cond["request"] and cond["load"], name
+        assert cond["loadavg"] == [results["meta"]["loadavg_start"], results["meta"]["loadavg_end"]], name
+        texts = results["corpus"]["golden_tokens" if name in ("releases", "batch_dependence") else "tokens"]
+        assert cond["texts"] == texts and 0 < texts["min"] <= texts["median"] <= texts["p95"] <= texts["max"], name
+    assert "perf_analyzer" in results["conditions"]["head_to_head"]["load"]
+    assert "1×2" in results["conditions"]["serving"]["threads"]  # fp32's default layout, from its options
+    lines = md.splitlines()
+    conditions_at = None
+    for i, line in enumerate(lines):
+        if line.startswith("## "):
+            conditions_at = None
+        elif line.startswith("*Conditions:*"):
+            conditions_at = i
+            assert f"CPU {machine['cpu_model']}" in line, line
+            for flag, present in machine["isa"].items():
+                assert f"{flag} {'yes' if present else 'absent'}" in line, (flag, line)
+            assert "threads: " in line and "batch: " in line and "load generator: " in line, line
+        elif line.startswith("|---"):
+            assert conditions_at is not None, f"table without conditions: {lines[i - 1]}"
+    tokens = results["corpus"]["tokens"]
+    assert f"tokens min {tokens['min']} / median {tokens['median']} / p95 {tokens['p95']} / max {tokens['max']}" in md
+
+
+def _assert_lone(results: dict, md: str) -> None:
+    """Each main profile's lone request: parts from Triton's statistics, none negative, adding up to the
+    client's latency; its section in results.md."""
+    lone_profiles = [n for n in PROFILES if not results["configs"][n].get("skipped")]
+    requests = results["meta"]["budget"]["lone_requests"]
+    for name in lone_profiles:
+        lone = results["configs"][name]["lone"]
+        served = lone["served"]
+        assert served["requests"] == served["ensemble_requests"] == requests, name
+        assert all(m["requests"] == requests for m in served["models"].values()), served["models"]
+        parts = {p["part"]: p["ms"] for p in served["parts"]}
+        assert list(parts)[:3] == ["tokenizer", "seqcls_model", "seqcls_postprocess"]
+        assert min(parts["tokenizer"], parts["seqcls_model"], parts["seqcls_postprocess"]) > 0, parts
+        # the remainder: ≥ 0 but for Triton's spans overlapping the reply (lone.py's docstring), a few % at most
+        assert parts[list(parts)[-1]] >= -0.05 * served["client_mean_ms"], (name, parts)
+        assert sum(parts.values()) == pytest.approx(served["client_mean_ms"], rel=1e-3), (name, parts)
+        assert 0 < served["ensemble_ms"] <= served["client_mean_ms"], served  # Triton's span inside the client's
+        assert served["remainder"]["outside_ensemble_ms"] >= 0, served
+        assert served["client_p50_ms"] > 0 and lone["inprocess"]["p50_ms"] > 0
+        assert lone["served_over_inprocess"]["p50"] == round(served["client_p50_ms"] / lone["inprocess"]["p50_ms"], 2)
+        assert set(lone["inprocess"]["steps_ms"]) == {"tokenize", "model", "decide"}
+        assert lone["inprocess"]["requests"] == requests  # the same texts, in blocks between the served ones
+    section = md.split("## A lone request, part by part")[1].split("\n## ")[0]
+    for name in lone_profiles:
+        assert f"### {name}\n" in section
+    assert section.count("| ensemble scheduling + gRPC + IPC |") == len(lone_profiles)
+    assert section.count("| **served / in process** |") == len(lone_profiles)

@@ -6,8 +6,11 @@ with the default CPU options plus variants (batching strategies, padding, instan
 ``fp32-fused`` and ``int8`` (served with the winning fp32 options). Measured in one run: the
 in-process limit (HF tokenizer + ONNX Runtime, no server) per batch size; each configuration at
 1/4/8 clients with single-text and 8-text requests (sentences/s, p50/p95/p99, Triton's executed
-batch sizes, CPU and RSS of server and python stubs); tokenizer throughput (HF vs paddlenlp); a
-hot reload under load; the release steps' timings. Output: ``results.json``, ``results.md``,
+batch sizes, CPU and RSS of server and python stubs); a lone request's time per part (sequential
+single-text requests split by Triton's statistics per composing model, beside the same work in
+process); tokenizer throughput (HF vs paddlenlp); a hot reload under load; the release steps'
+timings. Every table of the report names its conditions (CPU and flags, threads, batch and
+request shape, token lengths, load generator). Output: ``results.json``, ``results.md``,
 ``plot.png`` in ``--out`` and the ratios against the issue's targets, printed last.
 
 ``--quick`` runs the same code on a tiny model with tiny budgets (about a minute, for CI);

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from seqcls_tools.bench import conditions
+from seqcls_tools.bench.lone import PARTS, REMAINDER
+
 
 def _fmt(value, digits: int = 1) -> str:
     if value is None:
@@ -62,9 +65,17 @@ def _serving_rows(name: str, entry: dict[str, Any]) -> list[str]:
     return rows
 
 
-def _titled_table(title: str, header: str, align: str, rows: list[str]) -> list[str]:
-    """A ``## title`` section holding one table."""
-    return ["", f"## {title}", "", header, align, *rows]
+def _conditions(results: dict[str, Any], section: str) -> list[str]:
+    """The section's ``Conditions:`` line and a blank line ([] when the run has none for it)."""
+    cond = results.get("conditions", {}).get(section)
+    return [conditions.line(cond), ""] if cond else []
+
+
+def _titled_table(
+    title: str, header: str, align: str, rows: list[str], results: dict[str, Any], section: str
+) -> list[str]:
+    """A ``## title`` section holding one table, its conditions under the heading."""
+    return ["", f"## {title}", "", *_conditions(results, section), header, align, *rows]
 
 
 def _serving(results: dict[str, Any]) -> list[str]:
@@ -75,6 +86,8 @@ def _serving(results: dict[str, Any]) -> list[str]:
         "model batch | tokenizer batch | CPU cores (server+stubs / client) | CPU ms/sentence | failed |",
         "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|",
         rows,
+        results,
+        "serving",
     )
     if results.get("fp32_winner"):
         lines += [
@@ -96,6 +109,7 @@ def _head_to_head(results: dict[str, Any]) -> list[str]:
         f"Head-to-head: every contender's server up at once, cells interleaved, {h2h.get('rounds')} rounds of "
         f"{h2h.get('seconds_per_cell')} s (medians; the ratios below use these):",
         "",
+        *_conditions(results, "head_to_head"),
         f"| profile | {top} clients sentences/s (median) | each round | 1 client p95 ms (median) | each round | "
         f"CPU ms/sentence at {top} clients |",
         "|---|---:|---|---:|---|---:|",
@@ -124,6 +138,64 @@ def _head_to_head(results: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _lone_table(name: str, lone: dict[str, Any]) -> list[str]:
+    served, inproc = lone["served"], lone["inprocess"]
+    lines = [
+        "",
+        f"### {name}",
+        "",
+        "| part | ms per request | share of client latency | detail |",
+        "|---|---:|---:|---|",
+    ]
+    for part in served["parts"]:
+        model = served["models"].get(part["part"])
+        if model:
+            detail = ", ".join(f"{p.replace('compute_', '')} {model[f'{p}_ms']:.3f}" for p in PARTS)
+        else:
+            rest = served["remainder"]
+            detail = (
+                f"outside the ensemble (client − ensemble total: gRPC, client) {rest['outside_ensemble_ms']:.3f}; "
+                f"ensemble total − composing sum {rest['ensemble_minus_models_ms']:.3f}"
+            )
+        share = f"{100 * part['share']:.0f} %" if part.get("share") is not None else "—"
+        lines.append(f"| {part['part']} | {part['ms']:.3f} | {share} | {detail} |")
+    lines.append(
+        f"| **client latency (mean)** | **{served['client_mean_ms']:.3f}** | 100 % | "
+        f"p50 {served['client_p50_ms']:.3f}, p95 {served['client_p95_ms']:.3f}; "
+        f"ensemble total (Triton) {served['ensemble_ms']:.3f}; "
+        f"{served['requests']} requests, Triton counted {served['ensemble_requests']} |"
+    )
+    steps = ", ".join(f"{k} {v:.3f}" for k, v in inproc["steps_ms"].items())
+    lines.append(
+        f"| in process (tokenize → ORT → decide, mean) | {inproc['mean_ms']:.3f} | — | "
+        f"{steps}; p50 {inproc['p50_ms']:.3f} |"
+    )
+    ratio = lone["served_over_inprocess"]
+    lines.append(f"| **served / in process** | **{ratio['p50']:.2f}×** (p50) | — | mean {ratio['mean']:.2f}× |")
+    return lines
+
+
+def lone_section(results: dict[str, Any]) -> list[str]:
+    lone = {n: e["lone"] for n, e in results.get("configs", {}).items() if e.get("lone")}
+    if not lone:
+        return []
+    lines = [
+        "",
+        "## A lone request, part by part (Triton's statistics)",
+        "",
+        *_conditions(results, "lone"),
+        "Per request, ms (means over the sequential requests): each composing model's queue + compute_input + "
+        "compute_infer + compute_output as Triton counts them (a python stub's compute_infer includes the IPC "
+        f"round trip to its process); **{REMAINDER}** = client latency − the composing models' sum. Triton's "
+        "spans overlap: a model's compute_output ends after its response was sent, which runs the ensemble's next "
+        "step (for the last one, the reply), so hand-offs show up there and the composing sum can exceed the "
+        "ensemble's own total (and, by a little, the client's latency: the remainder is then < 0).",
+    ]
+    for name, entry in lone.items():
+        lines += _lone_table(name, entry)
+    return lines
+
+
 def _inprocess_rows(name: str, entry: dict[str, Any]) -> list[str]:
     o = entry.get("options", {})
     layout = f"{o.get('model_instances')}x{o.get('intra_op_threads')} ORT {o.get('graph_optimization_level')}"
@@ -142,6 +214,8 @@ def _inprocess(results: dict[str, Any]) -> list[str]:
         "CPU ms/sentence |",
         "|---|---|---:|---|---:|---:|---:|---:|",
         [row for name, entry in results.get("configs", {}).items() for row in _inprocess_rows(name, entry)],
+        results,
+        "inprocess",
     )
 
 
@@ -157,6 +231,8 @@ def _memory(results: dict[str, Any]) -> list[str]:
         "| profile | server | tokenizer stub | model stub | postprocess stub |",
         "|---|---:|---:|---:|---:|",
         rows,
+        results,
+        "memory",
     )
 
 
@@ -174,6 +250,8 @@ def _tokenizers(results: dict[str, Any]) -> list[str]:
         "| tokenizer | texts per call | sentences/s | sentences per CPU-s |",
         "|---|---:|---:|---:|",
         rows,
+        results,
+        "tokenizers",
     )
 
 
@@ -216,6 +294,8 @@ def _releases(results: dict[str, Any]) -> list[str]:
         "decision agreement | logits max abs diff |",
         "|---|---:|---:|---:|---:|---|---|---:|---:|---:|",
         [_release_row(profile, entry) for profile, entry in rel.items()],
+        results,
+        "releases",
     )
     return lines + _served_steps(results)
 
@@ -229,6 +309,7 @@ def _batch_dependence(results: dict[str, Any]) -> list[str]:
         "Same answer alone and batched? Golden texts run one at a time vs in padded batches of 16 "
         "(how validate runs them), served model, ORT on 1 thread:",
         "",
+        *_conditions(results, "batch_dependence"),
         "| profile | texts | label sets that differ | max abs diff probability |",
         "|---|---:|---:|---:|",
     ]
@@ -245,6 +326,7 @@ def _hot_reload(results: dict[str, Any]) -> list[str]:
         "",
         "## Hot reload under load",
         "",
+        *_conditions(results, "hot_reload"),
         f"{hr.get('from_profile')} → {hr.get('to_profile')} (version {hr.get('to_version')}) while 4 clients "
         f"sent single-text requests: publish {hr.get('publish_seconds')} s, reload {hr.get('reload_seconds')} s; "
         f"{hr.get('requests')} requests, **{hr.get('failed')} failed**, p95 {hr.get('p95_ms')} ms, "
@@ -257,6 +339,7 @@ SECTIONS = (
     _header,
     _serving,
     _head_to_head,
+    lone_section,
     _inprocess,
     _memory,
     _tokenizers,

@@ -39,6 +39,7 @@ class Budget:
     reload_load_seconds: float
     h2h_rounds: int
     h2h_seconds: float
+    lone_requests: int
 
 
 #: Every bound of the full run and of ``--quick``, side by side: field -> (full, quick).
@@ -54,6 +55,7 @@ _BUDGETS: dict[str, tuple[Any, Any]] = {
     "reload_load_seconds": (120.0, 60.0),
     "h2h_rounds": (3, 1),
     "h2h_seconds": (7.0, 0.5),
+    "lone_requests": (300, 30),
 }
 FULL = Budget(**{name: full for name, (full, _) in _BUDGETS.items()})
 QUICK = Budget(**{name: quick for name, (_, quick) in _BUDGETS.items()})

@@ -7,7 +7,8 @@ Order of work (all in one process; every server it starts is stopped before it r
 2. tokenizer throughput, HF ``tokenizers`` (what serving runs) vs PaddleNLP's tokenizer;
 3. for each serving configuration: a fresh local Triton (nvidia-pytriton's ``tritonserver``,
    loopback, own repository) → ``publish`` + ``reload`` + ``smoke`` through the library → the
-   in-process limit of the same model and thread layout (server idle) → load cells (1/4/8
+   in-process limit of the same model and thread layout (server idle) → a lone request's parts
+   (:mod:`.lone`; not for the variants) → load cells (1/4/8
    clients × 1/8 texts per request) with Triton's batch statistics and the CPU/RSS of the server
    and each python stub → stop;
 4. hot reload under load on the last server (another release published and loaded while
@@ -26,7 +27,7 @@ This module is the orchestration; the work is in :mod:`.plan` (profiles, grid, b
 configurations), :mod:`.profiles` (releases, batch dependence, the serving steps),
 :mod:`.tokens` (corpus token lengths, tokenizer throughput), :mod:`.serving` (one configuration on
 a fresh Triton), :mod:`.reload` (hot reload under load), :mod:`.head_to_head` and :mod:`.report`
-(:mod:`.ratios`, :mod:`.markdown`, the plot).
+(:mod:`.ratios`, :mod:`.markdown`, the plot; :mod:`.conditions` names each table's conditions).
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from seqcls.serving.repository import ServingOptions
+from seqcls_tools.bench import conditions
 from seqcls_tools.bench.corpus import make_corpus, make_labels
 from seqcls_tools.bench.head_to_head import head_to_head
 from seqcls_tools.bench.machine import loadavg, machine_facts
@@ -134,7 +136,7 @@ def _prepare(cfg: BenchConfig, work: Path, home: Path, results: dict[str, Any]) 
     model_facts = build_checkpoint(checkpoint, cfg.spec, corpus, labels, golden=corpus[-budget.golden :], seed=cfg.seed)
     model_facts["build_seconds"] = round(time.perf_counter() - t0, 2)
     results["model"] = model_facts
-    results["corpus"] = corpus_facts(corpus, checkpoint)
+    results["corpus"] = corpus_facts(corpus, checkpoint, golden=budget.golden)
     results["releases"] = run_releases(checkpoint, home)
     results["batch_dependence"] = batch_dependence(checkpoint, home, corpus[-budget.golden :])
     results["tokenizers"] = tokenizer_benchmark(checkpoint, corpus, budget)
@@ -212,6 +214,7 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
         results["meta"]["loadavg_end"] = loadavg()
         results["meta"]["seconds"] = round(time.perf_counter() - t_start, 1)
         results["meta"]["finished"] = datetime.now(UTC).isoformat(timespec="seconds")
+    results["conditions"] = conditions.sections(results)
     results["ratios"] = report.ratios(results)
     report.write_all(results, cfg.out)
     return results

@@ -13,7 +13,7 @@ from typing import Any
 
 from seqcls.errors import SeqclsError
 from seqcls.serving.repository import ServingOptions
-from seqcls_tools.bench import measure
+from seqcls_tools.bench import lone, measure
 from seqcls_tools.bench.facts import smoke_differences
 from seqcls_tools.bench.machine import loadavg
 from seqcls_tools.bench.plan import CLIENTS, INPROCESS_RUNS, TEXTS_PER_REQUEST, BenchConfig, Budget, ServingConfig
@@ -93,6 +93,55 @@ def _inprocess(release, config: ServingConfig, texts: list[str], budget: Budget)
         )
     del sessions
     return out
+
+
+def lone_request(server, release, options: ServingOptions, texts: list[str], requests: int) -> dict[str, Any]:
+    """A lone request's time per part (:mod:`.lone`): ``requests`` sequential single-text requests on
+    ``server``, split by Triton's statistics, beside the same work in process — the release's serving
+    tokenizer, its served model in a session of the served thread layout, sigmoid + decide — run in
+    alternating blocks, so the machine's other load drifts over both alike."""
+    from seqcls.records import served_onnx, serving_tokenizer
+    from seqcls.serving import shipped
+    from seqcls.serving.names import names_for
+
+    names = names_for(release.config.model_name)
+    text_mod, decide_mod = shipped.text(), shipped.decide()
+    (session,) = measure.ort_sessions(
+        served_onnx(release.workspace),
+        workers=1,
+        intra_op_threads=options.intra_op_threads,
+        graph_level=options.graph_optimization_level,
+    )
+    serving = serving_tokenizer(release)
+    max_length = release.config.max_length
+    tok = serving.build(text_mod, max_length)
+    inputs = [i.name for i in session.get_inputs()]
+    labels = list(release.checkpoint.labels)
+    thresholds = decide_mod.threshold_vector(labels, release.config.threshold, release.config.thresholds)
+    steps = {
+        "tokenize": lambda batch: text_mod.encode(tok, batch),
+        "model": lambda ids: session.run(
+            ["logits"], text_mod.model_feeds(ids, inputs, max_length=max_length, pad_id=serving.pad_id)
+        )[0],
+        "decide": lambda logits: decide_mod.decide(
+            decide_mod.sigmoid(logits), thresholds, labels, hierarchy=release.config.hierarchy
+        ),
+    }
+    result: dict[str, Any] = {"clients": 1, "texts_per_request": 1}
+    result.update(
+        lone.served_and_in_process(
+            server.config.grpc_url, steps, texts, requests, ensemble=names.ensemble, composing=names.composing
+        )
+    )
+    result["inprocess"]["tokenizer"] = "hf"  # classic serves PaddleNLP's tokenizer; in process it is seqcls_text's
+    log.info(
+        "bench: lone request — served p50 %.2f ms (%s), in process p50 %.2f ms: %.2fx",
+        result["served"]["client_p50_ms"],
+        ", ".join(f"{p['part']} {p['ms']:.2f}" for p in result["served"]["parts"]),
+        result["inprocess"]["p50_ms"],
+        result["served_over_inprocess"]["p50"],
+    )
+    return result
 
 
 def cell(server, texts: list[str], clients: int, per_request: int, budget: Budget, offset: int) -> dict[str, Any]:
@@ -234,6 +283,8 @@ def serve_config(
             config.name,
             ", ".join(f"{k} {v['sentences_per_s']}/s" for k, v in entry["inprocess"].items()),
         )
+        if config.group != "variant":
+            entry["lone"] = lone_request(server, release, config.options, texts, budget.lone_requests)
         entry["cells"] = _measure_grid(server, config, texts, budget)
         entry["max_rss_mb"] = _max_rss(entry["cells"])
         if hot_reload_profile:

@@ -12,7 +12,24 @@ from seqcls_tools.bench.plan import Budget
 log = logging.getLogger("seqcls_tools.bench")
 
 
-def corpus_facts(corpus: list[str], checkpoint: Path) -> dict[str, Any]:
+def token_distribution(lengths: list[int]) -> dict[str, Any]:
+    """min / median / p95 / max tokens (special tokens included) of some texts: the sequence lengths
+    the model runs at, which every speed figure depends on."""
+    import numpy as np
+
+    return {
+        "texts": len(lengths),
+        "min": min(lengths),
+        "median": int(np.median(lengths)),
+        "p95": int(np.percentile(lengths, 95)),
+        "max": max(lengths),
+        "mean": round(float(np.mean(lengths)), 1),
+    }
+
+
+def corpus_facts(corpus: list[str], checkpoint: Path, golden: int | None = None) -> dict[str, Any]:
+    """Characters and tokens of the corpus (what the load sends), and of its last ``golden`` texts
+    (what the release's gate and the batch-dependence check run)."""
     import numpy as np
 
     from seqcls.serving import shipped
@@ -21,15 +38,20 @@ def corpus_facts(corpus: list[str], checkpoint: Path) -> dict[str, Any]:
     tok = text_mod.build_tokenizer(checkpoint / "vocab.txt", lowercase=True, max_length=128)
     lengths = [len(x) for x in text_mod.encode(tok, corpus)]
     chars = [len(t) for t in corpus]
-    return {
+    tokens = token_distribution(lengths)
+    out = {
         "sentences": len(corpus),
         "chars_mean": round(float(np.mean(chars)), 1),
         "chars_min": min(chars),
         "chars_max": max(chars),
-        "tokens_mean": round(float(np.mean(lengths)), 1),
-        "tokens_p95": int(np.percentile(lengths, 95)),
-        "tokens_max": max(lengths),
+        "tokens_mean": tokens["mean"],
+        "tokens_p95": tokens["p95"],
+        "tokens_max": tokens["max"],
+        "tokens": tokens,
     }
+    if golden:
+        out["golden_tokens"] = token_distribution(lengths[-golden:])
+    return out
 
 
 def tokenizer_benchmark(checkpoint: Path, texts: list[str], budget: Budget, max_length: int = 128) -> dict[str, Any]:
