@@ -30,6 +30,12 @@ def _isolated_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
         "SEQCLS_TRITON_GRPC",
         "SEQCLS_TRITON_HTTP",
         "SEQCLS_TRITON_CONTROL_KEY",
+        # an in-process dag.test() leaves Airflow's task context in os.environ: a later test's release
+        # would record itself as that task's (who changed what, MLflow's airflow.* lineage tags)
+        "AIRFLOW_CTX_DAG_ID",
+        "AIRFLOW_CTX_DAG_RUN_ID",
+        "AIRFLOW_CTX_TRY_NUMBER",
+        "SEQCLS_AIRFLOW_RUN_URL",
     ):
         monkeypatch.delenv(var, raising=False)
     return home

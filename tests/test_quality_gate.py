@@ -159,8 +159,8 @@ def test_evaluate_cli_json_exit_codes_and_a_reduced_precision_profile(
     out = drill.cli("evaluate", "--checkpoint", str(worse), "--eval-set", str(broken), "--json")
     assert out.returncode == 2 and "broken.txt: line 2" in out.stderr and "科技##发布" in out.stderr, out.stderr
     out = drill.cli("release", "--checkpoint", str(worse), "--eval-set", str(broken))
-    assert out.returncode == 1 and "broken.txt: line 2" in out.stderr, out.stderr[-2000:]
-    assert "export:" not in out.stderr  # refused at resolve, before any step ran
+    assert out.returncode == 2 and "broken.txt: line 2" in out.stderr, out.stderr[-2000:]  # bad input: exit 2
+    assert "export:" not in out.stderr and "Traceback" not in out.stderr  # refused at resolve, before any step
 
     out = drill.cli("evaluate", "--checkpoint", str(good), "--eval-set", str(eval_set), "--profile", "int8", "--json")
     assert out.returncode in (0, 1), out.stderr[-2000:]
