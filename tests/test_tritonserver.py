@@ -260,7 +260,7 @@ def test_key_file_is_generated_once_private_and_found_by_settings(tmp_path: Path
     assert [p.name for p in repo.iterdir()] == [path.name], "no temporary left behind"
     assert Settings(home=tmp_path, triton_repository=repo, triton_control_key=KEY).control_key() == KEY  # explicit wins
     path.chmod(0o644)
-    with pytest.raises(InputError, match=r"accessible by others .*chmod 600"):
+    with pytest.raises(InputError, match=r"readable by others .*chmod 600"):
         ensure_key(repo)
     with pytest.raises(InputError, match="SEQCLS_TRITON_CONTROL_KEY / the Triton Connection's password"):
         Settings(home=tmp_path, triton_control_key="short")

@@ -23,13 +23,14 @@ import hashlib
 import os
 import shutil
 import socket
+import stat
 import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
 
-from seqcls.errors import ResourceError, ServingError
+from seqcls.errors import InputError, ResourceError, ServingError
 
 
 def fsync_dir(directory: Path) -> None:
@@ -83,6 +84,20 @@ def create_private(path: Path, text: str) -> bool:
         return True
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def check_private(path: Path, what: str, fix: str) -> None:
+    """Refuse a secret's file, like ssh does, unless it is a regular file only its owner may read.
+
+    ``what`` names it ("the Triton control key"), ``fix`` says what else to do besides ``chmod 600``.
+    """
+    mode = path.stat().st_mode
+    if not stat.S_ISREG(mode):
+        raise InputError(f"{what} {path} is not a regular file; {fix}")
+    if mode & (stat.S_IRWXG | stat.S_IRWXO):
+        raise InputError(
+            f"{what} {path} is readable by others (mode {stat.filemode(mode)}): `chmod 600 {path}`, or {fix}"
+        )
 
 
 def replace_file(src: Path, dst: Path) -> None:

@@ -18,12 +18,11 @@ it — so it is masked in everything seqcls logs, and kept out of the server's e
 from __future__ import annotations
 
 import secrets
-import stat
 from collections.abc import Sequence
 from pathlib import Path
 
 from seqcls.errors import InputError
-from seqcls.files import create_private
+from seqcls.files import check_private, create_private
 from seqcls.settings import (
     CONTROL_HEADER,
     CONTROL_KEY_FILE,
@@ -68,16 +67,9 @@ def ensure_key(repository: Path) -> str:
 
 def _read_private(path: Path) -> str | None:
     """The key in ``path`` (None if absent); refused, like ssh does, when others may read it."""
-    try:
-        mode = path.stat().st_mode
-    except FileNotFoundError:
+    if not path.exists():  # (a dangling link too: a new key is generated)
         return None
-    if not stat.S_ISREG(mode):
-        raise InputError(f"the Triton control key {path} is not a regular file; delete it to have a key generated")
-    if mode & (stat.S_IRWXG | stat.S_IRWXO):
-        raise InputError(
-            f"the Triton control key {path} is accessible by others (mode {stat.filemode(mode)}): "
-            f"`chmod 600 {path}`, or delete it to have a new key generated (or set {ENV_TRITON_CONTROL_KEY})"
-        )
+    fix = f"delete it to have a new key generated (or set {ENV_TRITON_CONTROL_KEY})"
+    check_private(path, "the Triton control key", fix)
     key = read_control_key(path.parent)
     return check_control_key(key, str(path)) if key else None

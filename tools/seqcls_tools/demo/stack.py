@@ -34,7 +34,6 @@ import os
 import secrets
 import signal
 import socket
-import stat
 import subprocess
 import sys
 import time
@@ -45,7 +44,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from seqcls.errors import InputError, SeqclsError
-from seqcls.files import create_private
+from seqcls.files import check_private, create_private
 from seqcls.settings import Settings
 from seqcls_tools.demo.run import airflow_cli, airflow_env
 
@@ -113,15 +112,8 @@ def stack_secrets(airflow_home: Path) -> StackSecrets:
 
 
 def _read_secrets(path: Path) -> StackSecrets:
-    mode = path.stat().st_mode
     fix = "delete it to have new ones generated (sessions end; Connection passwords saved since must be entered again)"
-    if not stat.S_ISREG(mode):
-        raise InputError(f"the Airflow stack's secrets {path} is not a regular file; {fix}")
-    if mode & (stat.S_IRWXG | stat.S_IRWXO):
-        raise InputError(
-            f"the Airflow stack's secrets {path} are readable by others (mode {stat.filemode(mode)}): "
-            f"`chmod 600 {path}`, or {fix}"
-        )
+    check_private(path, "the Airflow stack's secrets", fix)
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
         values = {f: data[f] for f in StackSecrets.__dataclass_fields__}
