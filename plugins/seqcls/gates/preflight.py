@@ -165,9 +165,6 @@ class Preflight:
         tail = f" ({' and '.join(unchecked)} not checked: the release stops before needing them)" if unchecked else ""
         return f"preflight: {said} in {took:.1f}s{tail}"
 
-    def to_dict(self) -> dict[str, object]:
-        return {"checks": [c.__dict__ for c in self.checks]}
-
 
 #: The servers a release needs, and the first step that needs each.
 SERVERS = {"mlflow": "register", "triton": "reload"}

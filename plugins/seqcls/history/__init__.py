@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from seqcls.registry.ledger import client, find_version
+from seqcls.registry.ledger import version_label as ledger_version_label
 from seqcls.registry.runs import PARITY_TAG, QUALITY_TAG
 from seqcls.serving.names import names_for
 from seqcls.serving.release import served_release_key
@@ -43,12 +44,13 @@ KINDS = {
 
 
 def version_label(triton: int | None, mlflow: int | None = None, *, registry: bool = True) -> str:
-    """ "Triton v5 (MLflow v1)"; "Triton v5" when the registry was not asked; "nothing" for no version."""
+    """:func:`seqcls.registry.ledger.version_label`, said for a history: "nothing" for no version, and
+    "(not in MLflow)" when the registry was asked and holds no version of it."""
     if triton is None:
         return f"nothing (MLflow v{mlflow})" if mlflow is not None else "nothing"
-    if mlflow is not None:
-        return f"Triton v{triton} (MLflow v{mlflow})"
-    return f"Triton v{triton} (not in MLflow)" if registry else f"Triton v{triton}"
+    if mlflow is None and registry:
+        return f"Triton v{triton} (not in MLflow)"
+    return ledger_version_label(triton, mlflow)
 
 
 def who_label(who: dict[str, Any] | None, by: str = "") -> str:
