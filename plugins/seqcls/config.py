@@ -25,7 +25,12 @@ from seqcls.errors import InputError
 from seqcls.serving.names import names_for
 from seqcls.settings import DEFAULT_MODEL_NAME, MODEL_NAME_PATTERN, validate_model_name
 
-PROFILES = ("fp32", "fp32-fused", "int8")
+#: The serving profiles, each one graph (what is served and gated).
+SERVED_PROFILES = ("fp32", "fp32-fused", "int8")
+#: ``profile: auto``: convert measures every served profile on this host and serves the fastest that passes
+#: (:mod:`seqcls.profiles.auto`); ``seqcls.records.effective_profile`` names the one chosen.
+AUTO_PROFILE = "auto"
+PROFILES = (*SERVED_PROFILES, AUTO_PROFILE)
 PROVIDERS = ("auto", "cpu", "cuda")
 #: The trigger form's sections after the everyday one (a field without a section is everyday).
 GATE_SECTION = "Gates: parity and quality tolerances"
@@ -241,7 +246,8 @@ FIELDS: tuple[Field, ...] = (
         "profile",
         "string",
         "Serving profile",
-        "fp32, fp32-fused (ORT-fused graph) or int8 (dynamic quantisation), each gated.",
+        "fp32, fp32-fused (ORT-fused graph) or int8 (dynamic quantisation), each gated; auto: convert times "
+        "each on this host and serves the fastest that keeps min_decision_agreement and max_profile_f1_drop vs fp32.",
         enum=PROFILES,
     ),
     _gate(

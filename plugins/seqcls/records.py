@@ -14,6 +14,8 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, TypeVar
 
+from seqcls.config import AUTO_PROFILE
+from seqcls.errors import StepOrderError
 from seqcls.frameworks import ServingTokenizer, for_checkpoint
 from seqcls.serving import shipped
 from seqcls.workspace import Release, Workspace
@@ -74,6 +76,29 @@ def model_inputs(ws: Workspace) -> list[str]:
     """The id tensors the served graph takes (convert recorded them; older records: the Paddle pair)."""
     summary = ws.require("convert")["summary"]
     return list(summary.get("inputs") or shipped.contract().MODEL_INPUTS)
+
+
+def effective_profile(release: Release) -> str:
+    """The profile served and gated: the configured one, or for ``profile: auto`` the one convert chose
+    (its record's ``profile_choice``). The configured value (``auto``) stays the release's identity
+    (release key, workspace inputs); everything that means "what is served" asks here."""
+    configured = release.config.profile
+    if configured != AUTO_PROFILE:
+        return configured
+    summary = release.workspace.require("convert", hint="`seqcls convert` (profile auto chooses there)")["summary"]
+    chosen = (summary.get("profile_choice") or {}).get("chosen")
+    if not chosen:
+        raise StepOrderError(
+            f"{release.workspace.root}: the convert record names no chosen profile for profile auto; "
+            "re-run `seqcls convert` (or the release) to choose one."
+        )
+    return str(chosen)
+
+
+def profile_words(release: Release) -> str:
+    """The effective profile as a message names it: ``int8``, or ``int8 (chosen by profile auto)``."""
+    profile, configured = effective_profile(release), release.config.profile
+    return profile if profile == configured else f"{profile} (chosen by profile {configured})"
 
 
 def fp32_onnx(ws: Workspace) -> Path:
@@ -276,7 +301,9 @@ __all__ = [
     "Published",
     "Registered",
     "Shadow",
+    "effective_profile",
     "fp32_onnx",
+    "profile_words",
     "published_version",
     "served_onnx",
     "static_dir",

@@ -29,6 +29,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from seqcls.config import AUTO_PROFILE, SERVED_PROFILES
 from seqcls.errors import SeqclsError
 from seqcls.frameworks.output import library_output
 from seqcls.quality.evalset import EvalSet
@@ -185,7 +186,10 @@ def _timed(name: str, fn: Callable[[], tuple[bool, str]]) -> Check:
 def _params(release: Release) -> tuple[bool, str]:
     key = release_key(release)  # resolves threshold + per-label thresholds against the labels (InputError)
     cfg = release.config
-    return True, f"profile {cfg.profile}, {len(cfg.thresholds)} per-label threshold(s), release key {key[:8]}"
+    profile = cfg.profile
+    if profile == AUTO_PROFILE:  # chosen at convert; nothing is measured yet
+        profile = f"auto (convert serves the fastest of {', '.join(SERVED_PROFILES)} that passes)"
+    return True, f"profile {profile}, {len(cfg.thresholds)} per-label threshold(s), release key {key[:8]}"
 
 
 def preflight(

@@ -65,7 +65,8 @@ def run_params(release: Release, report: ParityReport) -> dict[str, Any]:
         "atol": cfg.atol,
         "rtol": cfg.rtol,
         "prob_atol": cfg.prob_atol,
-        "profile": cfg.profile,
+        "profile": cfg.profile,  # as configured ("auto" included): the release's identity
+        "profile_chosen": report.profile,  # what was served and gated (auto: convert's choice)
         "runtime": release.settings.runtime,
         "provider": report.provider,
         "num_labels": ckpt.num_labels,

@@ -17,7 +17,7 @@ from typing import Any
 
 from seqcls.errors import InputError
 from seqcls.monitoring import reference as monitoring_reference
-from seqcls.records import REFERENCE, Expected, model_inputs, serving_tokenizer
+from seqcls.records import REFERENCE, Expected, effective_profile, model_inputs, serving_tokenizer
 from seqcls.serving import shipped
 from seqcls.serving.repository import Repository, ServingOptions
 from seqcls.workspace import Release
@@ -55,7 +55,8 @@ def serving_config(release: Release) -> dict[str, Any]:
     """What one registry version stands for: the checkpoint and how it is served and decided.
 
     In: ``fingerprint`` (weights, config, vocabulary, tokenizer files, label file — so the labels
-    and their order), ``profile`` and ``opset`` (which ONNX graph answers: fp32, fused, int8),
+    and their order), ``profile`` and ``opset`` (which ONNX graph answers: fp32, fused, int8 — or ``auto``,
+    as configured: the same checkpoint released with ``auto`` again re-uses convert's choice),
     ``max_length`` (tokenizer truncation), ``hierarchy`` (a child implies its parent) and
     ``thresholds``: ``threshold`` + the per-label overrides resolved to one float32 value per label,
     the vector the served ``release.json`` holds (equivalent spellings give the same key).
@@ -74,7 +75,7 @@ def serving_config(release: Release) -> dict[str, Any]:
         raise InputError(_unknown_labels(ckpt.labels, cfg.thresholds, operators) or f"thresholds: {exc}") from exc
     return {
         "fingerprint": ckpt.fingerprint,
-        "profile": cfg.profile,
+        "profile": cfg.profile,  # as configured: "auto" names the release (its choice is re-used, not re-keyed)
         "opset": cfg.opset,
         "max_length": cfg.max_length,
         "hierarchy": cfg.hierarchy,
@@ -122,6 +123,7 @@ def release_key(release: Release) -> str:
 def release_values(release: Release, options: ServingOptions) -> dict[str, Any]:
     """What every Triton version's ``release.json`` holds besides its files (the pyfunc carries it too)."""
     expected = Expected.load(release.workspace)
+    configured, profile = release.config.profile, effective_profile(release)
     tokenizer = serving_tokenizer(release)
     contract = shipped.contract()
     reference = monitoring_reference.load(release.workspace.path(REFERENCE))
@@ -143,7 +145,8 @@ def release_values(release: Release, options: ServingOptions) -> dict[str, Any]:
         "max_length": release.config.max_length,
         "do_lower_case": release.checkpoint.do_lower_case,
         "pad_id": tokenizer.pad_id,
-        "profile": release.config.profile,
+        "profile": profile,  # the graph served (a champion is re-scored as this profile)
+        **({"profile_configured": configured} if configured != profile else {}),
         "release_key": release_key(release),  # the MLflow version's key: sync/status find it by this
         contract.MAX_TEXT_BYTES_KEY: int(options.max_text_bytes),
         **monitored,

@@ -6,20 +6,34 @@ tries to ``pip install`` at conversion time). So this step pins down its environ
 checks the result itself: non-empty, ``onnx.checker`` full check, input names/dtypes/ranks, one
 float output whose last dimension is the number of labels. A transformers checkpoint arrives here
 already in ONNX (PyTorch's exporter, :mod:`seqcls.frameworks.transformers`): the same rename, checks and profiles.
+
+``profile: auto`` builds every candidate profile from ``model.onnx`` here, lets
+:mod:`seqcls.profiles.auto` time and check them on this host and keeps the fastest that passes as
+``served.onnx`` (fp32: ``model.onnx`` itself); the choice and every candidate's figures are in
+``onnx/profile_choice.json`` and the record's ``profile_choice`` (:func:`seqcls.records.effective_profile`).
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import shutil
+import time
 from pathlib import Path
+from typing import Any
 
 from seqcls.checkpoints.golden import golden_texts
+from seqcls.config import AUTO_PROFILE
 from seqcls.errors import ConversionError
+from seqcls.files import replace_file
 from seqcls.frameworks import for_checkpoint
 from seqcls.frameworks.paddle import static_model_files
+from seqcls.gates import runtime
+from seqcls.profiles.auto import CANDIDATES, CHOICE_FILE, Answering, Rules, Trial, measure_and_choose
 from seqcls.profiles.calibration import Calibration
 from seqcls.profiles.optimize import optimize_onnx
+from seqcls.quality.evalset import EvalSet
+from seqcls.quality.kept import kept_eval_set
 from seqcls.records import OUT_DIRS, serving_tokenizer, static_dir
 from seqcls.serving import shipped
 from seqcls.settings import ENV_POLYGRAPHY_AUTOINSTALL, scoped_env
@@ -35,6 +49,9 @@ INPUT_NAMES: tuple[str, ...] = shipped.contract().MODEL_INPUTS  # paddle2onnx's 
 KNOWN_INPUTS: tuple[str, ...] = shipped.contract().MODEL_INPUT_NAMES
 OUTPUT_NAME: str = shipped.contract().LOGITS_OUTPUT
 SERVED_FILE = "served.onnx"  # the profile's optimised model (fp32-fused, int8); fp32 serves model.onnx
+CANDIDATE_DIR = "candidates"  # profile auto's candidate graphs while they are measured (removed after)
+#: What profile auto's choice depends on besides the graph: a change re-runs convert (and the choice).
+AUTO_PARAMS = ("threshold", "thresholds", "hierarchy", "near_margin", "provider", "require_gpu", "max_profile_f1_drop")
 
 
 def rename_output(model, new_name: str = OUTPUT_NAME) -> str:
@@ -167,6 +184,72 @@ def calibration(release: Release):
     )
 
 
+def build_profile(release: Release, src: Path, dst: Path, profile: str) -> dict:
+    """``profile``'s graph (fp32-fused, int8) for ``src`` at ``dst`` (int8 calibrated on the golden texts)."""
+    config = json.loads((release.checkpoint.path / "config.json").read_text(encoding="utf-8"))
+    return optimize_onnx(
+        src,
+        dst,
+        profile,
+        num_heads=int(config.get("num_attention_heads", 12)),
+        hidden_size=int(config.get("hidden_size", 768)),
+        calibration=calibration(release) if profile == "int8" else None,
+    )
+
+
+def answering(release: Release) -> Answering:
+    """How the candidates are fed and decided: as served, on the parity gate's provider and threads."""
+    cfg, ckpt = release.config, release.checkpoint
+    tok = serving_tokenizer(release)
+    labels = list(ckpt.labels)
+    return Answering(
+        tok.build(shipped.text(release.settings), cfg.max_length),
+        tok.pad_id,
+        labels,
+        shipped.decide(release.settings).threshold_vector(labels, cfg.threshold, cfg.thresholds),
+        cfg.hierarchy,
+        runtime.choose_providers(cfg.provider, cfg.require_gpu),
+    )
+
+
+def build_candidates(release: Release, out: Path, inputs: list[str]) -> tuple[list[Trial], dict[str, dict]]:
+    """Every candidate profile's graph under ``out/candidates`` (fp32: ``model.onnx``); a candidate whose
+    build fails (fusion off tolerance, int8 below its agreement target) is a rejected trial, not an error."""
+    trials, reports = [Trial("fp32", out / MODEL_FILE)], {}
+    for profile in CANDIDATES[1:]:
+        dst, t0 = out / CANDIDATE_DIR / f"{profile}.onnx", time.perf_counter()
+        log.info("convert: auto — building candidate %s", profile)
+        try:
+            reports[profile] = build_profile(release, out / MODEL_FILE, dst, profile)
+            verify_onnx(dst, release.checkpoint.num_labels, inputs)
+            trials.append(Trial(profile, dst, build_seconds=time.perf_counter() - t0))
+        except ConversionError as exc:
+            log.warning("convert: auto — candidate %s not built: %s", profile, exc)
+            trials.append(Trial(profile, None, build_seconds=time.perf_counter() - t0, error=str(exc)[:500]))
+    return trials, reports
+
+
+def auto_profile(release: Release, out: Path, facts: dict[str, Any], es: EvalSet | None) -> str:
+    """``profile: auto``: build, time and check every candidate; serve the fastest that passes.
+
+    Writes ``profile_choice.json``; the chosen graph becomes ``served.onnx`` (fp32 serves ``model.onnx``)
+    and its facts go where a configured profile's go (``optimize``, ``served_file``)."""
+    cfg = release.config
+    trials, reports = build_candidates(release, out, facts["inputs"])
+    rules = Rules(cfg.min_decision_agreement, cfg.max_profile_f1_drop, cfg.near_margin, cfg.hierarchy)
+    golden, _ = golden_texts(release.checkpoint)
+    choice = measure_and_choose(trials, golden, es, answering(release), rules)
+    if choice.chosen != "fp32":
+        replace_file(out / CANDIDATE_DIR / f"{choice.chosen}.onnx", out / SERVED_FILE)
+        facts["optimize"] = reports[choice.chosen]
+        facts["served_file"] = f"{OUT_DIR}/{SERVED_FILE}"
+    shutil.rmtree(out / CANDIDATE_DIR, ignore_errors=True)  # the rejected and slower graphs are not served
+    (out / CHOICE_FILE).write_text(json.dumps(choice.to_dict(), indent=1, ensure_ascii=False), encoding="utf-8")
+    facts["profile_choice"] = choice.summary()
+    facts["profile_choice_file"] = f"{OUT_DIR}/{CHOICE_FILE}"
+    return choice.line()
+
+
 def adopt_exported(exported: Path, save_file: Path, *, num_labels: int, input_names: list[str]) -> dict:
     """A graph PyTorch exported (transformers path): output renamed ``logits`` if needed, verified."""
     import onnx
@@ -194,11 +277,15 @@ def convert(release: Release) -> StepResult:
         "output_name": OUTPUT_NAME,
         "profile": cfg.profile,
     }
-    if cfg.profile == "int8":  # calibrated on the golden texts as serving tokenizes them
+    if cfg.profile in ("int8", AUTO_PROFILE):  # calibrated on the golden texts as serving tokenizes them
         inputs["calibration"] = {
             "golden": release.checkpoint.golden_sha256 or "builtin",
             **{k: getattr(cfg, k) for k in ("max_length", "threshold", "min_decision_agreement")},
         }
+    es = None
+    if cfg.profile == AUTO_PROFILE:  # the choice is measured on the golden and eval texts, judged by these
+        es = kept_eval_set(release)
+        inputs["auto"] = {"eval_set": es.sha256 if es else None, **{k: getattr(cfg, k) for k in AUTO_PARAMS}}
 
     def body(out: Path) -> tuple[dict, str]:
         if exported_onnx is not None:
@@ -221,17 +308,11 @@ def convert(release: Release) -> StepResult:
             f"opset {facts['opset']}, output "
             f"{facts['renamed_from']!r} → {OUTPUT_NAME!r}, checker passed"
         )
-        if cfg.profile != "fp32":
-            config = json.loads((release.checkpoint.path / "config.json").read_text(encoding="utf-8"))
+        if cfg.profile == AUTO_PROFILE:
+            msg += "; " + auto_profile(release, out, facts, es)
+        elif cfg.profile != "fp32":
             log.info("convert: applying serving profile %s → %s", cfg.profile, SERVED_FILE)
-            facts["optimize"] = optimize_onnx(
-                out / MODEL_FILE,
-                out / SERVED_FILE,
-                cfg.profile,
-                num_heads=int(config.get("num_attention_heads", 12)),
-                hidden_size=int(config.get("hidden_size", 768)),
-                calibration=calibration(release) if cfg.profile == "int8" else None,
-            )
+            facts["optimize"] = build_profile(release, out / MODEL_FILE, out / SERVED_FILE, cfg.profile)
             verify_onnx(out / SERVED_FILE, release.checkpoint.num_labels, facts["inputs"])
             facts["served_file"] = f"{OUT_DIR}/{SERVED_FILE}"
             msg += f"; profile {cfg.profile}: {SERVED_FILE} {(out / SERVED_FILE).stat().st_size / 1e6:.1f} MB"

@@ -49,7 +49,9 @@ from seqcls.records import (
     REFERENCE,
     Expected,
     Shadow,
+    effective_profile,
     fp32_onnx,
+    profile_words,
     served_onnx,
     serving_tokenizer,
 )
@@ -96,6 +98,7 @@ def gate_inputs(release: Release, es: EvalSet | None, champion: dict[str, Any] |
 def candidate_graphs(release: Release) -> list[Graph]:
     """The candidate's serving graph, and the fp32 graph beside it when the profile is another."""
     cfg, ckpt, ws = release.config, release.checkpoint, release.workspace
+    profile = effective_profile(release)
     tok = serving_tokenizer(release)
     tokenizer = tok.build(shipped.text(release.settings), cfg.max_length)
     labels = list(ckpt.labels)
@@ -103,10 +106,8 @@ def candidate_graphs(release: Release) -> list[Graph]:
         thresholds = decide_vector(labels, cfg.threshold, cfg.thresholds)
     except ValueError as exc:
         raise InputError(f"thresholds: {exc}") from exc
-    graphs = [
-        Graph("candidate", served_onnx(ws), tokenizer, tok.pad_id, labels, thresholds, cfg.hierarchy, cfg.profile)
-    ]
-    if cfg.profile != "fp32":
+    graphs = [Graph("candidate", served_onnx(ws), tokenizer, tok.pad_id, labels, thresholds, cfg.hierarchy, profile)]
+    if profile != "fp32":
         graphs.append(Graph("fp32", fp32_onnx(ws), tokenizer, tok.pad_id, labels, thresholds, cfg.hierarchy, "fp32"))
     return graphs
 
@@ -151,7 +152,8 @@ def write_evidence(
     evaluation = {
         "model_name": cfg.model_name,
         "fingerprint": release.checkpoint.fingerprint,
-        "profile": cfg.profile,
+        "profile": effective_profile(release),
+        "profile_configured": cfg.profile,
         "passed": verdict.passed,
         "summary": verdict.summary(),
         **{who: scores[who].to_dict() if who in scores else None for who in ("candidate", "champion", "fp32")},
@@ -246,7 +248,8 @@ def run_gate(
 def _title(release: Release, champion_version: int | None) -> str:
     cfg = release.config
     champion = f" vs champion Triton v{champion_version}" if champion_version is not None else ""
-    return f"{cfg.model_name} {release.checkpoint.short_fingerprint} ({cfg.profile}){champion}: F1 per label"
+    profile = effective_profile(release)
+    return f"{cfg.model_name} {release.checkpoint.short_fingerprint} ({profile}){champion}: F1 per label"
 
 
 def refusal(release: Release, es: EvalSet, champion_version: int | None, why: str) -> str:
@@ -254,7 +257,8 @@ def refusal(release: Release, es: EvalSet, champion_version: int | None, why: st
     champion = f"the served champion (Triton v{champion_version})" if champion_version is not None else "no champion"
     return (
         f"Quality gate refused model {cfg.model_name!r} (fingerprint {release.checkpoint.short_fingerprint}, profile "
-        f"{cfg.profile}) against {champion} on {es.path} ({len(es.texts)} texts, sha256 {es.sha256[:12]}): {why}. "
+        f"{profile_words(release)}) against {champion} on {es.path} ({len(es.texts)} texts, sha256 "
+        f"{es.sha256[:12]}): {why}. "
         f"Nothing was registered or published; what is served is unchanged. Evidence: "
         f"{ws.failed_dir(STEP)}/evaluation.json, bad_cases.tsv, labels.png (and the MLflow run tagged "
         f"seqcls.quality=failed)."

@@ -81,7 +81,8 @@ def lineage_tags(
         "framework": ckpt.framework,
         "architecture": ckpt.architecture,
         "opset": str(cfg.opset),
-        "profile": cfg.profile,
+        "profile": cfg.profile,  # as configured ("auto" included)
+        "profile_chosen": report.profile,  # what is served and was gated
         "seqcls_version": str(versions.get("seqcls")),
         "num_labels": str(ckpt.num_labels),
         "parity.logits_max_abs_diff": str(report.numeric.get("logits_max_abs_diff")),

@@ -38,7 +38,9 @@ from seqcls.records import (
     Expected,
     ExpectedItem,
     ParityReport,
+    effective_profile,
     model_inputs,
+    profile_words,
     served_onnx,
     serving_tokenizer,
     static_dir,
@@ -142,7 +144,7 @@ def check_numbers(
     )
     l_got = runtime.ort_logits(session, ids, pad_id)
     report.numeric = parity.numeric_report(l_ref, l_got, tol, decide_mod)
-    exact = release.config.profile in EXACT_PROFILES
+    exact = report.profile in EXACT_PROFILES
     report.numeric["gating"] = exact
     log.info(
         "validate: numeric parity on %s — logits max |Δ| %.3g, probs max |Δ| %.3g (%s)",
@@ -161,7 +163,7 @@ def check_decisions(
     dc = parity.decision_report(
         texts, p_ref, p_got, thresholds, list(release.checkpoint.labels), cfg.near_margin, cfg.hierarchy, decide_mod
     )
-    if cfg.profile not in EXACT_PROFILES:  # int8: decisions may move, gated on agreement instead
+    if report.profile not in EXACT_PROFILES:  # int8: decisions may move, gated on agreement instead
         dc["passed"] = dc["agreement"] >= cfg.min_decision_agreement
         dc["min_agreement"] = cfg.min_decision_agreement
     report.decisions = dc
@@ -194,7 +196,7 @@ def expected_answers(
         hierarchy=cfg.hierarchy,
         max_length=cfg.max_length,
         prob_atol=max(tol.prob_atol_effective * 10, 1e-4),  # another process, other thread counts
-        gate="exact" if cfg.profile in EXACT_PROFILES else "agreement",
+        gate="exact" if effective_profile(release) in EXACT_PROFILES else "agreement",
         min_agreement=cfg.min_decision_agreement,
         items=items,
     )
@@ -205,7 +207,7 @@ def run_gate(release: Release, texts: list[str], source: str, out: Path) -> tupl
     cfg, ckpt = release.config, release.checkpoint
     decide_mod = shipped.decide(release.settings)
     thresholds = decide_mod.threshold_vector(list(ckpt.labels), cfg.threshold, cfg.thresholds)
-    report = ParityReport(cfg.model_name, ckpt.fingerprint, source, len(texts), cfg.profile)
+    report = ParityReport(cfg.model_name, ckpt.fingerprint, source, len(texts), effective_profile(release))
     t0 = time.perf_counter()
     log.info("validate: %d golden texts (%s), max_length %d", len(texts), source, cfg.max_length)
     report.tokenizer, ids = check_tokenizer(release, texts)
@@ -213,7 +215,7 @@ def run_gate(release: Release, texts: list[str], source: str, out: Path) -> tupl
     l_ref, l_got = check_numbers(release, report, ids, session, tol, decide_mod)
     p_ref, p_got = decide_mod.sigmoid(l_ref), decide_mod.sigmoid(l_got)
     check_decisions(release, report, texts, p_ref, p_got, thresholds, decide_mod)
-    exact = cfg.profile in EXACT_PROFILES
+    exact = report.profile in EXACT_PROFILES
     report.thresholds = {lbl: float(t) for lbl, t in zip(ckpt.labels, thresholds, strict=True)}
     report.seconds = round(time.perf_counter() - t0, 3)
     report.passed = bool(
@@ -281,7 +283,7 @@ def failure_paragraph(release: Release, report: ParityReport, where: str) -> str
         parts.append(extra)
     return (
         f"Parity gate failed for model {release.config.model_name!r} (fingerprint "
-        f"{release.checkpoint.short_fingerprint}, profile {release.config.profile}, provider "
+        f"{release.checkpoint.short_fingerprint}, profile {profile_words(release)}, provider "
         f"{report.provider}): " + "; ".join(parts) + f". Nothing was registered or published. "
         f"Full report: {where}/report.json and plot.png."
     )

@@ -1,0 +1,179 @@
+"""``profile: auto``: measure every serving profile on this host, check it against fp32, serve the fastest that passes.
+
+The chooser is tested with fake measurements (which candidate wins, which is rejected and why); one
+real release of the tiny checkpoint runs convert → validate → evaluate with ``profile: auto`` and checks
+that the choice is recorded and that both gates judged the chosen concrete profile.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from seqcls.config import PROFILES, ReleaseConfig
+from seqcls.errors import InputError, StepOrderError
+from seqcls.profiles.auto import AUTO, CANDIDATES, Rules, Trial, choose
+from seqcls.quality.metrics import score
+from seqcls.records import effective_profile
+from seqcls.workspace import open_release
+
+LABELS = ["a", "a##x", "b"]
+THRESHOLDS = np.full(len(LABELS), 0.5, dtype=np.float32)
+TEXTS = [f"text {i}" for i in range(40)]
+GOLD = [["a", "a##x"] if i % 2 else ["b"] for i in range(len(TEXTS))]
+RULES = Rules(min_decision_agreement=0.995, max_profile_f1_drop=0.005, near_margin=1e-3, hierarchy=True)
+
+
+def _probs(flip: int = 0) -> np.ndarray:
+    """Confident probabilities giving GOLD; ``flip`` texts get label ``b`` switched."""
+    p = np.array([[0.9, 0.9, 0.1] if i % 2 else [0.1, 0.1, 0.9] for i in range(len(TEXTS))], dtype=np.float32)
+    for i in range(flip):
+        p[i, 2] = 1.0 - p[i, 2]
+    return p
+
+
+def _scores(wrong: int = 0):
+    pred = [list(g) for g in GOLD]
+    for i in range(wrong):
+        pred[i] = ["b"] if "a" in pred[i] else ["a", "a##x"]
+    return score(GOLD, pred, LABELS)
+
+
+def _trial(profile: str, ms: float, *, flip: int = 0, wrong: int | None = 0, error: str | None = None) -> Trial:
+    if error is not None:
+        return Trial(profile, None, error=error)
+    return Trial(
+        profile,
+        Path(f"{profile}.onnx"),
+        latencies=[ms / 1000.0] * len(TEXTS),
+        probabilities=_probs(flip),
+        scores=None if wrong is None else _scores(wrong),
+    )
+
+
+def _choose(*trials: Trial, rules: Rules = RULES):
+    return choose(list(trials), TEXTS, LABELS, THRESHOLDS, rules)
+
+
+def test_the_fastest_candidate_that_passes_is_served() -> None:
+    choice = _choose(_trial("fp32", 10), _trial("fp32-fused", 8), _trial("int8", 4))
+    assert choice.chosen == "int8"
+    by = {c.profile: c for c in choice.candidates}
+    assert all(c.passed for c in by.values()) and not choice.rejected
+    assert by["int8"].sentences_per_s == pytest.approx(250.0) and by["int8"].p50_ms == pytest.approx(4.0)
+    assert by["int8"].agreement == 1.0 and by["int8"].micro_f1_drop == 0.0
+    assert "int8" in choice.line() and "fastest" in choice.line()
+
+
+def test_a_faster_candidate_that_moves_decisions_is_rejected_with_its_agreement() -> None:
+    choice = _choose(_trial("fp32", 10), _trial("fp32-fused", 8), _trial("int8", 4, flip=3))
+    assert choice.chosen == "fp32-fused"
+    (rejected,) = choice.rejected
+    assert rejected.profile == "int8" and not rejected.passed
+    assert rejected.agreement == pytest.approx(1 - 3 / (len(TEXTS) * len(LABELS)))
+    assert "decision agreement" in rejected.reason and "0.995" in rejected.reason
+
+
+def test_a_faster_candidate_that_loses_f1_on_the_eval_set_is_rejected() -> None:
+    choice = _choose(_trial("fp32", 10), _trial("fp32-fused", 8), _trial("int8", 4, wrong=2))
+    assert choice.chosen == "fp32-fused"
+    (rejected,) = choice.rejected
+    assert rejected.profile == "int8" and rejected.agreement == 1.0  # agreement alone is not accuracy
+    assert "max_profile_f1_drop" in rejected.reason and rejected.micro_f1_drop > 0.005
+
+
+def test_without_an_eval_set_only_agreement_is_checked_and_said() -> None:
+    choice = _choose(_trial("fp32", 10, wrong=None), _trial("int8", 4, wrong=None))
+    assert choice.chosen == "int8" and choice.candidates[1].micro_f1_drop is None
+    assert any("no eval set" in note for note in choice.notes)
+
+
+def test_fp32_is_served_when_nothing_faster_passes() -> None:
+    choice = _choose(
+        _trial("fp32", 10), _trial("fp32-fused", 8, error="optimize: fusion failed"), _trial("int8", 4, flip=6)
+    )
+    assert choice.chosen == "fp32"
+    reasons = {c.profile: c.reason for c in choice.rejected}
+    assert set(reasons) == {"fp32-fused", "int8"}
+    assert "fusion failed" in reasons["fp32-fused"] and "agreement" in reasons["int8"]
+    assert json.loads(json.dumps(choice.to_dict()))["chosen"] == "fp32"
+
+
+def test_a_slower_candidate_loses_even_when_it_passes() -> None:
+    choice = _choose(_trial("fp32", 4), _trial("fp32-fused", 5), _trial("int8", 6))
+    assert choice.chosen == "fp32" and not choice.rejected
+    assert [line.split()[0] for line in choice.table()[2:]] == ["fp32", "fp32-fused", "int8"]
+
+
+def test_a_lead_within_noise_does_not_give_up_exactness() -> None:
+    """int8 3 % faster than fp32 on a shared host is noise: the exact graph is served, and the note says why."""
+    choice = _choose(_trial("fp32", 10), _trial("fp32-fused", 9.9), _trial("int8", 9.7))
+    assert choice.chosen == "fp32" and not choice.rejected
+    assert any("within" in note and "int8" in note and "5%" in note for note in choice.notes), choice.notes
+    assert "no faster graph leads by ≥5%" in choice.line()
+    assert _choose(_trial("fp32", 10), _trial("int8", 9.0)).chosen == "int8"  # 11 % is a lead
+
+
+def test_auto_is_a_profile_everywhere_and_an_unknown_one_still_fails_clearly() -> None:
+    assert AUTO in PROFILES and set(CANDIDATES) == set(PROFILES) - {AUTO}
+    assert ReleaseConfig(profile="auto").profile == "auto"
+    with pytest.raises(InputError, match="profile must be one of fp32, fp32-fused, int8, auto, got 'bf17'"):
+        ReleaseConfig(profile="bf17")
+
+
+def test_effective_profile_is_the_configured_one_or_converts_choice(tiny_checkpoint: Path) -> None:
+    assert effective_profile(open_release(tiny_checkpoint, ReleaseConfig(profile="int8"))) == "int8"
+    with pytest.raises(StepOrderError):  # auto: known only once convert chose
+        effective_profile(open_release(tiny_checkpoint, ReleaseConfig(profile="auto")))
+
+
+@pytest.mark.slow
+def test_auto_release_chooses_measures_and_gates_the_chosen_profile(tiny_checkpoint: Path, tmp_path: Path) -> None:
+    from seqcls.steps import run_release
+
+    eval_set = tmp_path / "eval.jsonl"
+    rows = [
+        ("某科技公司宣布裁员百分之十。", ["组织关系", "组织关系##裁员"]),
+        ("球队在决赛中夺冠。", ["体育", "体育##夺冠"]),
+        ("初创企业完成新一轮融资。", ["财经", "财经##融资"]),
+        ("知名主持人加盟新的电视台。", ["组织关系", "组织关系##加盟"]),
+    ] * 3
+    eval_set.write_text(
+        "".join(json.dumps({"text": t, "labels": ls}, ensure_ascii=False) + "\n" for t, ls in rows), encoding="utf-8"
+    )
+    release = open_release(tiny_checkpoint, ReleaseConfig(profile="auto", eval_set=str(eval_set)))
+    results = run_release(release, until="evaluate")
+    assert [r.step for r in results][-3:] == ["convert", "validate", "evaluate"]
+    ws = release.workspace
+    choice = json.loads(ws.path("onnx/profile_choice.json").read_text(encoding="utf-8"))
+    assert [c["profile"] for c in choice["candidates"]] == list(CANDIDATES)
+    for c in choice["candidates"]:
+        assert c["error"] is not None or (c["sentences_per_s"] > 0 and c["p50_ms"] > 0 and c["texts"] > 0), c
+    chosen = effective_profile(release)
+    assert chosen == choice["chosen"] and chosen in CANDIDATES
+    assert choice["eval_texts"] > 0 and choice["golden_texts"] > 0 and choice["texts"] <= 200
+    summary = ws.step("convert")["summary"]
+    assert summary["profile_choice"]["chosen"] == chosen
+    assert ("served_file" in summary) == (chosen != "fp32")
+    assert not list(ws.path("onnx").glob("*candidate*")), "rejected candidates are not kept"
+    report = json.loads(ws.path("parity/report.json").read_text(encoding="utf-8"))
+    exact = chosen in ("fp32", "fp32-fused")
+    assert report["profile"] == chosen and report["numeric"]["gating"] is exact
+    expected = json.loads(ws.path("parity/expected.json").read_text(encoding="utf-8"))
+    assert expected["gate"] == ("exact" if exact else "agreement")
+    evaluation = json.loads(ws.path("quality/evaluation.json").read_text(encoding="utf-8"))
+    assert evaluation["profile"] == chosen and (evaluation["fp32"] is None) == (chosen == "fp32")
+    again = run_release(release, until="convert")  # the same release reuses its choice
+    assert again[-1].status == "skipped" and effective_profile(release) == chosen
+
+    from seqcls.registry import ledger as registry
+
+    version = run_release(release, until="register")[-1].summary["version"]
+    c = registry.client(release.settings)
+    mv = c.get_model_version("seqcls", str(version))
+    assert (mv.tags["profile"], mv.tags["profile_chosen"]) == ("auto", chosen)  # identity and what is served
+    params = c.get_run(mv.run_id).data.params
+    assert (params["profile"], params["profile_chosen"]) == ("auto", chosen)
