@@ -103,10 +103,14 @@ airflow-ui: setup
 bench: setup-perf
 	.venv/bin/seqcls bench $(if $(QUICK),--quick,)
 
-# The test suite CI runs (.ci/run calls exactly this): lint, then every test tier.
+# The test suite CI runs (.ci/run calls exactly this): lint, then every test tier, on PYTEST_WORKERS
+# pytest-xdist workers (0: one process). A test spends most of its time in one single-threaded Python
+# process (a CLI, an Airflow task, a Triton stub), so one worker leaves the second core idle. Each
+# worker takes whole files (module-scoped servers stay shared), longest first (tests/conftest.py).
+PYTEST_WORKERS ?= 2
 test: setup-torch setup-perf
 	$(VENV)/bin/ruff check .
-	$(PY) -m pytest --durations=40 $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=40 $(PYTEST_ARGS)
 
 lint: setup
 	$(VENV)/bin/ruff check .
