@@ -29,6 +29,7 @@ from seqcls.errors import GateError
 from seqcls.records import Expected, Registered, served_onnx
 from seqcls.registry import ledger as registry
 from seqcls.registry.runs import log_parity_evidence
+from seqcls.serving import shipped
 from seqcls.serving.release import release_key
 from seqcls.settings import Settings
 from seqcls.steps import run_release
@@ -99,6 +100,8 @@ def test_registered_model_predicts_the_validated_decisions(tiny_checkpoint: Path
     served = served_onnx(release.workspace)
     assert _sha(local / "artifacts" / served.name) == _sha(served)
     shipped_release = json.loads((local / "artifacts" / "release.json").read_text(encoding="utf-8"))
+    text = shipped.text()  # the tokenizer's character classes ride along, valid for this interpreter
+    assert text.read_char_classes(local / "artifacts" / text.CHAR_CLASSES_FILE) == text.paddlenlp_char_classes()
     assert shipped_release["labels"] == expected.labels and shipped_release["thresholds"] == expected.thresholds
     assert shipped_release["release_key"] == reg.release_key and shipped_release["max_length"] == 128
     assert shipped_release["max_text_bytes"] == 64 * 1024  # the limit Triton's tokenizer enforces

@@ -23,11 +23,8 @@ CHAR_CLASSES_FILE = "seqcls_text_classes.json"
 _CLASS_NAMES = ("removed", "space", "split", "mark")
 
 
-def _char_class(predicate) -> str:
-    """A regex character class (``\\x{..}`` ranges) of every code point matching ``predicate``."""
-    import sys
-
-    points = [cp for cp in range(sys.maxunicode + 1) if not 0xD800 <= cp <= 0xDFFF and predicate(cp)]
+def _char_class(points: list[int]) -> str:
+    """A regex character class (``\\x{..}`` ranges) of ``points`` (ascending code points)."""
     ranges, start, prev = [], points[0], points[0]
     for cp in points[1:]:
         if cp != prev + 1:
@@ -46,30 +43,37 @@ def paddlenlp_char_classes() -> dict[str, str]:
     pre-tokenizer splits on punctuation only, while PaddleNLP also isolates symbols (emoji, ¥,
     €, ©, ...) and drops every ``C*`` character, unassigned code points included. Deriving the
     classes from the same table PaddleNLP consults makes the two agree character for character.
+    One pass, one category lookup per code point: every process that builds a tokenizer without
+    the shipped table (parity gate, quality gate, the MLflow model) pays it.
     """
+    import sys
     import unicodedata
 
-    def cat(cp: int) -> str:
-        return unicodedata.category(chr(cp))
-
-    def removed(cp: int) -> bool:  # _clean_text: NUL, U+FFFD and control (C*) except \t \n \r
-        return cp in (0, 0xFFFD) or (cp not in (9, 10, 13) and cat(cp).startswith("C"))
-
-    def space(cp: int) -> bool:  # _is_whitespace and what str.split() splits on
-        return not removed(cp) and (chr(cp).isspace() or cat(cp) == "Zs")
-
-    def ascii_punct(cp: int) -> bool:
-        return 33 <= cp <= 47 or 58 <= cp <= 64 or 91 <= cp <= 96 or 123 <= cp <= 126
-
-    def split(cp: int) -> bool:  # _is_punctuation or _is_symbol
-        c = cat(cp)
-        return ascii_punct(cp) or c.startswith("P") or c.startswith("S") or cp in _EXTRA_SYMBOLS
-
+    category, extra = unicodedata.category, set(_EXTRA_SYMBOLS)
+    removed: list[int] = []
+    space: list[int] = []
+    split: list[int] = []
+    mark: list[int] = []
+    for cp in range(sys.maxunicode + 1):
+        if 0xD800 <= cp <= 0xDFFF:  # surrogates: not characters
+            continue
+        ch = chr(cp)
+        cat = category(ch)
+        head = cat[0]
+        if cp in (0, 0xFFFD) or (head == "C" and cp not in (9, 10, 13)):  # _clean_text: NUL, U+FFFD, C* but \t\n\r
+            removed.append(cp)
+        elif ch.isspace() or cat == "Zs":  # _is_whitespace and what str.split() splits on
+            space.append(cp)
+        # _is_punctuation (ASCII punctuation, P*) or _is_symbol (S*, and PaddleNLP's few more)
+        if head in "PS" or cp in extra or 33 <= cp <= 47 or 58 <= cp <= 64 or 91 <= cp <= 96 or 123 <= cp <= 126:
+            split.append(cp)
+        if cat == "Mn":
+            mark.append(cp)
     return {
         "removed": _char_class(removed),
         "space": _char_class(space),
         "split": _char_class(split),
-        "mark": _char_class(lambda cp: cat(cp) == "Mn"),
+        "mark": _char_class(mark),
     }
 
 

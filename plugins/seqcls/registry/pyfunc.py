@@ -69,10 +69,12 @@ class SeqclsClassifier(PythonModel):
                 context.artifacts["vocab"], max_length=int(release["max_length"])
             )
         else:
+            table = context.artifacts.get("char_classes")  # absent in models registered before it was shipped
             self.tokenizer = seqcls_text.build_tokenizer(
                 context.artifacts["vocab"],
                 lowercase=bool(release.get("do_lower_case", True)),
                 max_length=int(release["max_length"]),
+                classes=seqcls_text.read_char_classes(table) if table else None,
             )
         self.pad_id = int(release.get("pad_id", 0))
         options = ort.SessionOptions()
