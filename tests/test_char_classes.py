@@ -10,15 +10,9 @@ from seqcls.serving import shipped
 
 
 def _reference_class(predicate) -> str:
+    """The class of every code point ``predicate`` accepts, one predicate call per code point."""
     points = [cp for cp in range(sys.maxunicode + 1) if not 0xD800 <= cp <= 0xDFFF and predicate(cp)]
-    ranges, start, prev = [], points[0], points[0]
-    for cp in points[1:]:
-        if cp != prev + 1:
-            ranges.append((start, prev))
-            start = cp
-        prev = cp
-    ranges.append((start, prev))
-    return "[" + "".join(f"\\x{{{a:X}}}" if a == b else f"\\x{{{a:X}}}-\\x{{{b:X}}}" for a, b in ranges) + "]"
+    return shipped.text()._char_class(points)
 
 
 def test_single_pass_classes_equal_the_definitions() -> None:
