@@ -188,7 +188,7 @@ def choose(
     passing = [c for c in candidates if c.passed]
     fastest = max(passing, key=lambda c: c.sentences_per_s or 0.0)
     chosen = fastest.profile
-    exact = candidates[[t.profile for t in trials].index("fp32")]
+    exact = next(c for c in candidates if c.profile == "fp32")
     lead = (fastest.sentences_per_s or 0.0) / max(exact.sentences_per_s or 0.0, 1e-12)
     if chosen != "fp32" and lead < MIN_SPEEDUP:
         notes.append(

@@ -184,15 +184,22 @@ def calibration(release: Release):
     )
 
 
-def build_profile(release: Release, src: Path, dst: Path, profile: str) -> dict:
-    """``profile``'s graph (fp32-fused, int8) for ``src`` at ``dst`` (int8 calibrated on the golden texts)."""
+def attention_shape(release: Release) -> tuple[int, int]:
+    """(attention heads, hidden size) from the snapshot's ``config.json``: what the fusions need."""
     config = json.loads((release.checkpoint.path / "config.json").read_text(encoding="utf-8"))
+    return int(config.get("num_attention_heads", 12)), int(config.get("hidden_size", 768))
+
+
+def build_profile(release: Release, src: Path, dst: Path, profile: str, shape: tuple[int, int]) -> dict:
+    """``profile``'s graph (fp32-fused, int8) for ``src`` at ``dst`` (int8 calibrated on the golden texts);
+    ``shape``: :func:`attention_shape`."""
+    num_heads, hidden_size = shape
     return optimize_onnx(
         src,
         dst,
         profile,
-        num_heads=int(config.get("num_attention_heads", 12)),
-        hidden_size=int(config.get("hidden_size", 768)),
+        num_heads=num_heads,
+        hidden_size=hidden_size,
         calibration=calibration(release) if profile == "int8" else None,
     )
 
@@ -215,12 +222,12 @@ def answering(release: Release) -> Answering:
 def build_candidates(release: Release, out: Path, inputs: list[str]) -> tuple[list[Trial], dict[str, dict]]:
     """Every candidate profile's graph under ``out/candidates`` (fp32: ``model.onnx``); a candidate whose
     build fails (fusion off tolerance, int8 below its agreement target) is a rejected trial, not an error."""
-    trials, reports = [Trial("fp32", out / MODEL_FILE)], {}
+    trials, reports, shape = [Trial("fp32", out / MODEL_FILE)], {}, attention_shape(release)
     for profile in CANDIDATES[1:]:
         dst, t0 = out / CANDIDATE_DIR / f"{profile}.onnx", time.perf_counter()
         log.info("convert: auto — building candidate %s", profile)
         try:
-            reports[profile] = build_profile(release, out / MODEL_FILE, dst, profile)
+            reports[profile] = build_profile(release, out / MODEL_FILE, dst, profile, shape)
             verify_onnx(dst, release.checkpoint.num_labels, inputs)
             trials.append(Trial(profile, dst, build_seconds=time.perf_counter() - t0))
         except ConversionError as exc:
@@ -312,7 +319,9 @@ def convert(release: Release) -> StepResult:
             msg += "; " + auto_profile(release, out, facts, es)
         elif cfg.profile != "fp32":
             log.info("convert: applying serving profile %s → %s", cfg.profile, SERVED_FILE)
-            facts["optimize"] = build_profile(release, out / MODEL_FILE, out / SERVED_FILE, cfg.profile)
+            facts["optimize"] = build_profile(
+                release, out / MODEL_FILE, out / SERVED_FILE, cfg.profile, attention_shape(release)
+            )
             verify_onnx(out / SERVED_FILE, release.checkpoint.num_labels, facts["inputs"])
             facts["served_file"] = f"{OUT_DIR}/{SERVED_FILE}"
             msg += f"; profile {cfg.profile}: {SERVED_FILE} {(out / SERVED_FILE).stat().st_size / 1e6:.1f} MB"

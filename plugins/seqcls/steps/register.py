@@ -169,11 +169,10 @@ def log_pyfunc(release: Release):
     with tempfile.TemporaryDirectory(prefix="seqcls-pyfunc-") as tmp:
         release_file = Path(tmp) / contract.RELEASE_FILE
         release_file.write_text(json.dumps(values, indent=1, ensure_ascii=False), encoding="utf-8")
-        # the tokenizer's character classes, as publish ships them: loading the model (MLflow checks the
-        # input example on log) then reads them instead of walking every code point
         tok = serving_tokenizer(release)
         artifacts = {"release": str(release_file), "vocab": str(tok.file), "onnx": str(served_onnx(release.workspace))}
-        if tok.kind != "tokenizer.json":
+        if tok.kind != "tokenizer.json":  # the wordpiece tokenizer's character classes, as publish ships them:
+            # loading the model (MLflow checks the input example on log) reads them, not every code point
             text = shipped.text(release.settings)
             artifacts["char_classes"] = str(text.write_char_classes(Path(tmp) / text.CHAR_CLASSES_FILE))
         return mlflow.pyfunc.log_model(
