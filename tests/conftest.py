@@ -47,6 +47,19 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items.sort(key=lambda item: rank.get(item.path.name, len(LONG_FILES)))  # stable: the rest keep their order
 
 
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Iterator[None]:
+    """A failed test whose real Triton died carries that server's log tail in its report: a crash
+    (an abort inside a backend) leaves nothing else behind once the run's temp dirs are gone."""
+    outcome = yield
+    report = outcome.get_result()
+    if not report.failed:
+        return
+    for name, value in getattr(item, "funcargs", {}).items():
+        if isinstance(value, LocalTriton) and not value.status().running:
+            report.sections.append((f"tritonserver log tail ({name}: no longer running)", value.log_tail(40)))
+
+
 @pytest.fixture(autouse=True)
 def _isolated_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     home = tmp_path / "seqcls-home"
