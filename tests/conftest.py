@@ -12,7 +12,7 @@ import pytest
 from seqcls.localtriton import LocalTriton
 from tests.helpers.checkpoints import HF_GOLDEN
 from tests.helpers.drills import Drill, make_drill
-from tests.helpers.triton import start_triton
+from tests.helpers.triton import dead_triton_sections, start_triton
 
 # Keep every test off the user's real ~/.seqcls and ~/airflow, and the logs readable.
 os.environ.setdefault("GLOG_minloglevel", "2")
@@ -49,15 +49,10 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Iterator[None]:
-    """A failed test whose real Triton died carries that server's log tail in its report: a crash
-    (an abort inside a backend) leaves nothing else behind once the run's temp dirs are gone."""
     outcome = yield
     report = outcome.get_result()
-    if not report.failed:
-        return
-    for name, value in getattr(item, "funcargs", {}).items():
-        if isinstance(value, LocalTriton) and not value.status().running:
-            report.sections.append((f"tritonserver log tail ({name}: no longer running)", value.log_tail(40)))
+    if report.failed:
+        report.sections.extend(dead_triton_sections(getattr(item, "funcargs", {})))
 
 
 @pytest.fixture(autouse=True)

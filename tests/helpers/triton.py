@@ -78,3 +78,15 @@ def module_triton(name: str) -> tuple:
         return cli_env(triton, root, monkeypatch)
 
     return root, triton, env
+
+
+def dead_triton_sections(funcargs: dict[str, object], lines: int = 40) -> list[tuple[str, str]]:
+    """Report sections for a failed test: the log tail of each real Triton it used that has died.
+
+    A crash (an abort inside a backend) leaves nothing else behind once the run's temp dirs are gone;
+    ``tests/conftest.py`` adds these to every failed test's report."""
+    return [
+        (f"tritonserver log tail ({name}: no longer running)", value.log_tail(lines))
+        for name, value in funcargs.items()
+        if isinstance(value, LocalTriton) and not value.status().running
+    ]
