@@ -132,8 +132,12 @@ def _release(ckpt: Path, model: str, **config):
 def test_gate_passes_with_the_graph_and_tokenizer_the_model_takes(
     hf_checkpoints_src: dict[str, Path], arch: str
 ) -> None:
+    import onnx
+    import torch
+
     from seqcls.records import ParityReport, model_inputs
     from seqcls.steps import run_release
+    from tests.helpers.checkpoints import HF_GOLDEN
 
     release = _release(hf_checkpoints_src[arch], "hf")
     run_release(release, until="validate")
@@ -150,6 +154,15 @@ def test_gate_passes_with_the_graph_and_tokenizer_the_model_takes(
     export = release.workspace.step("export")["summary"]
     assert export["framework"] == "transformers" and export["exporter"].startswith("torch.onnx.export")
     assert export["torch"].startswith("2.") and export["transformers"]
+    # DeBERTa-v2's scripted relative-position branch is traced away (no If: base-size fusion in minutes),
+    # the eager model keeps the original helper, and the parity above holds at the golden texts' lengths
+    graph = onnx.load(str(release.workspace.path("onnx/model.onnx")), load_external_data=False).graph
+    assert not [n.name for n in graph.node if n.op_type == "If"]
+    if arch == "deberta-v2":
+        from transformers.models.deberta_v2 import modeling_deberta_v2
+
+        assert isinstance(modeling_deberta_v2.build_rpos, torch.jit.ScriptFunction)
+    assert len({len(t) for t in HF_GOLDEN}) > 3  # lengths vary: a baked-in length would show
 
 
 @pytest.mark.slow

@@ -23,10 +23,16 @@ BERT, traced at one shape and run by ONNX Runtime at others, max |Δ| vs eager �
 gate re-proves on every release at the golden texts' own lengths. One trap measured here: the
 wrapper module must be in eval mode — ``export`` restores the wrapper's training flag afterwards,
 which would put the wrapped model in training mode (dropout on) for the eager reference.
+
+DeBERTa-v2 is traced without its one scripted branch (:func:`_deberta_rpos_traced`): TorchScript
+turns it into an ``If`` node per layer, whose subgraphs ORT's symbolic shape inference re-infers on
+every pass of the BERT fusions — minutes per convert of a base-size model for a branch that a
+self-attention layer never takes.
 """
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import logging
 import time
@@ -237,6 +243,34 @@ def _wrapper(model, names: Sequence[str]):
     return Logits().eval()
 
 
+def _rpos_of_self_attention(query_layer, key_layer, relative_pos, *_buckets: int):
+    """DeBERTa-v2's ``build_rpos`` for self-attention: the given relative positions.
+
+    The original rebuilds them only when query and key lengths differ; in the encoder's
+    self-attention both are projections of the same hidden states, so they never do."""
+    return relative_pos
+
+
+@contextlib.contextmanager
+def _deberta_rpos_traced(model):
+    """Trace a DeBERTa-v2 ``model`` with :func:`_rpos_of_self_attention` in place of the scripted
+    ``build_rpos`` (restored after): the graph carries no ``If`` node. Other models: unchanged."""
+    if getattr(getattr(model, "config", None), "model_type", None) != "deberta-v2":
+        yield
+        return
+    from transformers.models.deberta_v2 import modeling_deberta_v2 as deberta
+
+    original = getattr(deberta, "build_rpos", None)
+    if original is None:  # a transformers release without the scripted helper: nothing to replace
+        yield
+        return
+    deberta.build_rpos = _rpos_of_self_attention
+    try:
+        yield
+    finally:
+        deberta.build_rpos = original
+
+
 def export_onnx(model, names: Sequence[str], out_file: Path, *, opset: int, pad_id: int, tokenizer_file: Path) -> dict:
     """Trace ``model`` to ONNX with dynamic batch and sequence axes and one output, ``logits``."""
     import torch
@@ -248,7 +282,7 @@ def export_onnx(model, names: Sequence[str], out_file: Path, *, opset: int, pad_
     axes: dict[str, dict[int, str]] = {n: {0: "batch", 1: "sequence"} for n in names}
     axes["logits"] = {0: "batch"}
     t0 = time.perf_counter()
-    with warnings.catch_warnings():  # TracerWarnings about python-side shape arithmetic: the gate re-proves
+    with warnings.catch_warnings(), _deberta_rpos_traced(model):  # TracerWarnings: the gate re-proves
         warnings.simplefilter("ignore")
         torch.onnx.export(
             _wrapper(model, names),
