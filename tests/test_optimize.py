@@ -1,4 +1,4 @@
-"""Serving profiles fp32-fused and int8 through the real release core (export → convert → validate)."""
+"""Serving profiles fp32-fused, int8 and fp16 through the real release core (export → convert → validate)."""
 
 from __future__ import annotations
 
@@ -93,7 +93,7 @@ def test_optimize_rejects_bad_input(tmp_path: Path) -> None:
     from seqcls.profiles.optimize import optimize_onnx
 
     with pytest.raises(ConversionError, match="unknown profile"):
-        optimize_onnx(tmp_path / "x.onnx", tmp_path / "y.onnx", "fp16", num_heads=2, hidden_size=32)
+        optimize_onnx(tmp_path / "x.onnx", tmp_path / "y.onnx", "fp8", num_heads=2, hidden_size=32)
     empty = tmp_path / "empty.onnx"
     empty.write_bytes(b"")
     with pytest.raises(ConversionError, match="missing or empty"):
@@ -338,3 +338,50 @@ def test_fusion_left_layernorm_keeps_the_model_valid(tiny_onnx, tmp_path: Path) 
     report = optimize_onnx(src, tmp_path / "out.onnx", "fp32-fused", num_heads=2, hidden_size=32)
     assert report["opset_raised"]["from"] == 14 and report["inputs"] == ["input_ids"]
     assert _ops(tmp_path / "out.onnx")["LayerNormalization"] >= 1 and report["self_check"]["tolerance_ratio"] < 1
+
+
+# ----------------------------------------------------------------------------- fp16 (GPU; no GPU here)
+
+
+def test_fp16_is_refused_on_a_cpu_only_host_before_any_work(tiny_checkpoint: Path) -> None:
+    from seqcls.config import host_refusal
+    from seqcls.errors import InputError
+    from seqcls.gates.preflight import preflight
+
+    release = open_release(tiny_checkpoint, ReleaseConfig(profile="fp16"))
+    with pytest.raises(InputError, match=r"runs on ONNX Runtime's CUDAExecutionProvider only.*fp32-fused or int8"):
+        preflight(release, servers=())  # what `seqcls release` and the DAG's first task run
+    with pytest.raises(ConversionError, match="CUDAExecutionProvider only"):  # the step alone refuses too
+        run_release(release, until="convert")
+    assert not release.workspace.path("onnx/served.onnx").exists()
+    # publishing an fp16 graph (converted on a GPU host) for CPU serving is refused the same way
+    assert "SEQCLS_DEVICE=gpu" in host_refusal("fp16", device="cpu")
+    assert host_refusal("fp16", providers=("CUDAExecutionProvider", "CPUExecutionProvider"), device="gpu") is None
+    assert host_refusal("int8", providers=("CPUExecutionProvider",), device="cpu") is None
+
+
+def test_fp16_graph_keeps_the_contract_and_the_head_fp32(tiny_onnx, tmp_path: Path) -> None:
+    """Built as on a GPU host (CUDA named first). No CUDA here, so ONNX Runtime falls back to the CPU,
+    which runs the fp16 nodes through inserted casts: the conversion and the contract are checked
+    offline, not CUDA's fp16 arithmetic (the parity and quality gates judge that on the GPU host)."""
+    import onnx
+
+    from seqcls.profiles.optimize import optimize_onnx
+
+    _, model = tiny_onnx
+    out = tmp_path / "fp16.onnx"
+    cuda = ("CUDAExecutionProvider", "CPUExecutionProvider")
+    with pytest.warns(UserWarning, match="CUDAExecutionProvider"):  # ORT: not available, CPU used
+        facts = optimize_onnx(model, out, "fp16", num_heads=2, hidden_size=32, providers=cuda)
+    graph = onnx.load(str(out)).graph
+    assert _io(out) == ([("input_ids", 7, 2), ("token_type_ids", 7, 2)], ["logits"])
+    assert graph.output[0].type.tensor_type.elem_type == onnx.TensorProto.FLOAT  # the served contract: fp32
+    kinds = Counter(i.data_type for i in graph.initializer)
+    assert kinds[onnx.TensorProto.FLOAT16] > kinds[onnx.TensorProto.FLOAT] > 0
+    kept = set(facts["fp16"]["kept_fp32"])
+    assert len(kept) == 2  # the pooler's and the classifier's MatMul
+    weights = {i.name: i.data_type for i in graph.initializer}
+    head = [n for n in graph.node if n.name in kept]
+    assert len(head) == 2 and all(weights[n.input[1]] == onnx.TensorProto.FLOAT for n in head)
+    assert 0 < facts["self_check"]["logits_max_abs_diff"] < 0.05  # fp16 weights: close, not equal
+    assert out.stat().st_size < model.stat().st_size * 0.75

@@ -120,7 +120,7 @@ def test_a_lead_within_noise_does_not_give_up_exactness() -> None:
 def test_auto_is_a_profile_everywhere_and_an_unknown_one_still_fails_clearly() -> None:
     assert AUTO in PROFILES and set(CANDIDATES) == set(PROFILES) - {AUTO}
     assert ReleaseConfig(profile="auto").profile == "auto"
-    with pytest.raises(InputError, match="profile must be one of fp32, fp32-fused, int8, auto, got 'bf17'"):
+    with pytest.raises(InputError, match="profile must be one of fp32, fp32-fused, int8, fp16, auto, got 'bf17'"):
         ReleaseConfig(profile="bf17")
 
 
@@ -152,6 +152,8 @@ def test_auto_release_chooses_measures_and_gates_the_chosen_profile(tiny_checkpo
     assert [c["profile"] for c in choice["candidates"]] == list(CANDIDATES)
     for c in choice["candidates"]:
         assert c["error"] is not None or (c["sentences_per_s"] > 0 and c["p50_ms"] > 0 and c["texts"] > 0), c
+    fp16 = next(c for c in choice["candidates"] if c["profile"] == "fp16")  # no CUDA here: rejected, saying why
+    assert "CUDAExecutionProvider only" in fp16["error"], fp16
     chosen = effective_profile(release)
     assert chosen == choice["chosen"] and chosen in CANDIDATES
     assert choice["eval_texts"] > 0 and choice["golden_texts"] > 0 and choice["texts"] <= 200

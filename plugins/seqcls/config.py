@@ -18,6 +18,7 @@ import argparse
 import json
 import math
 import re
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
@@ -25,8 +26,13 @@ from seqcls.errors import InputError
 from seqcls.serving.names import names_for
 from seqcls.settings import DEFAULT_MODEL_NAME, MODEL_NAME_PATTERN, validate_model_name
 
-#: The serving profiles, each one graph (what is served and gated).
-SERVED_PROFILES = ("fp32", "fp32-fused", "int8")
+#: The serving profiles, each one graph (what is served and gated); ``fp16`` is for GPUs (the CUDA provider).
+SERVED_PROFILES = ("fp32", "fp32-fused", "int8", "fp16")
+#: Profiles gated on numbers (exact parity) and answering a text the same in any batch; the others (int8)
+#: are gated on decision agreement and served one text at a time.
+EXACT_PROFILES = ("fp32", "fp32-fused")
+#: Profiles that run only on this ONNX Runtime provider (built, checked and served there).
+NEEDS_PROVIDER = {"fp16": "CUDAExecutionProvider"}
 #: ``profile: auto``: convert measures every served profile on this host and serves the fastest that passes
 #: (:mod:`seqcls.profiles.auto`); ``seqcls.records.effective_profile`` names the one chosen.
 AUTO_PROFILE = "auto"
@@ -38,6 +44,27 @@ EXPERT_SECTION = "Expert: export, runtime, connections"
 SECTIONS: tuple[str | None, ...] = (None, GATE_SECTION, EXPERT_SECTION)
 #: A non-negative decimal or scientific number as typed (no sign, nan, inf or ``_``; ASCII digits).
 NUMBER_TEXT = r"^\s*([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][-+]?[0-9]+)?\s*$"
+
+
+def host_refusal(profile: str, *, providers: Sequence[str] | None = None, device: str | None = None) -> str | None:
+    """Why this host cannot build (``providers``: the ORT providers convert runs on) or serve (``device``:
+    what serving configs render for) ``profile``; None when it can, or when the profile needs nothing."""
+    needed = NEEDS_PROVIDER.get(profile)
+    if not needed:
+        return None
+    if providers is not None and needed not in providers:
+        return (
+            f"profile {profile!r} runs on ONNX Runtime's {needed} only, and this host's convert runs on "
+            f"{', '.join(providers)}: convert on the GPU host (onnxruntime-gpu, requirements-gpu.txt; provider "
+            "'auto' or 'cuda'), or choose fp32-fused or int8 for CPU serving"
+        )
+    if device is not None and device != "gpu":
+        return (
+            f"profile {profile!r} is served by the native ONNX Runtime backend on a GPU, and this host renders "
+            f"serving configs for device {device!r}: publish with SEQCLS_DEVICE=gpu (docker-compose's Airflow "
+            "services set it), or choose fp32-fused or int8 for CPU serving"
+        )
+    return None
 
 
 @dataclass(frozen=True)

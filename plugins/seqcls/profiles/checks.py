@@ -120,19 +120,25 @@ def synthetic_batches(model, seed: int = 0) -> list[dict[str, np.ndarray]]:
 # ----------------------------------------------------------------------------- checks
 
 
-def session(path: Path, threads: int = 1):
+CPU = ("CPUExecutionProvider",)
+
+
+def session(path: Path, threads: int = 1, providers: Sequence[str] = CPU):
     import onnxruntime as ort
 
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = threads
     opts.log_severity_level = 3
-    return ort.InferenceSession(str(path), sess_options=opts, providers=["CPUExecutionProvider"])
+    return ort.InferenceSession(str(path), sess_options=opts, providers=list(providers))
 
 
-def self_check(reference: Path, candidate: Path, batches: list[dict[str, np.ndarray]]) -> dict[str, float]:
-    """Max |Δ| and the worst tolerance ratio (|Δ| / (atol + rtol·|ref|)) of ``candidate`` vs ``reference``."""
+def self_check(
+    reference: Path, candidate: Path, batches: list[dict[str, np.ndarray]], providers: Sequence[str] = CPU
+) -> dict[str, float]:
+    """Max |Δ| and the worst tolerance ratio (|Δ| / (atol + rtol·|ref|)) of ``candidate`` vs ``reference``
+    (the reference on the CPU, the candidate on ``providers``: fp16 runs on CUDA only)."""
     out_name = output_name()
-    ref, got = session(reference), session(candidate)
+    ref, got = session(reference), session(candidate, providers=providers)
     worst_abs, worst_ratio = 0.0, 0.0
     for feeds in batches:
         a = ref.run([out_name], feeds)[0]
@@ -143,18 +149,34 @@ def self_check(reference: Path, candidate: Path, batches: list[dict[str, np.ndar
     return {"logits_max_abs_diff": worst_abs, "tolerance_ratio": worst_ratio}
 
 
-def decision_agreement(
-    reference: Path, candidate: Path, feeds: list[dict[str, np.ndarray]], threshold: float = 0.5
-) -> dict[str, Any]:
-    """Label-decision agreement of ``candidate`` vs ``reference`` (logit > logit(threshold)) over
-    ``feeds``: the gate's measure without its hierarchy closure, plus max |Δprob|."""
+def reference_logits(reference: Path, feeds: list[dict[str, np.ndarray]]) -> list[np.ndarray]:
+    """``reference``'s logits (fp64) for each of ``feeds``: computed once when several candidates
+    are checked against the same graph (the INT8 ladder's recipes)."""
     out_name = output_name()
-    ref, got = session(reference, threads=2), session(candidate, threads=2)
+    ref = session(reference, threads=2)
+    return [ref.run([out_name], f)[0].astype(np.float64) for f in feeds]
+
+
+def decision_agreement(
+    reference: Path | list[np.ndarray],
+    candidate: Path,
+    feeds: list[dict[str, np.ndarray]],
+    threshold: float = 0.5,
+    providers: Sequence[str] = CPU,
+) -> dict[str, Any]:
+    """Label-decision agreement of ``candidate`` (on ``providers``) vs ``reference`` (a graph, or its
+    :func:`reference_logits` for ``feeds``), logit > logit(threshold), over ``feeds``: the gate's
+    measure without its hierarchy closure, plus max |Δprob|."""
+    out_name = output_name()
+    expected = reference_logits(reference, feeds) if isinstance(reference, Path) else reference
+    if len(expected) != len(feeds):
+        raise ValueError(f"{len(expected)} reference outputs for {len(feeds)} feeds")
+    got = session(candidate, threads=2, providers=providers)
     cut = float(np.log(threshold / (1.0 - threshold)))
     changed = total = rows_changed = rows = 0
     worst = 0.0
-    for f in feeds:
-        a, b = ref.run([out_name], f)[0].astype(np.float64), got.run([out_name], f)[0].astype(np.float64)
+    for a, f in zip(expected, feeds, strict=True):
+        b = got.run([out_name], f)[0].astype(np.float64)
         flips = (a > cut) != (b > cut)
         changed += int(flips.sum())
         total += flips.size

@@ -9,6 +9,10 @@ synthetic padded batches; ``fp32-fused`` must stay within the exact-parity toler
 + rtol·|x|, the gate's defaults in :class:`~seqcls.config.ReleaseConfig`) or the conversion
 fails here with the figures. ``int8`` then quantizes the fused model (:mod:`seqcls.profiles.quantize`:
 the recipes, the check on the golden texts of :mod:`seqcls.profiles.calibration`, the fallbacks).
+``fp16`` (GPU) halves the fused model's weights and activations for the CUDA execution provider.
+ONNX Runtime's CPU provider runs fp16 nodes only through casts it inserts (slower than fp32, and not
+CUDA's arithmetic), so fp16 is built, self-checked and gated where CUDA is present, and refused on a
+CPU-only host before any work is done.
 
 The modules, by responsibility: :mod:`seqcls.profiles.checks` (the graph's I/O contract,
 synthetic batches, self-check, decision agreement), :mod:`seqcls.profiles.calibration` (the golden texts
@@ -28,10 +32,12 @@ from typing import Any
 
 import numpy as np
 
+from seqcls.config import NEEDS_PROVIDER, host_refusal
 from seqcls.errors import ConversionError
 from seqcls.files import replace_file
 from seqcls.profiles.calibration import CALIBRATION_BATCH, Calibration
 from seqcls.profiles.checks import (
+    CPU,
     SELF_CHECK_ATOL,
     SELF_CHECK_RTOL,
     check_contract,
@@ -74,7 +80,7 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-PROFILES = ("fp32-fused", "int8")
+PROFILES = ("fp32-fused", "int8", "fp16")
 
 
 # ----------------------------------------------------------------------------- the profile
@@ -89,19 +95,22 @@ def optimize_onnx(
     hidden_size: int,
     calibration: Calibration | None = None,
     recipe: Int8Recipe | None = None,
+    providers: Sequence[str] = CPU,
 ) -> dict:
     """Write the ``profile``'s served model for ``src`` to ``dst``; returns what was done.
 
     ``fp32-fused``: pre-processing + ORT BERT fusions; ``int8``: the same, then INT8 by
     ``recipe`` (default :data:`INT8`), calibrated on ``calibration`` (the release's golden texts;
-    without it a calibrated recipe falls back to synthetic ids, with a warning).
-    Raises :class:`ConversionError` when a step fails, the I/O contract changed, or (fp32-fused)
-    the fused model left the exact-parity tolerance on the self-check batches.
+    without it a calibrated recipe falls back to synthetic ids, with a warning); ``fp16``: the
+    same fusions, then fp16 with inputs, logits and the classifier head kept fp32, self-checked on
+    ``providers`` (which must include CUDA). Raises :class:`ConversionError` when a step fails, the
+    I/O contract changed, or (fp32-fused) the fused model left the exact-parity tolerance on the
+    self-check batches.
     """
     import onnx
 
     src, dst = Path(src), Path(dst)
-    _check_request(src, profile)
+    _check_request(src, profile, providers)
     t0 = time.perf_counter()
     model = onnx.load(str(src))
     inputs = graph_inputs(model)
@@ -112,7 +121,8 @@ def optimize_onnx(
     dst.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=dst.parent, prefix=".optimize-") as tmp:
         out = _write_profile(optimizer, Path(tmp), profile, report, inputs, recipe or INT8, calibration, batches)
-        report["self_check"] = _checked(src, out, batches, profile, report["fusions"])
+        checked_on = providers if profile in NEEDS_PROVIDER else CPU
+        report["self_check"] = _checked(src, out, batches, profile, report["fusions"], checked_on)
         replace_file(out, dst)
     report["bytes"] = dst.stat().st_size
     report["seconds"] = round(time.perf_counter() - t0, 2)
@@ -128,9 +138,12 @@ def optimize_onnx(
     return report
 
 
-def _check_request(src: Path, profile: str) -> None:
+def _check_request(src: Path, profile: str, providers: Sequence[str]) -> None:
     if profile not in PROFILES:
         raise ConversionError(f"optimize: unknown profile {profile!r}; expected one of {', '.join(PROFILES)}")
+    refusal = host_refusal(profile, providers=providers)
+    if refusal:
+        raise ConversionError(refusal)
     if not src.is_file() or src.stat().st_size == 0:
         raise ConversionError(f"optimize: {src} is missing or empty")
 
@@ -195,6 +208,8 @@ def _write_profile(
         onnx.checker.check_model(str(fused_path), full_check=True)
     except Exception as exc:
         raise ConversionError(f"optimize: the fused model is not valid ONNX: {str(exc)[:300]}") from exc
+    if profile == "fp16":
+        return _to_fp16(optimizer, tmp, report)
     if profile != "int8":
         return fused_path
     out = tmp / "int8.onnx"
@@ -202,10 +217,30 @@ def _write_profile(
     return out
 
 
-def _checked(src: Path, out: Path, batches: list, profile: str, stats: dict[str, int]) -> dict[str, float]:
-    """Self-check ``out`` against ``src``; ``fp32-fused`` must stay within the exact tolerance."""
+def _to_fp16(optimizer, tmp: Path, report: dict[str, Any]) -> Path:
+    """The fused model in fp16 at ``tmp/fp16.onnx``: the graph's inputs and ``logits`` stay fp32 (the
+    serving contract), and so do the head's MatMuls/Gemms — a negligible share of the compute, and
+    the logits' own precision decides the thresholded labels (as in int8)."""
+    import onnx
+
+    kept = head_nodes(optimizer.model)
     try:
-        check = self_check(src, out, batches)
+        optimizer.convert_float_to_float16(keep_io_types=True, node_block_list=kept)
+        out = tmp / "fp16.onnx"
+        optimizer.save_model_to_file(str(out))
+        onnx.checker.check_model(str(out), full_check=True)
+    except Exception as exc:
+        raise ConversionError(f"optimize: fp16 conversion failed: {type(exc).__name__}: {str(exc)[:300]}") from exc
+    report["fp16"] = {"kept_fp32": kept, "io": "fp32 (keep_io_types)"}
+    return out
+
+
+def _checked(
+    src: Path, out: Path, batches: list, profile: str, stats: dict[str, int], providers: Sequence[str] = CPU
+) -> dict[str, float]:
+    """Self-check ``out`` (on ``providers``) against ``src``; ``fp32-fused`` must stay within the exact tolerance."""
+    try:
+        check = self_check(src, out, batches, providers)
     except Exception as exc:
         raise ConversionError(f"optimize: the {profile} model does not run: {type(exc).__name__}: {exc}") from exc
     if profile == "fp32-fused" and check["tolerance_ratio"] > 1.0:

@@ -26,7 +26,7 @@ import numpy as np
 from seqcls.config import ReleaseConfig
 from seqcls.errors import ConversionError
 from seqcls.profiles.calibration import Calibration, CalibrationReader, calibration_feeds
-from seqcls.profiles.checks import check_contract, decision_agreement
+from seqcls.profiles.checks import check_contract, decision_agreement, reference_logits
 from seqcls.profiles.fusion import toposort
 from seqcls.profiles.node_roles import node_roles
 
@@ -238,6 +238,10 @@ def quantize_checked(
     threshold = calibration.threshold if calibration else 0.5
     ladder = [recipe, *(r for r in INT8_FALLBACKS if r != recipe)]
     attempts = []
+    try:  # the fused graph's answers, once for every recipe tried
+        expected = reference_logits(fused_path, feeds)
+    except Exception as exc:
+        raise ConversionError(f"optimize: the fused model does not run: {type(exc).__name__}: {exc}") from exc
     for step in ladder:
         try:
             q = quantize_int8(fused_path, out, step, feeds if step.calibrated else None)
@@ -247,7 +251,7 @@ def quantize_checked(
             raise ConversionError(f"optimize: INT8 quantization failed: {type(exc).__name__}: {exc}") from exc
         check_contract(onnx.load(str(out), load_external_data=False), "after INT8 quantization", inputs)
         try:
-            q["agreement"] = decision_agreement(fused_path, out, feeds, threshold)
+            q["agreement"] = decision_agreement(expected, out, feeds, threshold)
         except Exception as exc:
             raise ConversionError(f"optimize: the int8 model does not run: {type(exc).__name__}: {exc}") from exc
         attempts.append({"recipe": step.name, **q["agreement"]})

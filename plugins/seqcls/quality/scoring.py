@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from seqcls.config import EXACT_PROFILES
 from seqcls.errors import ServingError
 from seqcls.files import copy_hashed
 from seqcls.gates import runtime
@@ -31,9 +32,6 @@ from seqcls.serving import shipped
 from seqcls.serving.repository import RELEASE_FILE, Repository
 
 log = logging.getLogger(__name__)
-
-#: Profiles whose graph answers a text the same in any batch (the others are served one text at a time).
-EXACT_PROFILES = ("fp32", "fp32-fused")
 
 
 @dataclass

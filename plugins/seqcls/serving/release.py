@@ -15,6 +15,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from seqcls.config import host_refusal
 from seqcls.errors import InputError
 from seqcls.monitoring import reference as monitoring_reference
 from seqcls.records import REFERENCE, Expected, effective_profile, model_inputs, serving_tokenizer
@@ -124,6 +125,9 @@ def release_values(release: Release, options: ServingOptions) -> dict[str, Any]:
     """What every Triton version's ``release.json`` holds besides its files (the pyfunc carries it too)."""
     expected = Expected.load(release.workspace)
     configured, profile = release.config.profile, effective_profile(release)
+    refusal = host_refusal(profile, device=options.device)
+    if refusal:  # e.g. an fp16 graph converted on a GPU host, published for CPU serving: nothing is written
+        raise InputError(refusal)
     tokenizer = serving_tokenizer(release)
     contract = shipped.contract()
     reference = monitoring_reference.load(release.workspace.path(REFERENCE))

@@ -191,9 +191,10 @@ def attention_shape(release: Release) -> tuple[int, int]:
 
 
 def build_profile(release: Release, src: Path, dst: Path, profile: str, shape: tuple[int, int]) -> dict:
-    """``profile``'s graph (fp32-fused, int8) for ``src`` at ``dst`` (int8 calibrated on the golden texts);
-    ``shape``: :func:`attention_shape`."""
+    """``profile``'s graph (fp32-fused, int8, fp16) for ``src`` at ``dst`` (int8 calibrated on the golden
+    texts; fp16 checked on the parity gate's providers, so refused without CUDA); ``shape``: :func:`attention_shape`."""
     num_heads, hidden_size = shape
+    cfg = release.config
     return optimize_onnx(
         src,
         dst,
@@ -201,6 +202,7 @@ def build_profile(release: Release, src: Path, dst: Path, profile: str, shape: t
         num_heads=num_heads,
         hidden_size=hidden_size,
         calibration=calibration(release) if profile == "int8" else None,
+        providers=runtime.choose_providers(cfg.provider, cfg.require_gpu),
     )
 
 

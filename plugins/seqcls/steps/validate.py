@@ -28,6 +28,7 @@ import numpy as np
 
 from seqcls.checkpoints.checkpoint import sha256_file
 from seqcls.checkpoints.golden import golden_texts
+from seqcls.config import EXACT_PROFILES
 from seqcls.errors import GateError, InputError
 from seqcls.frameworks import for_checkpoint
 from seqcls.gates import parity, runtime
@@ -54,7 +55,6 @@ log = logging.getLogger(__name__)
 
 STEP = "validate"
 OUT_DIR = OUT_DIRS[STEP]
-EXACT_PROFILES = ("fp32", "fp32-fused")  # gated on numbers; others (int8) on decision agreement
 
 
 def reference_runtime(release: Release) -> str:

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from seqcls.config import EXACT_PROFILES
+
 TARGETS = {
     "exact_vs_classic": 1.5,
     "fastest_vs_classic": 2.5,
@@ -16,7 +18,6 @@ TARGETS = {
     "every_concurrency_vs_classic": 1.0,
     "tokenizer_rss_mb": 100.0,
 }
-EXACT_PROFILES = ("fp32", "fp32-fused")
 
 
 def cell_value(entry: dict[str, Any] | None, clients: int, per_request: int, key: str):
