@@ -29,7 +29,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from seqcls.config import AUTO_PROFILE, SERVED_PROFILES, host_refusal
+from seqcls.config import AUTO_PROFILE, NEEDS_PROVIDER, SERVED_PROFILES, host_refusal
 from seqcls.errors import InputError, SeqclsError
 from seqcls.frameworks.output import library_output
 from seqcls.gates import runtime
@@ -190,13 +190,11 @@ def _params(release: Release) -> tuple[bool, str]:
     profile = cfg.profile
     if profile == AUTO_PROFILE:  # chosen at convert; nothing is measured yet
         profile = f"auto (convert serves the fastest of {', '.join(SERVED_PROFILES)} that passes)"
-    refusal = host_refusal(
-        cfg.profile,
-        providers=runtime.choose_providers(cfg.provider, cfg.require_gpu),
-        device=release.settings.device,
-    )
-    if refusal:  # fp16 on a CPU-only host: say so before anything is exported
-        raise InputError(refusal)
+    if cfg.profile in NEEDS_PROVIDER:  # fp16 on a CPU-only host: say so before anything is exported
+        providers = runtime.choose_providers(cfg.provider, cfg.require_gpu)
+        refusal = host_refusal(cfg.profile, providers=providers, device=release.settings.device)
+        if refusal:
+            raise InputError(refusal)
     return True, f"profile {profile}, {len(cfg.thresholds)} per-label threshold(s), release key {key[:8]}"
 
 
