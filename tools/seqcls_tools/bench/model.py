@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +54,8 @@ MEDIUM = ModelSpec(
     logit_scale=20.0,
     labels_per_text=2.5,
 )
+#: ERNIE 3.0 base's shape (12 layers): the base-size release timing (``seqcls_tools.bench.release_time``).
+BASE = replace(MEDIUM, name="ernie-3.0-base-shape", num_layers=12)
 TINY = ModelSpec(
     name="tiny",
     hidden_size=64,

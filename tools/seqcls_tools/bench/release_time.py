@@ -29,19 +29,8 @@ from typing import Any
 
 from seqcls_tools.bench.corpus import make_corpus, make_labels
 from seqcls_tools.bench.machine import isa_text, loadavg, machine_facts
-from seqcls_tools.bench.model import ModelSpec, build_checkpoint
+from seqcls_tools.bench.model import BASE, build_checkpoint
 
-BASE = ModelSpec(
-    name="ernie-3.0-base-shape",
-    hidden_size=768,
-    num_layers=12,
-    num_heads=12,
-    vocab_size=40000,
-    num_labels=74,
-    max_position=2048,
-    logit_scale=20.0,
-    labels_per_text=2.5,
-)
 PROFILES = ("fp32", "fp32-fused", "int8")
 # the CLI's two log formats: structlog's ISO stamp and the stdlib formatter's ``[date time,ms]``
 _STAMP = re.compile(r"^\[?(\d{4}-\d\d-\d\d)[T ](\d\d:\d\d:\d\d)[.,](\d+)Z?\]?")
