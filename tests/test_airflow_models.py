@@ -129,7 +129,7 @@ def test_models_file_schema_and_dag_ids(tmp_path: Path) -> None:
         ("models: [{name: alpha, params: {opset: 99}}]\n", r"model 'alpha': params\.opset: opset must be an integer"),
         ("models: [{name: alpha, params: {thresholds: {x: 1.5}}}]\n", r"model 'alpha': params\.thresholds"),
         (
-            "models: [{name: alpha, params: {profile: fp16}}]\n",
+            "models: [{name: alpha, params: {profile: fp8}}]\n",
             r"model 'alpha': params\.profile: profile must be one of",
         ),
         ("models: [{name: alpha, params: {runtime: tf}}]\n", r"model 'alpha': params\.runtime"),
