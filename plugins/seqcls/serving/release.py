@@ -126,7 +126,7 @@ def release_values(release: Release, options: ServingOptions) -> dict[str, Any]:
     expected = Expected.load(release.workspace)
     configured, profile = release.config.profile, effective_profile(release)
     refusal = host_refusal(profile, device=options.device)
-    if refusal:  # e.g. an fp16 graph converted on a GPU host, published for CPU serving: nothing is written
+    if refusal:  # fp16 rendered for CPU serving: register and publish refuse before any release file or version
         raise InputError(refusal)
     tokenizer = serving_tokenizer(release)
     contract = shipped.contract()
