@@ -4,18 +4,18 @@ Triton counts, per model, the nanoseconds its requests spent queued and in ``com
 ``compute_infer`` / ``compute_output`` (``get_inference_statistics``; cumulative, so the bench reads
 them before and after and divides the difference by the requests sent). Per request:
 
-- each composing model (tokenizer → model → postprocess): queue + compute_input + compute_infer +
-  compute_output — for a python-backend model ``compute_infer`` includes the round trip to its stub
+- each composing model (tokenizer → model → postprocess): its own work, queue + compute_input +
+  compute_infer — for a python-backend model ``compute_infer`` includes the round trip to its stub
   process (shared memory + message queue), so a stub's own Python work is only part of it;
-- the rest of the client's latency: **ensemble scheduling + gRPC + IPC** (the ensemble handing
-  tensors from one step to the next, the gRPC server and client, the stubs' wake-ups). Of it, what
-  lies outside the ensemble (client latency − the ensemble's own total) is reported too; the rest is
-  not split further: Triton's spans overlap. A model's ``compute_output`` ends only after its
-  response was sent, and sending it runs the ensemble's next step (for the last step, the reply
-  to the client), so the hand-offs show up in ``compute_output`` (1.6 and 2.7 ms of tokenizer and
-  postprocess under load, where the model's own output is microseconds); the composing models' sum
-  exceeded the ensemble's own total in every run seen, and the client's mean latency once by
-  0.01 ms — the remainder is then slightly negative, and reported as it is.
+- the rest of the client's latency: **hand-offs + ensemble scheduling + gRPC + IPC**. A model's
+  ``compute_output`` ends only after its response was sent, and sending it runs the ensemble's next
+  step (for the last step, the reply to the client), so the hand-offs show up there. Counted in the
+  models they overlap the next step, and the composing sum can exceed the client's latency. A model's own part
+  ends at ``compute_end``, before its response is sent, so the own parts do not overlap each other
+  and lie inside the client's span: the remainder is ≥ 0 by construction. Of the remainder, the
+  models' ``compute_output`` sum and the time outside the ensemble (client latency − the ensemble's
+  own total) are reported too; the latter can be < 0, since the ensemble's span ends only after its
+  reply was handed to the gRPC server.
 
 Beside it the same work in process, one text at a time: the serving tokenizer, the served ONNX
 model in an ONNX Runtime session of the served thread layout, sigmoid + decide — the lone
@@ -35,7 +35,9 @@ import numpy as np
 
 #: Triton's per-model duration statistics that make up a request's time in that model.
 PARTS = ("queue", "compute_input", "compute_infer", "compute_output")
-REMAINDER = "ensemble scheduling + gRPC + IPC"
+#: The ones that are the model's own work: they end before its response is sent (module docstring).
+OWN = PARTS[:3]
+REMAINDER = "hand-offs + ensemble scheduling + gRPC + IPC"
 
 Stats = dict[str, dict[str, tuple[int, int]]]  # model -> statistic -> (count, ns)
 
@@ -74,8 +76,9 @@ def breakdown(
 ) -> dict[str, Any]:
     """Per request (means over the ``len(latencies_ms)`` requests between the snapshots): the client's
     latency, the ensemble's total, each composing model's :data:`PARTS`, and the remainder. ``parts``
-    lists the composing models' totals and the remainder with their share of the client's mean
-    latency; they sum to it. Requests counted by Triton are reported beside the client's count."""
+    lists the composing models' own work (:data:`OWN`) and the remainder with their share of the
+    client's mean latency; they sum to it. Requests counted by Triton are reported beside the client's
+    count."""
     n = len(latencies_ms)
     if n == 0:
         raise ValueError("no successful request to break down")
@@ -84,13 +87,13 @@ def breakdown(
     models: dict[str, dict[str, Any]] = {}
     for model in composing:
         entry: dict[str, Any] = {f"{p}_ms": round(_delta_ms(before, after, model, p, n), 4) for p in PARTS}
-        entry["total_ms"] = round(sum(_delta_ms(before, after, model, p, n) for p in PARTS), 4)
+        entry["own_ms"] = round(sum(_delta_ms(before, after, model, p, n) for p in OWN), 4)
         entry["requests"] = after[model]["success"][0] - before[model]["success"][0]
         models[model] = entry
-    in_models = sum(m["total_ms"] for m in models.values())
+    own = sum(m["own_ms"] for m in models.values())
     ensemble_ms = _delta_ms(before, after, ensemble, "success", n)
-    parts = [{"part": m, "ms": models[m]["total_ms"]} for m in composing]
-    parts.append({"part": REMAINDER, "ms": round(mean - in_models, 4)})
+    parts = [{"part": m, "ms": models[m]["own_ms"]} for m in composing]
+    parts.append({"part": REMAINDER, "ms": round(mean - own, 4)})
     for part in parts:
         part["share"] = round(part["ms"] / mean, 4) if mean > 0 else None
     return {
@@ -103,9 +106,9 @@ def breakdown(
         "models": models,
         "parts": parts,
         "remainder": {
+            "hand_offs_ms": round(sum(m["compute_output_ms"] for m in models.values()), 4),
+            # can be < 0: the ensemble's span ends after its reply was handed over (module docstring)
             "outside_ensemble_ms": round(mean - ensemble_ms, 4),
-            # can be < 0: the spans overlap at the hand-offs (module docstring)
-            "ensemble_minus_models_ms": round(ensemble_ms - in_models, 4),
         },
     }
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from seqcls_tools.bench import conditions
-from seqcls_tools.bench.lone import PARTS, REMAINDER
+from seqcls_tools.bench.lone import OWN, REMAINDER
 
 
 def _fmt(value, digits: int = 1) -> str:
@@ -150,12 +150,14 @@ def _lone_table(name: str, lone: dict[str, Any]) -> list[str]:
     for part in served["parts"]:
         model = served["models"].get(part["part"])
         if model:
-            detail = ", ".join(f"{p.replace('compute_', '')} {model[f'{p}_ms']:.3f}" for p in PARTS)
+            detail = ", ".join(f"{p.replace('compute_', '')} {model[f'{p}_ms']:.3f}" for p in OWN)
+            detail += f"; its hand-off (compute_output, in the remainder) {model['compute_output_ms']:.3f}"
         else:
             rest = served["remainder"]
             detail = (
-                f"outside the ensemble (client − ensemble total: gRPC, client) {rest['outside_ensemble_ms']:.3f}; "
-                f"ensemble total − composing sum {rest['ensemble_minus_models_ms']:.3f}"
+                f"of which hand-offs (the models' compute_output) {rest['hand_offs_ms']:.3f}; "
+                f"client − ensemble total (gRPC, client; < 0 when Triton's span outlasts the reply) "
+                f"{rest['outside_ensemble_ms']:.3f}"
             )
         share = f"{100 * part['share']:.0f} %" if part.get("share") is not None else "—"
         lines.append(f"| {part['part']} | {part['ms']:.3f} | {share} | {detail} |")
@@ -184,12 +186,12 @@ def lone_section(results: dict[str, Any]) -> list[str]:
         "## A lone request, part by part (Triton's statistics)",
         "",
         *_conditions(results, "lone"),
-        "Per request, ms (means over the sequential requests): each composing model's queue + compute_input + "
-        "compute_infer + compute_output as Triton counts them (a python stub's compute_infer includes the IPC "
-        f"round trip to its process); **{REMAINDER}** = client latency − the composing models' sum. Triton's "
-        "spans overlap: a model's compute_output ends after its response was sent, which runs the ensemble's next "
-        "step (for the last one, the reply), so hand-offs show up there and the composing sum can exceed the "
-        "ensemble's own total (and, by a little, the client's latency: the remainder is then < 0).",
+        "Per request, ms (means over the sequential requests): each composing model's own work — queue + "
+        "compute_input + compute_infer as Triton counts them (a python stub's compute_infer includes the IPC "
+        f"round trip to its process); **{REMAINDER}** = client latency − the models' own work. A model's "
+        "compute_output ends after its response was sent, which runs the ensemble's next step (for the last "
+        "one, the reply), so it is the hand-off and counted in the remainder: the parts do not overlap, and "
+        "none is < 0.",
     ]
     for name, entry in lone.items():
         lines += _lone_table(name, entry)
