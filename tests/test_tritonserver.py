@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import re
 import socket
 import subprocess
 import sys
@@ -372,6 +374,69 @@ def test_port_in_use_is_refused_before_starting(tmp_path: Path) -> None:
         with pytest.raises(ServingError, match=rf"port {cfg.grpc_port} \(Triton gRPC\) on 127.0.0.1 is already in use"):
             LocalTriton(cfg).start()
     assert not LocalTriton(cfg).pid_path.exists()
+
+
+def test_a_port_held_by_a_socket_that_is_not_listening_is_waited_for(tmp_path: Path) -> None:
+    """The CI failure on a restart after a crash: the port was held by no listener (nothing named) —
+    a socket bound but not listening, as another process's free-port probe or a server between bind
+    and listen holds it for moments. Such a holder is waited for, not reported as a busy port."""
+    import threading
+
+    from seqcls.localtriton.ports import check_ports_free
+
+    cfg = make_config(tmp_path / "repo", tmp_path / "state")
+    held = socket.socket()
+    held.bind(("127.0.0.1", cfg.http_port))  # no SO_REUSEADDR, not listening: Triton could not bind either
+    timer = threading.Timer(0.5, held.close)
+    timer.start()
+    try:
+        check_ports_free(cfg, wait=20.0)
+    finally:
+        timer.cancel()
+        held.close()
+
+
+def test_a_port_held_past_the_wait_names_what_holds_it(tmp_path: Path) -> None:
+    from seqcls.localtriton.ports import check_ports_free
+
+    cfg = make_config(tmp_path / "repo", tmp_path / "state")
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", cfg.http_port))
+        with pytest.raises(ServingError, match=r"bound but not listening.*waited 0\.3 s") as err:
+            check_ports_free(cfg, wait=0.3)
+    assert f"port {cfg.http_port} (Triton HTTP)" in str(err.value)
+    with socket.create_server(("127.0.0.1", 0)) as server, socket.socket() as conn:
+        conn.bind(("127.0.0.1", cfg.grpc_port))  # a connection whose local port is Triton's gRPC port
+        conn.connect(server.getsockname())
+        me = re.escape(f"pid {os.getpid()} ({psutil.Process().name()})")
+        connection = rf"held by {me}, a connection in state ESTABLISHED"
+        with pytest.raises(ServingError, match=connection):
+            check_ports_free(cfg, wait=0.3)
+
+
+def test_a_port_with_a_listener_fails_at_once_naming_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from seqcls.localtriton import ports
+
+    cfg = make_config(tmp_path / "repo", tmp_path / "state")
+    slept: list[float] = []
+    monkeypatch.setattr(ports.time, "sleep", slept.append)
+    listener = rf"port {cfg.metrics_port} \(Triton metrics\).*by pid {os.getpid()}"
+    with socket.create_server(("127.0.0.1", cfg.metrics_port)), pytest.raises(ServingError, match=listener):
+        ports.check_ports_free(cfg, wait=30.0)
+    assert slept == []  # a listener stays: nothing to wait for
+
+
+def test_free_ports_are_outside_the_kernels_ephemeral_range() -> None:
+    """Ports the kernel hands to bind(0) and connect() are the ones other processes take without
+    asking; test and demo servers restarted on their ports stay clear of them."""
+    from seqcls.localtriton.ports import ephemeral_range
+
+    low, high = ephemeral_range()
+    assert 1024 < low <= high
+    ports = free_ports(20)
+    assert len(set(ports)) == 20
+    if low > 1024 + 2000:
+        assert all(1024 <= p < low for p in ports), (ports, low)
 
 
 # ----------------------------------------------------------------------------- real server
