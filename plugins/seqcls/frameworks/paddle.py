@@ -188,8 +188,8 @@ def paddlenlp_ids(checkpoint_dir: Path, texts: Sequence[str], max_length: int) -
     return [list(map(int, ids)) for ids in enc["input_ids"]]
 
 
-def paddle_logits(static_dir: Path, ids: Sequence[Sequence[int]], threads: int = 2) -> np.ndarray:
-    """Paddle Inference's logits on the static model in ``static_dir``, batched as served."""
+def paddle_predictor(static_dir: Path, threads: int = 2):
+    """A Paddle Inference predictor (CPU) of the static model in ``static_dir``."""
     import paddle.inference as paddle_infer
 
     model_file, params_file = static_model_files(static_dir)
@@ -197,7 +197,11 @@ def paddle_logits(static_dir: Path, ids: Sequence[Sequence[int]], threads: int =
     cfg.disable_gpu()
     cfg.set_cpu_math_library_num_threads(threads)
     cfg.disable_glog_info()
-    predictor = paddle_infer.create_predictor(cfg)
+    return paddle_infer.create_predictor(cfg)
+
+
+def predictor_logits(predictor, ids: Sequence[Sequence[int]]) -> np.ndarray:
+    """``predictor``'s logits on ``ids``, batched as served (one predictor: one caller at a time)."""
     names = predictor.get_input_names()
     out = []
     for feed in feeds(ids, shipped.contract().MODEL_INPUTS):
@@ -208,6 +212,11 @@ def paddle_logits(static_dir: Path, ids: Sequence[Sequence[int]], threads: int =
         predictor.run()
         out.append(predictor.get_output_handle(predictor.get_output_names()[0]).copy_to_cpu())
     return np.concatenate(out).astype(np.float32)
+
+
+def paddle_logits(static_dir: Path, ids: Sequence[Sequence[int]], threads: int = 2) -> np.ndarray:
+    """Paddle Inference's logits on the static model in ``static_dir``, batched as served."""
+    return predictor_logits(paddle_predictor(static_dir, threads), ids)
 
 
 # ----------------------------------------------------------------------------- the adapter
