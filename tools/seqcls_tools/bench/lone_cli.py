@@ -74,11 +74,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     with tempfile.TemporaryDirectory(prefix="seqcls-lone-") as tmp:
-        checkpoint = args.checkpoint
-        if checkpoint is None:
-            from seqcls_tools.demo.train import train_demo_checkpoint
+        from seqcls_tools.demo.train import checkpoint_or_quick_demo
 
-            checkpoint = train_demo_checkpoint(Path(tmp) / "ckpt", quick=True).path
+        checkpoint = checkpoint_or_quick_demo(args.checkpoint, Path(tmp))
         results = run(checkpoint, args.profiles.split(","), args.requests, Path(tmp) / "work")
     print("\n".join(lone_section(results)))
     print(json.dumps(results, ensure_ascii=False, default=str))

@@ -9,7 +9,8 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -169,6 +170,9 @@ def _request_inputs(batch: Sequence[str]):
     return [inp]
 
 
+Sender = Callable[[], AbstractContextManager[Callable[[list[str]], Any]]]
+
+
 def run_load(
     url: str,
     texts: Sequence[str],
@@ -185,6 +189,44 @@ def run_load(
     ``max_requests`` were sent in total, ``max_seconds`` passed, or ``stop`` is set."""
     import tritonclient.grpc as grpcclient
 
+    outputs = [grpcclient.InferRequestedOutput("predictions")]
+
+    @contextmanager
+    def grpc_sender() -> Iterator[Callable[[list[str]], Any]]:
+        client = grpcclient.InferenceServerClient(url=url)
+        try:
+            yield lambda batch: client.infer(ENSEMBLE, _request_inputs(batch), outputs=outputs, client_timeout=timeout)
+        finally:
+            client.close()
+
+    return drive(
+        grpc_sender,
+        texts,
+        clients=clients,
+        texts_per_request=texts_per_request,
+        max_requests=max_requests,
+        max_seconds=max_seconds,
+        stop=stop,
+        offset=offset,
+        join_timeout=max_seconds + timeout + 30,
+    )
+
+
+def drive(
+    sender: Sender,
+    texts: Sequence[str],
+    *,
+    clients: int,
+    texts_per_request: int,
+    max_requests: int,
+    max_seconds: float,
+    stop: threading.Event | None = None,
+    offset: int = 0,
+    join_timeout: float | None = None,
+) -> LoadResult:
+    """``clients`` threads, each with its own ``sender()`` (a context giving a send function), send
+    ``texts_per_request`` texts at a time back to back, bounded like :func:`run_load`. A failed
+    send is counted and its error kept, never fatal for the run."""
     n = len(texts)
     lock = threading.Lock()
     state = {"issued": 0}
@@ -192,13 +234,11 @@ def run_load(
     done_texts = [0] * clients
     failed = [0] * clients
     errors: list[str] = []
-    outputs = [grpcclient.InferRequestedOutput("predictions")]
     start_barrier = threading.Barrier(clients + 1)
     deadline_box: list[float] = [0.0]
 
     def worker(k: int) -> None:
-        client = grpcclient.InferenceServerClient(url=url)
-        try:
+        with sender() as send:
             start_barrier.wait()
             while True:
                 with lock:
@@ -212,7 +252,7 @@ def run_load(
                 batch = [texts[(first + j) % n] for j in range(texts_per_request)]
                 t0 = time.perf_counter()
                 try:
-                    client.infer(ENSEMBLE, _request_inputs(batch), outputs=outputs, client_timeout=timeout)
+                    send(batch)
                     latencies[k].append((time.perf_counter() - t0) * 1000.0)
                     done_texts[k] += len(batch)
                 except Exception as exc:  # counted and reported, never fatal for the run
@@ -220,8 +260,6 @@ def run_load(
                     with lock:
                         if len(errors) < 10:
                             errors.append(f"{type(exc).__name__}: {str(exc)[:200]}")
-        finally:
-            client.close()
 
     threads = [threading.Thread(target=worker, args=(k,), daemon=True) for k in range(clients)]
     for t in threads:
@@ -230,7 +268,7 @@ def run_load(
     deadline_box[0] = t_start + max_seconds
     start_barrier.wait()
     for t in threads:
-        t.join(timeout=max_seconds + timeout + 30)
+        t.join(timeout=join_timeout)
     seconds = time.perf_counter() - t_start
     lat = [x for per in latencies for x in per]
     return LoadResult(

@@ -144,11 +144,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--clients", default="1,8")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    checkpoint = args.checkpoint
-    if checkpoint is None:
-        from seqcls_tools.demo.train import train_demo_checkpoint
+    from seqcls_tools.demo.train import checkpoint_or_quick_demo
 
-        checkpoint = train_demo_checkpoint(Path(tempfile.mkdtemp(prefix="seqcls-demo-")) / "ckpt", quick=True).path
+    checkpoint = checkpoint_or_quick_demo(args.checkpoint, Path(tempfile.mkdtemp(prefix="seqcls-demo-")))
     clients = tuple(int(c) for c in args.clients.split(","))
     result = run(checkpoint, args.rounds, args.seconds, clients)
     print(report(result))

@@ -36,6 +36,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -190,12 +191,20 @@ def framework_direct(
     predicted = [answer([fw.tokenize(t)])[0] for t in texts]  # one text at a time, as timed below
     log.info("seed table: %s answered %d texts in %.1f s", FRAMEWORK, len(texts), time.perf_counter() - t0)
     with _Worker(lambda text: answer([fw.tokenize(text)])) as worker:
-        load = _threads_load(worker.call, texts, clients, seconds)
+        load = measure.drive(
+            lambda: nullcontext(lambda batch: worker.call(batch[0])),
+            texts,
+            clients=clients,
+            texts_per_request=1,
+            max_requests=10**7,
+            max_seconds=seconds,
+        )
     out = {
         "what": fw.what,
         "scores": _scores(gold, predicted, graph.labels),
         "answers": predicted,
-        **load,
+        **_summary(load.latencies_ms, load.texts, load.seconds, load.failed),
+        "errors": load.errors[:2],
         "memory_mb": round((proc.memory_info().rss - rss0) / 1e6, 1),
         "memory_note": "RSS this process gained by loading the model and serving",
     }
@@ -236,42 +245,6 @@ class _Worker:
     def __exit__(self, *exc: object) -> None:
         self.queue.put(None)
         self.thread.join()
-
-
-def _threads_load(call: Callable[[str], Any], texts: Sequence[str], clients: int, seconds: float) -> dict[str, Any]:
-    """``clients`` threads calling ``call`` on the texts in turn, back to back, for ``seconds``."""
-    issued = [0]
-    lock = threading.Lock()
-    latencies: list[list[float]] = [[] for _ in range(clients)]
-    failed = [0] * clients
-    barrier = threading.Barrier(clients + 1)
-    deadline = [0.0]
-
-    def worker(k: int) -> None:
-        barrier.wait()
-        while time.perf_counter() < deadline[0]:
-            with lock:
-                i = issued[0]
-                issued[0] += 1
-            t0 = time.perf_counter()
-            try:
-                call(texts[i % len(texts)])
-            except Exception:  # counted, like the gRPC load's failures
-                failed[k] += 1
-                continue
-            latencies[k].append((time.perf_counter() - t0) * 1000.0)
-
-    threads = [threading.Thread(target=worker, args=(k,), daemon=True) for k in range(clients)]
-    for t in threads:
-        t.start()
-    start = time.perf_counter()
-    deadline[0] = start + seconds
-    barrier.wait()
-    for t in threads:
-        t.join()
-    wall = time.perf_counter() - start
-    lat = [x for per in latencies for x in per]
-    return _summary(lat, len(lat), wall, sum(failed))
 
 
 # ----------------------------------------------------------------------------- the Triton rows
@@ -462,11 +435,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     with tempfile.TemporaryDirectory(prefix="seqcls-seed-table-") as tmp:
-        checkpoint = args.checkpoint
-        if checkpoint is None:
-            from seqcls_tools.demo.train import train_demo_checkpoint
+        from seqcls_tools.demo.train import checkpoint_or_quick_demo
 
-            checkpoint = train_demo_checkpoint(Path(tmp) / "ckpt", quick=True).path
+        checkpoint = checkpoint_or_quick_demo(args.checkpoint, Path(tmp))
         results = run(checkpoint, args.eval_set, Path(tmp) / "work", clients=args.clients, seconds=args.seconds)
     if args.json:
         args.json.write_text(json.dumps(results, ensure_ascii=False, indent=1), encoding="utf-8")

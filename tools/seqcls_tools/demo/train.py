@@ -218,3 +218,11 @@ def main(argv: list[str] | None = None) -> None:
 
 if __name__ == "__main__":
     main()
+
+
+def checkpoint_or_quick_demo(checkpoint: Path | None, work: Path) -> Path:
+    """``checkpoint``, or the quick demo model trained into ``work`` when none is given: the bench
+    tools' default, so each runs on a trained classifier without arguments."""
+    if checkpoint is not None:
+        return checkpoint
+    return train_demo_checkpoint(work / "ckpt", quick=True).path
