@@ -172,7 +172,8 @@ class _Framework:
 def framework_direct(
     release, graph, texts: Sequence[str], gold: Sequence[Sequence[str]], *, clients: int, seconds: float
 ) -> dict[str, Any]:
-    """The seed's first row: ``clients`` threads tokenize and call the framework in this process."""
+    """The seed's first row: ``clients`` threads queue single texts for one worker that tokenizes and calls
+    the framework in this process; the labeled scores from the same path, one text at a time."""
     import psutil
 
     from seqcls.serving import shipped
