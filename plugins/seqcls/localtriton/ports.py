@@ -101,11 +101,6 @@ def port_holders(port: int) -> tuple[str, list[str]]:
     return listener, others
 
 
-def port_owner(port: int) -> str:
-    """Best effort ' by pid N (name)' of the listener; empty when unknown or not permitted."""
-    return port_holders(port)[0]
-
-
 def _taken(family: int, host: str, port: int) -> OSError | None:
     with socket.socket(family, socket.SOCK_STREAM) as s:
         # Same option servers use, so a port in TIME_WAIT is not reported as busy.
@@ -135,13 +130,13 @@ def check_ports_free(config: TritonServerConfig, wait: float = PORT_WAIT) -> Non
             if listener:
                 raise ServingError(
                     f"{where}{listener}: stop that process or choose another {service} port ({exc.strerror})."
-                )
+                ) from exc
             if time.monotonic() >= deadline:
                 holders = "; ".join(others) or "a socket bound but not listening (no process shows it)"
                 raise ServingError(
                     f"{where}, held by {holders} (waited {wait:g} s): stop that process or choose "
                     f"another {service} port ({exc.strerror})."
-                )
+                ) from exc
             if not logged:
                 log.info("port %s (Triton %s) is held by no listener; waiting up to %g s", port, service, wait)
                 logged = True

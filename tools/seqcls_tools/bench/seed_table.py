@@ -251,13 +251,6 @@ class _Worker:
 # ----------------------------------------------------------------------------- the Triton rows
 
 
-def _rss_mb(pid: int) -> float:
-    import psutil
-
-    root = psutil.Process(pid)
-    return sum(p.memory_info().rss for p in [root, *root.children(recursive=True)]) / 1e6
-
-
 def triton_row(
     row: Row,
     index: int,
@@ -309,7 +302,7 @@ def triton_row(
             "answers": served,
             **_summary(load.latencies_ms, load.texts, load.seconds, load.failed),
             "errors": load.errors[:2],
-            "memory_mb": round(_rss_mb(server.status().pid), 1),
+            "memory_mb": round(sum(measure.ProcessSnapshot.take(server.status().pid).rss.values()) / 1e6, 1),
             "memory_note": "RSS of tritonserver + its python-backend stubs",
             "bring_up_s": round(bring_up, 1),
         }
@@ -326,6 +319,7 @@ def read_eval_texts(path: Path, labels: Sequence[str]) -> tuple[list[str], list[
 
 def run(checkpoint: Path, eval_set: Path, work: Path, *, clients: int = 8, seconds: float = 30.0) -> dict[str, Any]:
     """Every row of the table for ``checkpoint`` on ``eval_set`` (see the module docstring)."""
+    from seqcls.serving import shipped
     from seqcls.steps import run_release
     from seqcls_tools.bench.profiles import bench_release, bench_settings
 
@@ -358,10 +352,7 @@ def run(checkpoint: Path, eval_set: Path, work: Path, *, clients: int = 8, secon
         results["rows"][row.name] = entry
         if fp32 is None and row.profile == "fp32":
             fp32 = (release, graph)
-            tok = graph.tokenizer
-            from seqcls.serving import shipped
-
-            lengths = [len(x) for x in shipped.text().encode(tok, texts)]
+            lengths = [len(x) for x in shipped.text().encode(graph.tokenizer, texts)]
             results["tokens"] = token_distribution(lengths)
     assert fp32 is not None
     log.info("seed table: %s, %d clients, %.0f s", FRAMEWORK, clients, seconds)
