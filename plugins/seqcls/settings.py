@@ -39,6 +39,7 @@ ENV_MODEL_NAME = "SEQCLS_MODEL_NAME"  # the DAG's model (parse time)
 ENV_SCHEDULE = "SEQCLS_SCHEDULE"  # the DAG's schedule: unset/manual, a cron preset/expression, or "asset"
 ENV_SERVING_LAYOUT = "SEQCLS_SERVING_LAYOUT"  # INSTANCESxTHREADS of the ONNX model, e.g. 2x1 (default 1x2)
 ENV_SERVING_METRICS = "SEQCLS_SERVING_METRICS"  # on (default) | off: the python models' seqcls_* metrics
+ENV_SERVING_PIPELINE = "SEQCLS_SERVING_PIPELINE"  # ensemble (default) | direct: how <m> runs the three steps
 ENV_MODELS_FILE = "SEQCLS_MODELS_FILE"  # the release DAGs' models file (parse time): a path, or "none"
 #: Set (not read) around paddle2onnx: ``"0"`` forbids polygraphy from pip-installing at conversion.
 ENV_POLYGRAPHY_AUTOINSTALL = "POLYGRAPHY_AUTOINSTALL_DEPS"
@@ -55,6 +56,9 @@ CONTROL_KEY_FILE = ".seqcls-triton-control-key"
 _CONTROL_KEY_RE = re.compile(r"[A-Za-z0-9._~+/=-]{16,512}")
 RUNTIMES = ("python-onnxruntime", "onnxruntime")
 DEVICES = ("cpu", "gpu")
+#: How the public model ``<m>`` runs tokenizer → model → postprocess: Triton's ensemble of the three
+#: models, or ``direct`` — one python model running the same three steps in one stub (python runtime only).
+PIPELINES = ("ensemble", "direct")
 
 MODEL_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
 _NAME_RE = re.compile(MODEL_NAME_PATTERN.strip("^$"))
@@ -258,6 +262,8 @@ class Settings:
     serving_layout: str | None = None
     #: Whether the serving models export seqcls_* metrics (SEQCLS_SERVING_METRICS=off: to measure their cost).
     serving_metrics: bool = True
+    #: How ``<m>`` runs the three steps (SEQCLS_SERVING_PIPELINE): "ensemble" or "direct" (see PIPELINES).
+    serving_pipeline: str = "ensemble"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "home", Path(self.home).expanduser().resolve())
@@ -280,6 +286,10 @@ class Settings:
             object.__setattr__(self, "model_repository_source", PROJECT_ROOT / "model_repository")
         if self.checkpoints_root is None:
             object.__setattr__(self, "checkpoints_root", self.home / "checkpoints")
+        if self.serving_pipeline not in PIPELINES:
+            raise InputError(
+                f"{ENV_SERVING_PIPELINE}={self.serving_pipeline!r}: expected one of {', '.join(PIPELINES)}"
+            )
         if self.serving_layout is not None:
             object.__setattr__(self, "serving_layout", str(self.serving_layout).strip() or None)
             if self.serving_layout is not None:
@@ -310,6 +320,7 @@ class Settings:
             "triton_control_key": env.get(ENV_TRITON_CONTROL_KEY) or None,
             "serving_layout": env.get(ENV_SERVING_LAYOUT) or None,
             "serving_metrics": _on_off(ENV_SERVING_METRICS, env.get(ENV_SERVING_METRICS, "on")),
+            "serving_pipeline": (env.get(ENV_SERVING_PIPELINE) or "ensemble").strip().lower(),
         }
         for key, value in overrides.items():
             if key not in values:

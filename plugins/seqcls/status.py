@@ -57,6 +57,7 @@ class ModelStatus:
 
         out = [
             f"{self.model_name}: serving {named(r['serving'])}"
+            + (" through the direct pipeline" if r.get("pipeline") == "direct" else "")
             + (f", fingerprint {str(r['fingerprint'])[:16]}" if r["fingerprint"] else "")
             + f"; previous {named(r['previous'])}; candidate {named(r['candidate'])}"
         ]
@@ -152,11 +153,24 @@ def _state_problems(repo: Repository, state: ServingState) -> list[str]:
     return []
 
 
+def _pipeline(repo: Repository, version: int | None) -> str | None:
+    """How the served version runs its steps (``ensemble`` / ``direct``), as published; None: unknown."""
+    try:
+        info = repo.release_info(version) if version is not None else None
+    except ValueError:  # an unreadable release.json: the integrity problems say so
+        return None
+    return (info.get("serving") or {}).get("pipeline", "ensemble") if info else None
+
+
 def model_status(settings: Settings, model_name: str) -> ModelStatus:
     repo = Repository.from_settings(settings, model_name)
     state: ServingState = current_state(repo.root, model_name)
     fp = state.fingerprint_of(state.serving)
-    want = desired_versions(state, keep_previous=ServingOptions.from_settings(settings).keep_previous_loaded)
+    want = desired_versions(
+        state,
+        keep_previous=ServingOptions.from_settings(settings).keep_previous_loaded,
+        direct=repo.direct_versions((state.serving, state.candidate, state.previous)),
+    )
     endpoints = control.observe_all(endpoints_from_settings(settings), model_name)
     lease = ReleaseLease(repo.root, model_name)
     try:
@@ -171,6 +185,7 @@ def model_status(settings: Settings, model_name: str) -> ModelStatus:
         "candidate": state.candidate,
         "fingerprint": fp,
         "generation": state.generation,
+        "pipeline": _pipeline(repo, state.serving),
     }
     status = ModelStatus(
         model_name,

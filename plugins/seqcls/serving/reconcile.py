@@ -6,7 +6,8 @@ there is no separate undo logic to get wrong. From a :class:`~seqcls.serving.sta
 - composing models (``<m>_tokenizer``, ``<m>_model``, ``<m>_postprocess``; names in
   :mod:`seqcls.serving.names`) load the served version, the candidate (a release in flight) and —
   when no candidate is in flight — the previous version, kept warm so a rollback is an ensemble
-  switch;
+  switch; a version published with the *direct* pipeline is left out: its ``<m>`` runs the three
+  steps itself, so loading them again would only hold a second copy of the model in memory;
 - the public ensemble ``<m>`` loads exactly the served version (unpinned clients get it);
 - the candidate route ``<m>_candidate`` loads exactly the candidate, or nothing.
 
@@ -25,7 +26,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -41,13 +42,17 @@ log = logging.getLogger(__name__)
 MAX_PARALLEL_LOADS = 8  # model loads in flight at once (3 composing models × replicas)
 
 
-def desired_versions(state: ServingState, *, keep_previous: bool = True) -> dict[str, list[int]]:
-    """Triton model → the versions that must be READY (empty = not loaded at all)."""
+def desired_versions(
+    state: ServingState, *, keep_previous: bool = True, direct: Collection[int] = ()
+) -> dict[str, list[int]]:
+    """Triton model → the versions that must be READY (empty = not loaded at all); ``direct``: versions
+    of the direct pipeline (:meth:`Repository.direct_versions`), whose composing models are not loaded."""
     names = names_for(state.model_name)
     composing = {state.serving, state.candidate}
     if keep_previous and state.candidate is None:
         composing.add(state.previous)
     composing.discard(None)
+    composing -= set(direct)
     return {
         **{m: sorted(composing) for m in names.composing},  # type: ignore[type-var]
         names.ensemble: [state.serving] if state.serving is not None else [],
@@ -91,8 +96,10 @@ class ReconcileReport:
 
 
 class _Reconciler:
-    def __init__(self, repo: Repository, ops: Sequence[TritonOps], desired: dict[str, list[int]]) -> None:
-        self.repo, self.desired, self.names = repo, desired, repo.names
+    def __init__(
+        self, repo: Repository, ops: Sequence[TritonOps], desired: dict[str, list[int]], direct: Collection[int] = ()
+    ) -> None:
+        self.repo, self.desired, self.names, self.direct = repo, desired, repo.names, set(direct)
         self._lock = threading.Lock()
         self.report = ReconcileReport(desired)
         self.actual: dict[str, dict[str, list[int]]] = {}
@@ -168,7 +175,8 @@ class _Reconciler:
                 self.write(model, self.desired[model])
             return self.report
         routes, first = self.names.routes, self.names.tokenizer
-        in_use = {v for op in todo for r in routes for v in self.actual[op.endpoint.grpc][r]}
+        # what the routes serve right now pins its composing versions (a direct version pins none)
+        in_use = {v for op in todo for r in routes for v in self.actual[op.endpoint.grpc][r]} - self.direct
         complete = set(self.repo.complete_versions())
         widened = sorted((set(self.desired[first]) | in_use) & complete)
         for phase, composing in (("widen", widened), ("narrow", self.desired[first])):
@@ -214,7 +222,8 @@ def reconcile(
     """
     t0 = time.perf_counter()
     repo = repo.for_model(state.model_name)
-    desired = desired_versions(state, keep_previous=keep_previous)
+    direct = repo.direct_versions((state.serving, state.candidate, state.previous))
+    desired = desired_versions(state, keep_previous=keep_previous, direct=direct)
     complete = set(repo.complete_versions())
     missing = sorted({v for vs in desired.values() for v in vs} - complete)
     if state.serving in missing:
@@ -229,7 +238,7 @@ def reconcile(
                 "rollback records a state without it."
             )
     desired = {m: [v for v in vs if v not in problems] for m, vs in desired.items()}
-    report = _Reconciler(repo, ops, desired).run()
+    report = _Reconciler(repo, ops, desired, direct).run()
     if problems:
         report.errors["repository"] = " ".join(problems.values())
     report.seconds = time.perf_counter() - t0

@@ -28,7 +28,7 @@ from seqcls.errors import InputError, ServingError
 from seqcls.files import atomic_write, held, replace_dir
 from seqcls.serving import shipped
 from seqcls.serving.names import CLASSIC, ServingNames, names_for
-from seqcls.settings import DEVICES, RUNTIMES, Settings, parse_layout
+from seqcls.settings import DEVICES, PIPELINES, RUNTIMES, Settings, parse_layout
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +44,10 @@ DEFAULT_BUCKETS: tuple[int, ...] = _contract.DEFAULT_BUCKETS
 RELEASE_FILE: str = _contract.RELEASE_FILE
 MAX_TEXT_BYTES: int = _contract.MAX_TEXT_BYTES
 ACCELERATORS = ("none", "tensorrt", "tensorrt-fp16")
+#: ``model_repository/`` directory of the direct pipeline's public model (its template and model.py).
+DIRECT_SOURCE = "seqcls_direct"
+#: The direct model's file naming each step's rendered config (``{step: ModelConfig as JSON}``).
+DIRECT_STEPS_FILE = "steps.json"
 TOKENIZER_IMPLS = ("hf", "paddlenlp")
 
 
@@ -79,6 +83,9 @@ class ServingOptions:
     tokenizer_impl: str = "hf"  # "hf": seqcls_text (fast); "paddlenlp": the classic per-request tokenizer
     max_text_bytes: int = MAX_TEXT_BYTES  # a longer text is refused (INVALID_ARGUMENT), never truncated
     metrics: bool = True  # the python models export seqcls_* metrics (off: only to measure their cost)
+    #: "ensemble": <m> is Triton's ensemble of the three models; "direct": one python model runs the same
+    #: three steps in one stub (a lone request pays one stub hop instead of three; python runtime only)
+    pipeline: str = "ensemble"
 
     def __post_init__(self) -> None:
         checks = {
@@ -89,12 +96,18 @@ class ServingOptions:
             "graph_optimization_level": (self.graph_optimization_level, tuple(GRAPH_LEVELS)),
             "gpu_accelerator": (self.gpu_accelerator, ACCELERATORS),
             "tokenizer_impl": (self.tokenizer_impl, TOKENIZER_IMPLS),
+            "pipeline": (self.pipeline, PIPELINES),
         }
         for name, (value, allowed) in checks.items():
             if value not in allowed:
                 raise InputError(f"serving option {name}={value!r}; expected one of {', '.join(allowed)}")
         if self.device == "gpu" and self.runtime != "onnxruntime":
             raise InputError("serving on a GPU needs runtime 'onnxruntime' (Triton's native backend)")
+        if self.pipeline == "direct" and self.runtime != "python-onnxruntime":
+            raise InputError(
+                f"serving pipeline 'direct' runs the ONNX model in its python step, so it needs runtime "
+                f"'python-onnxruntime', not {self.runtime!r}; serve Triton's native backend with pipeline 'ensemble'"
+            )
         for name in ("max_batch_size", "tokenizer_instances", "model_instances", "max_text_bytes"):
             if int(getattr(self, name)) < 1:
                 raise InputError(f"serving option {name} must be >= 1")
@@ -123,6 +136,8 @@ class ServingOptions:
             overrides = {"model_instances": instances, "intra_op_threads": threads, **overrides}
         if not settings.serving_metrics:
             overrides = {"metrics": False, **overrides}
+        if settings.serving_pipeline != "ensemble":
+            overrides = {"pipeline": settings.serving_pipeline, **overrides}
         return cls.for_device(settings.device, settings.runtime, **overrides)
 
     def to_dict(self) -> dict[str, Any]:
@@ -136,9 +151,17 @@ def version_policy(versions: Sequence[int]) -> str:
     return f"version_policy: {{ specific: {{ versions: [ {vs} ] }} }}"
 
 
-def _template(source: Path, model: str, runtime: str, names: ServingNames) -> Template:
-    name = f"config.{runtime}.pbtxt.tmpl" if names.role(model) == "model" else "config.pbtxt.tmpl"
-    path = source / names.source(model) / name
+def source_dir(model: str, options: ServingOptions, names: ServingNames = CLASSIC) -> str:
+    """The ``model_repository/`` directory holding ``model``'s template (and python code) under ``options``."""
+    if options.pipeline == "direct" and names.role(model) in ("ensemble", "candidate"):
+        return DIRECT_SOURCE
+    return names.source(model)
+
+
+def _template(source: Path, model: str, options: ServingOptions, names: ServingNames) -> Template:
+    role = names.role(model)
+    name = f"config.{options.runtime}.pbtxt.tmpl" if role == "model" else "config.pbtxt.tmpl"
+    path = source / source_dir(model, options, names) / name
     if not path.is_file():
         raise InputError(f"{path}: config template missing from the serving source")
     return Template(path.read_text(encoding="utf-8"))
@@ -207,7 +230,7 @@ def render_config(
         "execution_accelerators": accel,
     }
     try:
-        return _template(source, model, options.runtime, names).substitute(values)
+        return _template(source, model, options, names).substitute(values)
     except (KeyError, ValueError) as exc:
         raise InputError(f"template of {model} references an unknown placeholder: {exc}") from exc
 
@@ -225,14 +248,39 @@ def parse_config(text: str, where: str = "config.pbtxt"):
     return config
 
 
-def check_configs(configs: dict[str, str], version: int, names: ServingNames = CLASSIC) -> None:
-    """Parse every config and check the ensemble wiring against the composing models' I/O."""
+def _io(items) -> list[tuple[str, int, tuple[int, ...]]]:
+    return sorted((t.name, int(t.data_type), tuple(t.dims)) for t in items)
+
+
+def check_configs(
+    configs: dict[str, str], version: int, names: ServingNames = CLASSIC, pipeline: str = "ensemble"
+) -> None:
+    """Parse every config and check the public model's wiring against the composing models' I/O: the
+    ensemble's steps, or (``direct``) a python model taking the tokenizer's inputs and giving the
+    postprocess's outputs."""
     ensemble = names.ensemble
     parsed = {name: parse_config(text, f"{name}/config.pbtxt") for name, text in configs.items()}
     for name, cfg in parsed.items():
         if cfg.name != name:
             raise ServingError(f"{name}/config.pbtxt: name is {cfg.name!r}, expected {name!r}")
     ens = parsed[ensemble]
+    for step in names.composing:
+        if parsed[step].max_batch_size < ens.max_batch_size:
+            raise ServingError(
+                f"{step}: max_batch_size {parsed[step].max_batch_size} < ensemble's {ens.max_batch_size}"
+            )
+    if pipeline == "direct":
+        if ens.backend != "python" or ens.platform:
+            kind = ens.platform or ens.backend
+            raise ServingError(f"{ensemble}: the direct pipeline is a python model, not {kind!r}")
+        io = {
+            "inputs": (ens.input, parsed[names.tokenizer].input),
+            "outputs": (ens.output, parsed[names.postprocess].output),
+        }
+        for what, (mine, theirs) in io.items():
+            if _io(mine) != _io(theirs):
+                raise ServingError(f"{ensemble}: {what} {_io(mine)} differ from its steps' {_io(theirs)}")
+        return
     steps = list(ens.ensemble_scheduling.step)
     if [s.model_name for s in steps] != list(names.composing):
         raise ServingError(f"{ensemble}: steps {[s.model_name for s in steps]}, expected {list(names.composing)}")
@@ -251,10 +299,32 @@ def check_configs(configs: dict[str, str], version: int, names: ServingNames = C
                 f"{ensemble}: step {step.model_name} maps outputs {sorted(step.output_map)}, "
                 f"model has {sorted(outputs)}"
             )
-        if cfg.max_batch_size < ens.max_batch_size:
-            raise ServingError(
-                f"{step.model_name}: max_batch_size {cfg.max_batch_size} < ensemble's {ens.max_batch_size}"
-            )
+
+
+def direct_steps(configs: dict[str, str], names: ServingNames) -> dict[str, Any]:
+    """The direct model's :data:`DIRECT_STEPS_FILE`: each step's rendered config as Triton's JSON form (what a
+    python model's ``args["model_config"]`` holds), by step directory (``tokenizer``, ``model``, ``postprocess``)."""
+    from google.protobuf import json_format
+
+    return {
+        role: json_format.MessageToDict(
+            parse_config(configs[getattr(names, role)], f"{getattr(names, role)}/config.pbtxt"),
+            preserving_proto_field_name=True,
+        )
+        for role in DIRECT_STEPS
+    }
+
+
+#: The direct model's step directories, in order: each holds that composing model's version files.
+DIRECT_STEPS = ("tokenizer", "model", "postprocess")
+
+
+def _link_or_copy(src: str, dst: str) -> str:
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)
+    return dst
 
 
 _POLICY_RE = re.compile(r"version_policy:\s*\{\s*specific:\s*\{\s*versions:\s*\[([^\]]*)\]")
@@ -302,6 +372,19 @@ class Repository:
     def release_info(self, version: int) -> dict[str, Any] | None:
         p = self.root / self.names.ensemble / str(version) / RELEASE_FILE
         return json.loads(p.read_text(encoding="utf-8")) if p.is_file() else None
+
+    def direct_versions(self, versions: Sequence[int | None]) -> set[int]:
+        """Those of ``versions`` published with the direct pipeline (``release.json``'s serving options); a
+        version whose record cannot be read counts as an ensemble (its composing models load: the safe side)."""
+        out = set()
+        for version in {v for v in versions if v is not None}:
+            try:
+                info = self.release_info(version) or {}
+            except (OSError, ValueError):
+                continue
+            if isinstance(info.get("serving"), dict) and info["serving"].get("pipeline") == "direct":
+                out.add(version)
+        return out
 
     def damaged_files(self, version: int) -> list[str]:
         """Files of ``version`` missing or changed since publish (hashes in each ``release.json``)."""
@@ -390,7 +473,8 @@ class Repository:
             return
         tmp = self.root / self.names.candidate / f".tmp-{os.getpid()}-{version}"
         shutil.rmtree(tmp, ignore_errors=True)
-        shutil.copytree(self.root / self.names.ensemble / str(version), tmp)
+        # hard links where the volume allows (a direct pipeline's version holds the ONNX model): never written again
+        shutil.copytree(self.root / self.names.ensemble / str(version), tmp, copy_function=_link_or_copy)
         replace_dir(tmp, target)
 
     def drop_candidate(self) -> None:
@@ -401,7 +485,4 @@ class Repository:
         """What an ensemble pinned to another version relies on: I/O names, types, shapes, batch size."""
         cfg = parse_config(self.snapshot(model, version), f"{model}/{version}/{SNAPSHOT}")
 
-        def tensors(items) -> list[tuple[str, int, tuple[int, ...]]]:
-            return sorted((t.name, int(t.data_type), tuple(t.dims)) for t in items)
-
-        return {"inputs": tensors(cfg.input), "outputs": tensors(cfg.output), "max_batch_size": cfg.max_batch_size}
+        return {"inputs": _io(cfg.input), "outputs": _io(cfg.output), "max_batch_size": cfg.max_batch_size}

@@ -35,12 +35,17 @@ from seqcls.serving import control, shipped
 from seqcls.serving.names import MODEL, POSTPROCESS, TOKENIZER, ServingNames
 from seqcls.serving.release import release_values
 from seqcls.serving.repository import (
+    DIRECT_SOURCE,
+    DIRECT_STEPS,
+    DIRECT_STEPS_FILE,
     RELEASE_FILE,
     SNAPSHOT,
     Repository,
     ServingOptions,
     check_configs,
+    direct_steps,
     render_config,
+    source_dir,
 )
 from seqcls.serving.state import ServingState, current_state, write_state
 from seqcls.steps import require
@@ -79,6 +84,8 @@ IMPL_READS = {"hf": (), "paddlenlp": ("tokenizer_config.json",)}
 def _files_for(release: Release, triton_name: str, options: ServingOptions, names: ServingNames) -> dict[str, Path]:
     """Source files of one model version (target name -> source path)."""
     src = Path(release.settings.model_repository_source or "")
+    if options.pipeline == "direct" and names.role(triton_name) == "ensemble":
+        return {"model.py": src / DIRECT_SOURCE / "model.py"}  # + the steps' files, linked in by _write_version
     model = names.source(triton_name)
     key = {TOKENIZER: options.tokenizer_impl, MODEL: options.runtime}.get(model)
     files: dict[str, Path] = {}
@@ -109,11 +116,14 @@ def publish_key(
     names: ServingNames,
 ) -> str:
     """Content address of a release's serving form: same key → same bytes in every version dir."""
-    h = hashlib.sha256(json.dumps({"values": values, "options": options.to_dict()}, sort_keys=True).encode())
+    opts = options.to_dict()
+    if opts["pipeline"] == "ensemble":  # the default is left out: versions published before pipelines keep their key
+        del opts["pipeline"]
+    h = hashlib.sha256(json.dumps({"values": values, "options": opts}, sort_keys=True).encode())
     for model in names.models:
         for name, path in sorted(files.get(model, {}).items()):
             h.update(f"{model}/{name}={sha256_file(path)}".encode())
-        for tmpl in sorted((template_root / names.source(model)).glob("*.tmpl")):
+        for tmpl in sorted((template_root / source_dir(model, options, names)).glob("*.tmpl")):
             h.update(f"{model}/{tmpl.name}={sha256_file(tmpl)}".encode())
     return h.hexdigest()
 
@@ -211,7 +221,7 @@ def _write_version(
         )
         for m in repo.names.models
     }
-    check_configs(configs, version, repo.names)
+    check_configs(configs, version, repo.names, options.pipeline)
     published_at = datetime.now(UTC).isoformat(timespec="seconds")
     digests = recorded_digests(release)
     sizes = {}
@@ -230,6 +240,8 @@ def _write_version(
             files[NO_BYTECODE] = sha256_file(vdir / NO_BYTECODE)
         (vdir / SNAPSHOT).write_text(configs[model], encoding="utf-8")
         files[SNAPSHOT] = sha256_file(vdir / SNAPSHOT)
+        if options.pipeline == "direct" and model == repo.names.ensemble:
+            files.update(_direct_steps(tmp, vdir, version, configs, repo.names))
         info = {
             **values,
             "version": version,
@@ -241,8 +253,31 @@ def _write_version(
             "files": files,
         }
         (vdir / RELEASE_FILE).write_text(json.dumps(info, indent=1, ensure_ascii=False), encoding="utf-8")
-        sizes[model] = sum(p.stat().st_size for p in vdir.iterdir())
+        sizes[model] = sum(p.stat().st_size for p in vdir.rglob("*") if p.is_file())
     return sizes
+
+
+def _direct_steps(tmp: Path, vdir: Path, version: int, configs: dict[str, str], names: ServingNames) -> dict[str, str]:
+    """The direct pipeline's steps inside its version: each composing model's version files (written just
+    before, hashed there) under ``<step>/``, hard-linked where the volume allows, and every step's rendered
+    config in :data:`DIRECT_STEPS_FILE`; relative path → sha256, for ``release.json``."""
+    files: dict[str, str] = {}
+    for role in DIRECT_STEPS:
+        source = tmp / getattr(names, role) / str(version)
+        step_dir = vdir / role
+        step_dir.mkdir()
+        recorded = json.loads((source / RELEASE_FILE).read_text(encoding="utf-8"))["files"]
+        for path in sorted(source.iterdir()):
+            target, expected = step_dir / path.name, recorded.get(path.name)
+            try:
+                os.link(path, target)  # the very bytes hashed when the composing model's file was written
+                digest = expected or sha256_file(target)
+            except OSError:  # a volume without hard links: copied, hashed as written, checked
+                digest = copy_checked(path, target, expected)
+            files[f"{role}/{path.name}"] = digest
+    (vdir / DIRECT_STEPS_FILE).write_text(json.dumps(direct_steps(configs, names), indent=1), encoding="utf-8")
+    files[DIRECT_STEPS_FILE] = sha256_file(vdir / DIRECT_STEPS_FILE)
+    return files
 
 
 def require_served_intact(repo: Repository, state: ServingState) -> None:

@@ -3,8 +3,10 @@
 Releases the checkpoint (export → convert → validate) per profile, serves it on a fresh local Triton
 with the default serving options, warms it up and runs :func:`seqcls_tools.bench.serving.lone_request`
 on the demo set's test texts (``tools/seqcls_tools/demo/data/test.jsonl``): Triton's statistics per
-composing model beside the same work in process. Prints the section as ``seqcls bench`` writes it
-(conditions line included), then the JSON. ::
+composing model beside the same work in process. Then (unless ``--no-direct``) the same version in
+the direct layout (:mod:`.direct`: the three steps in one python model) beside the ensemble: answers,
+lone requests and ``--clients`` concurrent clients, each against the in-process limit. Prints the
+sections as ``seqcls bench`` writes them (conditions line included), then the JSON. ::
 
     .venv/bin/python -m seqcls_tools.bench.lone_cli --checkpoint DIR [--profiles fp32,int8] [--requests 300]
 
@@ -22,7 +24,8 @@ from typing import Any
 
 from seqcls.serving.repository import ServingOptions
 from seqcls_tools.bench import conditions, machine
-from seqcls_tools.bench.markdown import lone_section
+from seqcls_tools.bench.direct import compare_layouts
+from seqcls_tools.bench.markdown import direct_section, lone_section
 from seqcls_tools.bench.plan import FULL
 from seqcls_tools.bench.profiles import bench_release, bench_settings, serve_release
 from seqcls_tools.bench.serving import BenchServer, lone_request, warm_up
@@ -32,8 +35,18 @@ log = logging.getLogger("seqcls_tools.bench")
 DEMO_DATA = Path(__file__).resolve().parents[1] / "demo" / "data"
 
 
-def run(checkpoint: Path, profiles: list[str], requests: int, work: Path) -> dict[str, Any]:
-    """The lone-request results of ``checkpoint`` per profile, shaped like ``seqcls bench``'s results."""
+def run(
+    checkpoint: Path,
+    profiles: list[str],
+    requests: int,
+    work: Path,
+    *,
+    direct: bool = True,
+    clients: int = 8,
+    seconds: float = 10.0,
+) -> dict[str, Any]:
+    """The lone-request results of ``checkpoint`` per profile, shaped like ``seqcls bench``'s results;
+    with ``direct``, also the direct layout beside the ensemble (:func:`.direct.compare_layouts`)."""
     from seqcls.records import serving_tokenizer
     from seqcls.serving import shipped
     from seqcls.steps import run_release
@@ -61,6 +74,10 @@ def run(checkpoint: Path, profiles: list[str], requests: int, work: Path) -> dic
                 "options": options.to_dict(),
                 "lone": lone_request(server, release, options, texts, requests),
             }
+            if direct:
+                results["configs"][profile]["direct"] = compare_layouts(
+                    server, release, options, texts, requests, clients=clients, seconds=seconds
+                )
     results["meta"]["loadavg_end"] = machine.loadavg()
     results["conditions"] = {"lone": conditions.sections(results)["lone"]}
     return results
@@ -71,14 +88,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--checkpoint", type=Path, help="a trained checkpoint (default: train the quick demo model)")
     parser.add_argument("--profiles", default="fp32", help="comma-separated: fp32, fp32-fused, int8")
     parser.add_argument("--requests", type=int, default=300, help="sequential single-text requests per profile")
+    parser.add_argument("--no-direct", action="store_true", help="skip the direct layout beside the ensemble")
+    parser.add_argument("--clients", type=int, default=8, help="concurrent clients of the layouts' load run")
+    parser.add_argument("--seconds", type=float, default=10.0, help="seconds of load per layout")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     with tempfile.TemporaryDirectory(prefix="seqcls-lone-") as tmp:
         from seqcls_tools.demo.train import checkpoint_or_quick_demo
 
         checkpoint = checkpoint_or_quick_demo(args.checkpoint, Path(tmp))
-        results = run(checkpoint, args.profiles.split(","), args.requests, Path(tmp) / "work")
-    print("\n".join(lone_section(results)))
+        results = run(
+            checkpoint,
+            args.profiles.split(","),
+            args.requests,
+            Path(tmp) / "work",
+            direct=not args.no_direct,
+            clients=args.clients,
+            seconds=args.seconds,
+        )
+    print("\n".join(lone_section(results) + direct_section(results)))
     print(json.dumps(results, ensure_ascii=False, default=str))
     return 0
 

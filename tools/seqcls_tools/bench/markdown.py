@@ -198,6 +198,46 @@ def lone_section(results: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _ratio(value: float | None) -> str:
+    return "—" if value is None else f"{value:.2f}×"
+
+
+def direct_section(results: dict[str, Any]) -> list[str]:
+    """The ensemble and the direct layout of the same version, each against the in-process limit."""
+    entries = {n: e["direct"] for n, e in results.get("configs", {}).items() if e.get("direct")}
+    if not entries:
+        return []
+    rows = []
+    for name, d in entries.items():
+        for layout, x in d["layouts"].items():
+            lone, load = x["lone"], x["load"]
+            rows.append(
+                f"| {name} | {layout} | {lone['p50_ms']:.2f} | {d['inprocess']['p50_ms']:.2f} | "
+                f"{_ratio(lone['speed_vs_inprocess'])} | {_fmt(load['sentences_per_s'])} | "
+                f"{_fmt(d['inprocess']['limit_sentences_per_s'])} | {_ratio(load['speed_vs_inprocess'])} | "
+                f"{_fmt(load['p95_ms'])} | {load['failed']} | {d['differing'] if layout == 'direct' else ''} |"
+            )
+    clients = next(iter(entries.values()))["layouts"]["direct"]["load"]["clients"]
+    return [
+        "",
+        "## The direct layout beside the ensemble (the same version, one server)",
+        "",
+        *_conditions(results, "lone"),
+        "direct: the version's tokenizer, model and postprocess steps in one python model (one stub hop), as "
+        "SEQCLS_SERVING_PIPELINE=direct publishes it; "
+        f"ensemble: the classic three. Lone: sequential single-text requests, p50, each in blocks alternating "
+        f"with the same work in process; {clients} clients: single texts back to back, two alternating halves "
+        "per layout. Speed = served / in process (1.00× = the in-process limit); in process: one session of the "
+        "served threads, one text at a time, timed between both layouts' requests and averaged. Answers ≠: "
+        "texts (each alone) whose labels or probabilities differ from the ensemble's.",
+        "",
+        f"| profile | layout | lone p50 ms | in process p50 ms | lone speed | {clients} clients sentences/s | "
+        f"in-process limit /s | {clients}-client speed | p95 ms | failed | answers ≠ |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        *rows,
+    ]
+
+
 def _inprocess_rows(name: str, entry: dict[str, Any]) -> list[str]:
     o = entry.get("options", {})
     layout = f"{o.get('model_instances')}x{o.get('intra_op_threads')} ORT {o.get('graph_optimization_level')}"

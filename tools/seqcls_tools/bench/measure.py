@@ -184,8 +184,9 @@ def run_load(
     stop: threading.Event | None = None,
     offset: int = 0,
     timeout: float = 60.0,
+    model: str = ENSEMBLE,
 ) -> LoadResult:
-    """``clients`` threads, each with its own gRPC client, send requests back to back until
+    """``clients`` threads, each with its own gRPC client, send requests to ``model`` back to back until
     ``max_requests`` were sent in total, ``max_seconds`` passed, or ``stop`` is set."""
     import tritonclient.grpc as grpcclient
 
@@ -195,7 +196,7 @@ def run_load(
     def grpc_sender() -> Iterator[Callable[[list[str]], Any]]:
         client = grpcclient.InferenceServerClient(url=url)
         try:
-            yield lambda batch: client.infer(ENSEMBLE, _request_inputs(batch), outputs=outputs, client_timeout=timeout)
+            yield lambda batch: client.infer(model, _request_inputs(batch), outputs=outputs, client_timeout=timeout)
         finally:
             client.close()
 

@@ -95,16 +95,12 @@ def _inprocess(release, config: ServingConfig, texts: list[str], budget: Budget)
     return out
 
 
-def lone_request(server, release, options: ServingOptions, texts: list[str], requests: int) -> dict[str, Any]:
-    """A lone request's time per part (:mod:`.lone`): ``requests`` sequential single-text requests on
-    ``server``, split by Triton's statistics, beside the same work in process — the release's serving
-    tokenizer, its served model in a session of the served thread layout, sigmoid + decide — run in
-    alternating blocks, so the machine's other load drifts over both alike."""
+def inprocess_steps(release, options: ServingOptions) -> dict[str, Any]:
+    """A lone text's work in process, step by step (:func:`.lone.time_steps`): the release's serving
+    tokenizer, its served model in a session of the served thread layout, sigmoid + decide."""
     from seqcls.records import served_onnx, serving_tokenizer
     from seqcls.serving import shipped
-    from seqcls.serving.names import names_for
 
-    names = names_for(release.config.model_name)
     text_mod, decide_mod = shipped.text(), shipped.decide()
     (session,) = measure.ort_sessions(
         served_onnx(release.workspace),
@@ -118,7 +114,7 @@ def lone_request(server, release, options: ServingOptions, texts: list[str], req
     inputs = [i.name for i in session.get_inputs()]
     labels = list(release.checkpoint.labels)
     thresholds = decide_mod.threshold_vector(labels, release.config.threshold, release.config.thresholds)
-    steps = {
+    return {
         "tokenize": lambda batch: text_mod.encode(tok, batch),
         "model": lambda ids: session.run(
             ["logits"], text_mod.model_feeds(ids, inputs, max_length=max_length, pad_id=serving.pad_id)
@@ -127,6 +123,16 @@ def lone_request(server, release, options: ServingOptions, texts: list[str], req
             decide_mod.sigmoid(logits), thresholds, labels, hierarchy=release.config.hierarchy
         ),
     }
+
+
+def lone_request(server, release, options: ServingOptions, texts: list[str], requests: int) -> dict[str, Any]:
+    """A lone request's time per part (:mod:`.lone`): ``requests`` sequential single-text requests on
+    ``server``, split by Triton's statistics, beside the same work in process (:func:`inprocess_steps`)
+    run in alternating blocks, so the machine's other load drifts over both alike."""
+    from seqcls.serving.names import names_for
+
+    names = names_for(release.config.model_name)
+    steps = inprocess_steps(release, options)
     result: dict[str, Any] = {"clients": 1, "texts_per_request": 1}
     result.update(
         lone.served_and_in_process(
