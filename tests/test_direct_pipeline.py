@@ -252,3 +252,18 @@ def test_the_steps_inside_a_direct_version_are_the_bytes_hashed_at_publish(
         again.mkdir()
         with pytest.raises(ServingError, match="changed since it was hashed for this release"):
             publish._direct_steps(tmp_path, again, 4, configs, CLASSIC)
+
+
+def test_preflight_refuses_the_direct_pipeline_on_the_native_runtime_before_export(
+    tiny_checkpoint: Path, home: Path
+) -> None:
+    from seqcls.gates.preflight import preflight
+    from seqcls.workspace import open_release
+
+    settings = Settings(home=home, runtime="onnxruntime", serving_pipeline="direct")
+    release = open_release(tiny_checkpoint, settings=settings)
+    with pytest.raises(InputError, match="pipeline 'direct' runs the ONNX model in its python step"):
+        preflight(release, servers=())
+    assert not release.workspace.read()["steps"]  # refused before any step ran
+    ok = open_release(tiny_checkpoint, settings=replace(settings, serving_pipeline="ensemble"))
+    assert all(c.ok for c in preflight(ok, servers=()).checks)

@@ -38,6 +38,7 @@ from seqcls.quality.kept import preflight_eval_set
 from seqcls.registry.ledger import client, tracking_uri
 from seqcls.serving.client import ControlRefused, Endpoint, TritonOps, endpoints_from_settings
 from seqcls.serving.release import release_key
+from seqcls.serving.repository import ServingOptions
 from seqcls.settings import ENV_MLFLOW_URI, ENV_TRITON_GRPC, Settings, scoped_environ
 from seqcls.steps import ORDER
 from seqcls.workspace import Release
@@ -190,6 +191,7 @@ def _params(release: Release) -> tuple[bool, str]:
     profile = cfg.profile
     if profile == AUTO_PROFILE:  # chosen at convert; nothing is measured yet
         profile = f"auto (convert serves the fastest of {', '.join(SERVED_PROFILES)} that passes)"
+    ServingOptions.from_settings(release.settings)  # serving settings that cannot go together (InputError)
     if cfg.profile in NEEDS_PROVIDER:  # fp16 on a CPU-only host: say so before anything is exported
         providers = runtime.choose_providers(cfg.provider, cfg.require_gpu)
         refusal = host_refusal(cfg.profile, providers=providers, device=release.settings.device)
