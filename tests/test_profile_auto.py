@@ -120,7 +120,7 @@ def test_a_lead_within_noise_does_not_give_up_exactness() -> None:
 def test_auto_is_a_profile_everywhere_and_an_unknown_one_still_fails_clearly() -> None:
     assert AUTO in PROFILES and set(CANDIDATES) == set(PROFILES) - {AUTO}
     assert ReleaseConfig(profile="auto").profile == "auto"
-    with pytest.raises(InputError, match="profile must be one of fp32, fp32-fused, int8, fp16, auto, got 'bf17'"):
+    with pytest.raises(InputError, match="profile must be one of fp32, fp32-fused, int8, bf16, fp16, auto, got 'bf17'"):
         ReleaseConfig(profile="bf17")
 
 

@@ -23,6 +23,10 @@ since every strategy above takes each request at its own shape. Without it Trito
 equal shapes (single texts of different lengths never), and on 2 cores its batcher thread was
 measured spinning a third of a core while the one instance was busy, at 3-4 clients.
 
+A version whose ``release.json`` names a profile of ``seqcls_engine.ENGINES`` (``bf16``) runs the same graph
+on that engine (OpenVINO at bf16), every text alone; on a CPU without bf16 arithmetic the load fails
+rather than serve f32 quietly.
+
 One bad request fails only itself, with ``INVALID_ARG``: ids outside the embedding tables
 (``input_ids`` ≥ the vocabulary, ``token_type_ids`` ≥ the type vocabulary, negatives), an
 ``attention_mask`` other than 0/1, sequences longer than ``max_position_embeddings`` (limits read
@@ -43,6 +47,7 @@ import triton_python_backend_utils as pb_utils
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import seqcls_backend as backend
 import seqcls_contract as contract
+import seqcls_engine as engine
 
 _LEVELS = {
     "disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
@@ -135,10 +140,15 @@ class TritonPythonModel:
         self.group_equal_lengths = True
         self.pad_id = int(backend.param(config, "pad_id", "0"))
         model_file = os.path.join(version_dir, backend.param(config, "model_file", "model.onnx"))
-        self.session = ort.InferenceSession(model_file, sess_options=opts, providers=["CPUExecutionProvider"])
+        release_file = os.path.join(version_dir, contract.RELEASE_FILE)
+        self.profile = _release(release_file).get("profile")
+        if self.profile in engine.ENGINES:  # bf16: the graph on OpenVINO, compiled as the gates ran it
+            self.session = engine.session(model_file, self.profile, threads=opts.intra_op_num_threads)
+        else:
+            self.session = ort.InferenceSession(model_file, sess_options=opts, providers=["CPUExecutionProvider"])
         self._inputs(self.session.get_inputs())
         self.output = self.session.get_outputs()[0].name
-        self._limits(model_file, os.path.join(version_dir, contract.RELEASE_FILE))
+        self._limits(model_file, release_file)
 
     def _inputs(self, declared):
         """The graph's inputs, in contract order, with the integer type each one takes."""
@@ -161,17 +171,15 @@ class TritonPythonModel:
 
     def _limits(self, model_file, release_file):
         """What a request may hold: id ranges and sequence length (graph first, then release.json)."""
-        release = {}
-        if os.path.isfile(release_file):
-            with open(release_file, encoding="utf-8") as fh:
-                release = json.load(fh)
+        release = _release(release_file)
         try:
             import onnx
 
             loaded = onnx.load(model_file, load_external_data=False).graph
             graph = embedding_limits(loaded)
             # a validated answer is each text alone: where neighbours move logits, rows never share a run
-            self.group_equal_lengths = not batch_dependent(loaded)
+            # (dynamic int8; an engine's reduced precision, whose kernels may block a batch differently)
+            self.group_equal_lengths = not batch_dependent(loaded) and self.profile not in engine.ENGINES
         except Exception:  # no onnx module, an unusual graph: release.json's figures, ORT errors caught anyway
             backend.log_unexpected("seqcls_model: reading the embedding tables")
             graph, self.group_equal_lengths = {}, False  # unknown graph: the exact way
@@ -332,6 +340,14 @@ class TritonPythonModel:
         except Exception as exc:
             backend.log_unexpected("seqcls_model: building a response")
             return backend.invalid(f"seqcls_model: could not build the response ({type(exc).__name__}: {exc})")
+
+
+def _release(path):
+    """The version's ``release.json`` (empty when absent: a version published without one)."""
+    if not os.path.isfile(path):
+        return {}
+    with open(path, encoding="utf-8") as fh:
+        return json.load(fh)
 
 
 def _pad(x, length, value):

@@ -22,17 +22,25 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
+import seqcls_engine
+
 from seqcls.errors import InputError
 from seqcls.serving.names import names_for
 from seqcls.settings import DEFAULT_MODEL_NAME, MODEL_NAME_PATTERN, validate_model_name
 
-#: The serving profiles, each one graph (what is served and gated); ``fp16`` is for GPUs (the CUDA provider).
-SERVED_PROFILES = ("fp32", "fp32-fused", "int8", "fp16")
+#: The serving profiles, each one graph (what is served and gated); ``fp16`` is for GPUs (the CUDA provider),
+#: ``bf16`` for CPUs with bf16 arithmetic (``fp32``'s graph run by OpenVINO at bf16: ``seqcls_engine``).
+SERVED_PROFILES = ("fp32", "fp32-fused", "int8", "bf16", "fp16")
 #: Profiles gated on numbers (exact parity) and answering a text the same in any batch; the others (int8)
 #: are gated on decision agreement and served one text at a time.
 EXACT_PROFILES = ("fp32", "fp32-fused")
 #: Profiles that run only on this ONNX Runtime provider (built, checked and served there).
 NEEDS_PROVIDER = {"fp16": "CUDAExecutionProvider"}
+#: Profiles run by another engine than ONNX Runtime (engine, precision), on a CPU with one of these flags.
+ENGINES = seqcls_engine.ENGINES
+NEEDS_CPU = {
+    profile: seqcls_engine.BF16_CPU_FLAGS for profile, (_, precision) in ENGINES.items() if precision == "bf16"
+}
 #: ``profile: auto``: convert measures every served profile on this host and serves the fastest that passes
 #: (:mod:`seqcls.profiles.auto`); ``seqcls.records.effective_profile`` names the one chosen.
 AUTO_PROFILE = "auto"
@@ -46,9 +54,19 @@ SECTIONS: tuple[str | None, ...] = (None, GATE_SECTION, EXPERT_SECTION)
 NUMBER_TEXT = r"^\s*([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][-+]?[0-9]+)?\s*$"
 
 
-def host_refusal(profile: str, *, providers: Sequence[str] | None = None, device: str | None = None) -> str | None:
-    """Why this host cannot build (``providers``: the ORT providers convert runs on) or serve (``device``:
-    what serving configs render for) ``profile``; None when it can, or when the profile needs nothing."""
+def host_refusal(
+    profile: str,
+    *,
+    providers: Sequence[str] | None = None,
+    device: str | None = None,
+    runtime: str | None = None,
+    cpu_flags: frozenset[str] | None = None,
+) -> str | None:
+    """Why this host cannot build (``providers``: the ORT providers convert runs on; ``cpu_flags``: this CPU's,
+    read when None) or serve (``device``: what serving configs render for; ``runtime``: Triton's backend for
+    ``seqcls_model``) ``profile``; None when it can, or when the profile needs nothing."""
+    if profile in ENGINES:
+        return _engine_refusal(profile, providers=providers, runtime=runtime, cpu_flags=cpu_flags)
     needed = NEEDS_PROVIDER.get(profile)
     if not needed:
         return None
@@ -63,6 +81,37 @@ def host_refusal(profile: str, *, providers: Sequence[str] | None = None, device
             f"profile {profile!r} is served by the native ONNX Runtime backend on a GPU, and this host renders "
             f"serving configs for device {device!r}: publish with SEQCLS_DEVICE=gpu (docker-compose's Airflow "
             "services set it), or choose fp32-fused or int8 for CPU serving"
+        )
+    return None
+
+
+def _engine_refusal(
+    profile: str, *, providers: Sequence[str] | None, runtime: str | None, cpu_flags: frozenset[str] | None
+) -> str | None:
+    """``bf16``: OpenVINO in the python backend, on a CPU that multiplies bf16 (else OpenVINO would quietly
+    compute f32, and the gates would judge a graph that is not the one served elsewhere)."""
+    engine, precision = ENGINES[profile]
+    if runtime is not None and runtime != "python-onnxruntime":
+        return (
+            f"profile {profile!r} is served by {engine} at {precision} inside Triton's python backend, and this "
+            f"host serves seqcls_model with the {runtime!r} runtime (Triton's native ONNX Runtime backend has no "
+            f"{precision} path): set SEQCLS_RUNTIME=python-onnxruntime, or choose int8 or fp32-fused"
+        )
+    if providers is None:
+        return None
+    flags = seqcls_engine.cpu_flags() if cpu_flags is None else cpu_flags
+    wanted = NEEDS_CPU.get(profile, ())
+    if wanted and not set(wanted) & set(flags):
+        return (
+            f"profile {profile!r} needs a CPU with {' or '.join(wanted)} ({precision} matrix arithmetic), and this "
+            f"host's CPU flags have neither: choose int8 or fp32-fused, or convert and serve on such a CPU"
+        )
+    try:
+        import openvino  # noqa: F401
+    except ImportError as exc:
+        return (
+            f"profile {profile!r} runs on {engine}, which is not importable here ({exc}): install it "
+            "(requirements.txt pins openvino), or choose int8 or fp32-fused"
         )
     return None
 
@@ -273,14 +322,15 @@ FIELDS: tuple[Field, ...] = (
         "profile",
         "string",
         "Serving profile",
-        "fp32, fp32-fused (ORT-fused graph) or int8 (dynamic quantisation), each gated; auto: convert times "
-        "each on this host and serves the fastest that keeps min_decision_agreement and max_profile_f1_drop vs fp32.",
+        "fp32, fp32-fused (ORT-fused graph), int8 (dynamic quantisation) or bf16 (OpenVINO, CPUs with AVX512-BF16 "
+        "or AMX), each gated; auto: convert times each on this host and serves the fastest that keeps "
+        "min_decision_agreement and max_profile_f1_drop vs fp32.",
         enum=PROFILES,
     ),
     _gate(
         "min_decision_agreement",
         "Min decision agreement",
-        "Share of label decisions a non-exact profile (int8) must keep.",
+        "Share of label decisions a non-exact profile (int8, bf16) must keep.",
         "0.995",
         "0.999",
         "0.99",

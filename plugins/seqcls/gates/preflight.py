@@ -29,7 +29,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from seqcls.config import AUTO_PROFILE, NEEDS_PROVIDER, SERVED_PROFILES, host_refusal
+from seqcls.config import AUTO_PROFILE, ENGINES, NEEDS_PROVIDER, SERVED_PROFILES, host_refusal
 from seqcls.errors import InputError, SeqclsError
 from seqcls.frameworks.output import library_output
 from seqcls.gates import runtime
@@ -191,10 +191,12 @@ def _params(release: Release) -> tuple[bool, str]:
     profile = cfg.profile
     if profile == AUTO_PROFILE:  # chosen at convert; nothing is measured yet
         profile = f"auto (convert serves the fastest of {', '.join(SERVED_PROFILES)} that passes)"
-    ServingOptions.from_settings(release.settings)  # serving settings that cannot go together (InputError)
-    if cfg.profile in NEEDS_PROVIDER:  # fp16 on a CPU-only host: say so before anything is exported
+    options = ServingOptions.from_settings(release.settings)  # settings that cannot go together (InputError)
+    if cfg.profile in NEEDS_PROVIDER or cfg.profile in ENGINES:  # fp16 on a CPU host, bf16 without bf16 CPU
         providers = runtime.choose_providers(cfg.provider, cfg.require_gpu)
-        refusal = host_refusal(cfg.profile, providers=providers, device=release.settings.device)
+        refusal = host_refusal(
+            cfg.profile, providers=providers, device=release.settings.device, runtime=options.runtime
+        )
         if refusal:
             raise InputError(refusal)
     return True, f"profile {profile}, {len(cfg.thresholds)} per-label threshold(s), release key {key[:8]}"

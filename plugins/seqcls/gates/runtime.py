@@ -43,6 +43,20 @@ def choose_providers(provider: str, require_gpu: bool) -> list[str]:
     return ["CPUExecutionProvider"]
 
 
+def session(onnx_path: Path, providers: list[str], *, profile: str, threads: int = 2):
+    """The session ``profile`` serves ``onnx_path`` with: ONNX Runtime on ``providers``, or the profile's own
+    engine (``bf16``: OpenVINO at bf16, ``seqcls_engine``) with the same ``run``/``get_inputs`` calls."""
+    engine = shipped.engine()
+    if profile in engine.ENGINES:
+        try:
+            return engine.session(onnx_path, profile, threads)
+        except Exception as exc:
+            raise GateError(
+                f"{onnx_path.name} does not run as profile {profile!r}: {type(exc).__name__}: {exc}"
+            ) from exc
+    return ort_session(onnx_path, providers, threads)
+
+
 def ort_session(onnx_path: Path, providers: list[str], threads: int = 2):
     import onnxruntime as ort
 

@@ -297,7 +297,7 @@ def time_requests(
     """Each text alone through each graph (interleaved in blocks): latencies (s), probabilities, threads."""
     text_mod, decide_mod = shipped.text(), shipped.decide()
     ids = text_mod.encode(how.tokenizer, list(texts))
-    sessions = {name: runtime.ort_session(path, how.providers) for name, path in graphs.items()}
+    sessions = {name: runtime.session(path, how.providers, profile=name) for name, path in graphs.items()}
     feeds = {}
     for name, session in sessions.items():
         names = [i.name for i in session.get_inputs()]

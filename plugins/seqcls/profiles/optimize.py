@@ -9,6 +9,9 @@ synthetic padded batches; ``fp32-fused`` must stay within the exact-parity toler
 + rtol·|x|, the gate's defaults in :class:`~seqcls.config.ReleaseConfig`) or the conversion
 fails here with the figures. ``int8`` then quantizes the fused model (:mod:`seqcls.profiles.quantize`:
 the recipes, the check on the golden texts of :mod:`seqcls.profiles.calibration`, the fallbacks).
+``bf16`` writes no graph: it serves ``fp32``'s ``model.onnx`` through OpenVINO at bf16 (``seqcls_engine``);
+:func:`check_engine` compiles it so on this CPU (refused without AVX512-BF16 / AMX) and records how far it
+moves the logits on the synthetic batches; the parity and quality gates judge it like ``int8``.
 ``fp16`` (GPU) halves the fused model's weights and activations for the CUDA execution provider.
 ONNX Runtime's CPU provider runs fp16 nodes only through casts it inserts (slower than fp32, and not
 CUDA's arithmetic), so fp16 is built, self-checked and gated where CUDA is present, and refused on a
@@ -31,8 +34,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import seqcls_engine
 
-from seqcls.config import NEEDS_PROVIDER, host_refusal
+from seqcls.config import ENGINES, NEEDS_PROVIDER, host_refusal
 from seqcls.errors import ConversionError
 from seqcls.files import replace_file
 from seqcls.profiles.calibration import CALIBRATION_BATCH, Calibration
@@ -45,6 +49,7 @@ from seqcls.profiles.checks import (
     feeds_for,
     graph_inputs,
     self_check,
+    session,
     synthetic_batches,
 )
 from seqcls.profiles.fusion import fuse_bert, prepare_for_fusion, raise_opset_for_layernorm
@@ -68,6 +73,7 @@ __all__ = [
     "SELF_CHECK_RTOL",
     "Calibration",
     "Int8Recipe",
+    "check_engine",
     "decision_agreement",
     "feeds_for",
     "graph_inputs",
@@ -133,6 +139,57 @@ def optimize_onnx(
         ", ".join(f"{k} {v}" for k, v in report["fusions"].items()),
         report["bytes"] / 1e6,
         report["self_check"]["logits_max_abs_diff"],
+        report["seconds"],
+    )
+    return report
+
+
+def check_engine(src: Path, profile: str, *, cpu_flags: frozenset[str] | None = None) -> dict[str, Any]:
+    """``profile`` (one of :data:`~seqcls.config.ENGINES`) checked on ``src``, the fp32 graph it serves: the
+    engine compiles it at the profile's precision on this CPU and runs the synthetic batches; returns the
+    figures (max |Δlogit| vs ONNX Runtime fp32, rows whose decisions at 0.5 moved). Raises
+    :class:`ConversionError` when the host cannot (no bf16 CPU, no OpenVINO) or the graph does not run."""
+    import onnx
+
+    src = Path(src)
+    if profile not in ENGINES:
+        raise ConversionError(f"optimize: profile {profile!r} has no engine; engines serve {', '.join(ENGINES)}")
+    refusal = host_refusal(profile, providers=CPU, cpu_flags=cpu_flags)
+    if refusal:
+        raise ConversionError(refusal)
+    t0 = time.perf_counter()
+    batches = synthetic_batches(onnx.load(str(src), load_external_data=False))
+    try:
+        engine = seqcls_engine.session(src, profile)
+        ref = session(src, threads=2)
+        out = engine.get_outputs()[0].name
+        pairs = [(ref.run([out], f)[0].astype(np.float64), engine.run([out], f)[0].astype(np.float64)) for f in batches]
+    except Exception as exc:
+        raise ConversionError(
+            f"optimize: {src.name} does not run as profile {profile!r}: {type(exc).__name__}: {exc}"
+        ) from exc
+    name, precision = ENGINES[profile]
+    report = {
+        "profile": profile,
+        "engine": name,
+        "precision": engine.precision,
+        "served_file": src.name,
+        "self_check": {
+            "logits_max_abs_diff": max(float(np.abs(a - b).max(initial=0.0)) for a, b in pairs),
+            "rows_changed": sum(int(((a > 0) != (b > 0)).any(axis=1).sum()) for a, b in pairs),
+            "rows": sum(a.shape[0] for a, _ in pairs),
+        },
+        "seconds": round(time.perf_counter() - t0, 2),
+    }
+    log.info(
+        "optimize: %s runs as %s on %s at %s (self-check max |Δlogit| %.2g, %d of %d rows' decisions moved, %.1fs)",
+        src.name,
+        profile,
+        name,
+        precision,
+        report["self_check"]["logits_max_abs_diff"],
+        report["self_check"]["rows_changed"],
+        report["self_check"]["rows"],
         report["seconds"],
     )
     return report

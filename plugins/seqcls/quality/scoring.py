@@ -77,7 +77,7 @@ def predict(graph: Graph, texts: Sequence[str], providers: list[str]) -> Predict
     text_mod, decide_mod = shipped.text(), shipped.decide()
     t0 = time.perf_counter()
     ids, truncated = text_mod.encode_counted(graph.tokenizer, list(texts))
-    session = runtime.ort_session(graph.onnx, providers)
+    session = runtime.session(graph.onnx, providers, profile=graph.profile)
     if graph.alone:
         logits = np.concatenate([runtime.ort_logits(session, [x], graph.pad_id) for x in ids])
     else:  # batches of similar lengths: little padding to compute (an exact graph answers the same in any batch)

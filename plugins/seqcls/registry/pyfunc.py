@@ -4,7 +4,8 @@
 model (``python_model``) and runs it at load time, so the model needs no ``seqcls`` installed.
 What it imports besides numpy, pandas, onnxruntime and mlflow are the files Triton's python
 models run, shipped as the model's ``code_paths``: ``seqcls_text.py`` (the tokenizer),
-``seqcls_decide.py`` (sigmoid, thresholds, hierarchy) and ``seqcls_contract.py``.
+``seqcls_decide.py`` (sigmoid, thresholds, hierarchy), ``seqcls_contract.py`` and ``seqcls_engine.py``
+(profile ``bf16``: the graph runs on OpenVINO at bf16, as Triton runs it; needs ``openvino`` installed).
 
 Artifacts: ``release`` — the ``release.json`` publish writes into
 every Triton version (labels, thresholds, hierarchy, max_length, do_lower_case, pad_id, ...);
@@ -43,6 +44,8 @@ TEXT_COLUMN = "text"
 OUTPUT_COLUMNS = ("labels", "confidences", "probabilities")
 #: The shipped serving files (``code_paths``), the contract first: the others import it by name.
 SERVING_MODULES = ("seqcls_contract", "seqcls_text", "seqcls_decide")
+#: The engine of a profile ONNX Runtime cannot run (``bf16``: OpenVINO); absent from models registered before it.
+ENGINE_MODULE = "seqcls_engine"
 
 
 class SeqclsClassifier(PythonModel):
@@ -79,9 +82,14 @@ class SeqclsClassifier(PythonModel):
         self.pad_id = int(release.get("pad_id", 0))
         options = ort.SessionOptions()
         options.intra_op_num_threads = int((context.model_config or {}).get("intra_op_threads", 0))
-        self.session = ort.InferenceSession(
-            context.artifacts["onnx"], sess_options=options, providers=["CPUExecutionProvider"]
-        )
+        profile = release.get("profile")
+        engine = _engine_code(Path(context.artifacts["release"]).resolve().parents[1] / "code")
+        if engine is not None and profile in engine.ENGINES:  # bf16: the graph on OpenVINO, as Triton runs it
+            self.session = engine.session(context.artifacts["onnx"], profile, options.intra_op_num_threads)
+        else:
+            self.session = ort.InferenceSession(
+                context.artifacts["onnx"], sess_options=options, providers=["CPUExecutionProvider"]
+            )
         self.output = seqcls_contract.LOGITS_OUTPUT
         self.inputs = list(release.get(seqcls_contract.MODEL_INPUTS_KEY) or seqcls_contract.MODEL_INPUTS)
 
@@ -129,6 +137,18 @@ def _items(model_input: Any) -> list[Any]:
     raise _invalid(
         f"expected texts (a list of strings or a DataFrame with a {TEXT_COLUMN!r} column), got {model_input!r:.200}"
     )
+
+
+def _engine_code(code: Path) -> ModuleType | None:
+    """This model's ``seqcls_engine`` from its own file (None for a model registered before it was shipped)."""
+    path = code / f"{ENGINE_MODULE}.py"
+    if not path.is_file():
+        return None
+    spec = importlib.util.spec_from_file_location(f"_seqcls_pyfunc_{uuid.uuid4().hex}", path)
+    assert spec is not None and spec.loader is not None, code
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def _serving_code(code: Path) -> list[ModuleType]:

@@ -125,8 +125,8 @@ def release_values(release: Release, options: ServingOptions) -> dict[str, Any]:
     """What every Triton version's ``release.json`` holds besides its files (the pyfunc carries it too)."""
     expected = Expected.load(release.workspace)
     configured, profile = release.config.profile, effective_profile(release)
-    refusal = host_refusal(profile, device=options.device)
-    if refusal:  # fp16 rendered for CPU serving: register and publish refuse before any release file or version
+    refusal = host_refusal(profile, device=options.device, runtime=options.runtime)
+    if refusal:  # fp16 rendered for CPU serving, bf16 on the native backend: refused before any file or version
         raise InputError(refusal)
     tokenizer = serving_tokenizer(release)
     contract = shipped.contract()

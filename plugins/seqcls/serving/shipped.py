@@ -1,8 +1,9 @@
 """The self-contained serving modules that ``model_repository/`` ships into Triton, as seqcls imports them.
 
 Triton's python models cannot import ``seqcls``; they run ``seqcls_text.py`` (tokenizer) and
-``seqcls_decide.py`` (postprocess) copied next to their ``model.py``, and all of them read names
-and enums from ``seqcls_contract.py`` (``seqcls_backend.py``: the python-backend glue). The four
+``seqcls_decide.py`` (postprocess) and ``seqcls_engine.py`` (``seqcls_model``: OpenVINO for bf16)
+copied next to their ``model.py``, and all of them read names
+and enums from ``seqcls_contract.py`` (``seqcls_backend.py``: the python-backend glue). The five
 live in ``model_repository/common/`` and are installed with the package as top-level modules
 under the same names (pyproject's ``py-modules``), so they import each other inside Triton and
 here alike. The parity gate, the renderer and the smoke test import them normally; publish copies
@@ -23,6 +24,7 @@ from types import ModuleType
 
 import seqcls_contract
 import seqcls_decide
+import seqcls_engine
 import seqcls_text
 
 from seqcls.errors import InputError
@@ -32,17 +34,22 @@ from seqcls.settings import Settings
 COMMON_DIR = "common"
 CONTRACT = "seqcls_contract"
 #: The serving logic, importable outside Triton too (the library, the MLflow pyfunc).
-MODULES = (CONTRACT, "seqcls_text", "seqcls_decide")
+MODULES = (CONTRACT, "seqcls_text", "seqcls_decide", "seqcls_engine")
 #: Triton python-backend glue (per-request errors, logging): imports triton_python_backend_utils,
 #: so it is installed beside the others but never imported outside Triton.
 BACKEND = "seqcls_backend"
 #: Which shipped modules each python model version carries (besides its model.py).
 SHIPPED_WITH = {
     TOKENIZER: (CONTRACT, BACKEND, "seqcls_text"),
-    MODEL: (CONTRACT, BACKEND),
+    MODEL: (CONTRACT, BACKEND, "seqcls_engine"),
     POSTPROCESS: (CONTRACT, BACKEND, "seqcls_decide"),
 }
-_IMPORTED = {CONTRACT: seqcls_contract, "seqcls_text": seqcls_text, "seqcls_decide": seqcls_decide}
+_IMPORTED = {
+    CONTRACT: seqcls_contract,
+    "seqcls_text": seqcls_text,
+    "seqcls_decide": seqcls_decide,
+    "seqcls_engine": seqcls_engine,
+}
 #: Where the imported serving modules live (site-packages, or ``model_repository/common`` in a checkout).
 INSTALLED_DIR = Path(seqcls_contract.__file__).resolve().parent
 
@@ -111,6 +118,10 @@ def decide(settings: Settings | None = None) -> ModuleType:
 
 def contract(settings: Settings | None = None) -> ModuleType:
     return load(CONTRACT, settings)
+
+
+def engine(settings: Settings | None = None) -> ModuleType:
+    return load("seqcls_engine", settings)
 
 
 def files_for(model: str, settings: Settings | None = None) -> dict[str, Path]:

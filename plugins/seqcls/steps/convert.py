@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from seqcls.checkpoints.golden import golden_texts
-from seqcls.config import AUTO_PROFILE
+from seqcls.config import AUTO_PROFILE, ENGINES
 from seqcls.errors import ConversionError
 from seqcls.files import replace_file
 from seqcls.frameworks import for_checkpoint
@@ -31,7 +31,7 @@ from seqcls.frameworks.paddle import static_model_files
 from seqcls.gates import runtime
 from seqcls.profiles.auto import CANDIDATES, CHOICE_FILE, Answering, Rules, Trial, measure_and_choose
 from seqcls.profiles.calibration import Calibration
-from seqcls.profiles.optimize import optimize_onnx
+from seqcls.profiles.optimize import check_engine, optimize_onnx
 from seqcls.quality.evalset import EvalSet
 from seqcls.quality.kept import kept_eval_set
 from seqcls.records import OUT_DIRS, serving_tokenizer, static_dir
@@ -229,8 +229,11 @@ def build_candidates(release: Release, out: Path, inputs: list[str]) -> tuple[li
         dst, t0 = out / CANDIDATE_DIR / f"{profile}.onnx", time.perf_counter()
         log.info("convert: auto — building candidate %s", profile)
         try:
-            reports[profile] = build_profile(release, out / MODEL_FILE, dst, profile, shape)
-            verify_onnx(dst, release.checkpoint.num_labels, inputs)
+            if profile in ENGINES:  # bf16: fp32's graph on another engine, nothing to build
+                reports[profile], dst = check_engine(out / MODEL_FILE, profile), out / MODEL_FILE
+            else:
+                reports[profile] = build_profile(release, out / MODEL_FILE, dst, profile, shape)
+                verify_onnx(dst, release.checkpoint.num_labels, inputs)
             trials.append(Trial(profile, dst, build_seconds=time.perf_counter() - t0))
         except ConversionError as exc:
             log.warning("convert: auto — candidate %s not built: %s", profile, exc)
@@ -248,7 +251,9 @@ def auto_profile(release: Release, out: Path, facts: dict[str, Any], es: EvalSet
     rules = Rules(cfg.min_decision_agreement, cfg.max_profile_f1_drop, cfg.near_margin, cfg.hierarchy)
     golden, _ = golden_texts(release.checkpoint)
     choice = measure_and_choose(trials, golden, es, answering(release), rules)
-    if choice.chosen != "fp32":
+    if choice.chosen in ENGINES:  # bf16 serves model.onnx on its engine
+        facts["optimize"] = reports[choice.chosen]
+    elif choice.chosen != "fp32":
         replace_file(out / CANDIDATE_DIR / f"{choice.chosen}.onnx", out / SERVED_FILE)
         facts["optimize"] = reports[choice.chosen]
         facts["served_file"] = f"{OUT_DIR}/{SERVED_FILE}"
@@ -319,6 +324,10 @@ def convert(release: Release) -> StepResult:
         )
         if cfg.profile == AUTO_PROFILE:
             msg += "; " + auto_profile(release, out, facts, es)
+        elif cfg.profile in ENGINES:  # bf16: model.onnx served by its engine; checked to compile and run here
+            log.info("convert: serving profile %s runs %s on %s", cfg.profile, MODEL_FILE, ENGINES[cfg.profile][0])
+            facts["optimize"] = check_engine(out / MODEL_FILE, cfg.profile)
+            msg += f"; profile {cfg.profile}: {MODEL_FILE} on {ENGINES[cfg.profile][0]} at {ENGINES[cfg.profile][1]}"
         elif cfg.profile != "fp32":
             log.info("convert: applying serving profile %s → %s", cfg.profile, SERVED_FILE)
             facts["optimize"] = build_profile(

@@ -104,7 +104,7 @@ def onnx_session(release: Release) -> tuple[Any, str, Tolerance]:
     """The ORT session on the served graph, the provider it really runs on, and its tolerance."""
     cfg = release.config
     providers = runtime.choose_providers(cfg.provider, cfg.require_gpu)
-    session = runtime.ort_session(served_onnx(release.workspace), providers)
+    session = runtime.session(served_onnx(release.workspace), providers, profile=effective_profile(release))
     ran = session.get_providers()[0]
     if providers[0] == "CUDAExecutionProvider" and ran != "CUDAExecutionProvider":
         msg = f"CUDAExecutionProvider was requested but ONNX Runtime fell back to {ran}"

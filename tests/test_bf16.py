@@ -1,0 +1,145 @@
+"""Profile ``bf16``: fp32's graph run by OpenVINO at bf16, on CPUs with AVX512-BF16 or AMX.
+
+Refusals without such a CPU, on Triton's native backend and without OpenVINO (named, before any
+export); then, where this CPU has bf16 arithmetic, the real thing: convert checks the engine, the
+parity gate judges decision agreement, a real Triton serves ``model.onnx`` through OpenVINO in
+``seqcls_model`` (answers equal to the gates' in-process engine, and not fp32's: the precision
+really is bf16), the quality gate scores it against fp32.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import seqcls_engine
+
+from seqcls.config import ReleaseConfig, host_refusal
+from seqcls.errors import ConversionError, InputError
+from seqcls.localtriton import LocalTriton
+from seqcls.settings import Settings
+from seqcls.workspace import open_release
+from tests.helpers.demo_models import quick_demo_model
+from tests.helpers.drills import Drill
+from tests.helpers.triton import settings_for
+
+DEMO_TEST = Path(__file__).resolve().parents[1] / "tools" / "seqcls_tools" / "demo" / "data" / "test.jsonl"
+
+HAS_BF16 = bool(set(seqcls_engine.cpu_flags()) & set(seqcls_engine.BF16_CPU_FLAGS))
+needs_bf16 = pytest.mark.skipif(not HAS_BF16, reason="this CPU has neither avx512_bf16 nor amx_bf16")
+TEXTS = ["公司宣布裁员", "球队决赛夺冠", "油价大幅上涨", "新品正式发布", "央行下调利率，市场反应平稳"]
+
+
+def _client(server: LocalTriton):
+    import tritonclient.grpc as grpcclient
+
+    return grpcclient.InferenceServerClient(url=server.config.grpc_url)
+
+
+def test_a_cpu_without_bf16_is_refused_naming_the_flags_and_the_alternatives() -> None:
+    msg = host_refusal("bf16", providers=("CPUExecutionProvider",), cpu_flags=frozenset({"avx2", "avx512f"}))
+    assert msg and "avx512_bf16" in msg and "amx_bf16" in msg and "int8 or fp32-fused" in msg
+    assert host_refusal("bf16", providers=("CPUExecutionProvider",), cpu_flags=frozenset({"amx_bf16"})) is None
+    assert host_refusal("bf16", device="cpu", runtime="python-onnxruntime") is None  # serving side: no CPU read
+    native = host_refusal("bf16", runtime="onnxruntime")
+    assert native and "SEQCLS_RUNTIME=python-onnxruntime" in native
+    assert host_refusal("int8", providers=("CPUExecutionProvider",), cpu_flags=frozenset()) is None
+
+
+def test_cpu_flags_are_read_from_the_flags_line(tmp_path: Path) -> None:
+    info = tmp_path / "cpuinfo"
+    info.write_text("processor\t: 0\nflags\t\t: fpu avx2 avx512_bf16\nbugs\t: x\n", encoding="utf-8")
+    assert seqcls_engine.cpu_flags(str(info)) == {"fpu", "avx2", "avx512_bf16"}
+    assert seqcls_engine.cpu_flags(str(tmp_path / "missing")) == frozenset()
+
+
+def test_convert_refuses_bf16_on_a_cpu_without_it(tiny_checkpoint: Path, home: Path) -> None:
+    from seqcls.profiles.optimize import check_engine
+
+    with pytest.raises(ConversionError, match="needs a CPU with amx_bf16 or avx512_bf16"):
+        check_engine(tiny_checkpoint / "missing.onnx", "bf16", cpu_flags=frozenset({"avx2"}))
+
+
+def test_preflight_refuses_bf16_before_export(
+    tiny_checkpoint: Path, home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from seqcls.gates.preflight import preflight
+
+    monkeypatch.setattr(seqcls_engine, "cpu_flags", lambda *a: frozenset({"avx2"}))
+    release = open_release(tiny_checkpoint, ReleaseConfig(profile="bf16"), Settings(home=home))
+    with pytest.raises(InputError, match="needs a CPU with"):
+        preflight(release, servers=())
+    assert not release.workspace.read()["steps"]
+    native = open_release(tiny_checkpoint, ReleaseConfig(profile="bf16"), Settings(home=home, runtime="onnxruntime"))
+    monkeypatch.setattr(seqcls_engine, "cpu_flags", lambda *a: frozenset({"amx_bf16"}))
+    with pytest.raises(InputError, match="native ONNX Runtime backend has no bf16 path"):
+        preflight(native, servers=())
+
+
+@pytest.mark.slow
+@pytest.mark.integration
+@needs_bf16
+def test_bf16_release_serves_openvino_bf16_answers_through_triton(
+    server: LocalTriton, tiny_checkpoint: Path, home: Path
+) -> None:
+    from seqcls.gates import runtime
+    from seqcls.steps.validate import serving_ids
+    from seqcls.serving import shipped
+    from seqcls.serving.repository import Repository
+    from seqcls.steps import run_release
+    from seqcls.steps.smoke import infer
+
+    settings = settings_for(server, home)
+    release = open_release(tiny_checkpoint, ReleaseConfig(profile="bf16"), settings)
+    results = {r.step: r for r in run_release(release)}
+    assert results["promote"].status == "ok"
+    convert = release.workspace.read()["steps"]["convert"]["summary"]
+    assert convert["optimize"]["engine"] == "openvino" and convert["optimize"]["precision"] == "bf16"
+    assert "served_file" not in convert  # bf16 serves fp32's model.onnx
+    expected = json.loads(release.workspace.path("parity/expected.json").read_text())
+    assert expected["gate"] == "agreement"
+    parity = json.loads(release.workspace.path("parity/report.json").read_text())
+    assert parity["provider"].startswith("OpenVINO CPU (bf16)")
+    served = Repository.from_settings(settings, "seqcls").root / "seqcls_model" / "1"
+    assert (served / "seqcls_engine.py").read_bytes() == Path(seqcls_engine.__file__).read_bytes()
+    assert (served / "model.onnx").read_bytes() == release.workspace.path("onnx/model.onnx").read_bytes()
+
+    _, probs = infer(_client(server), TEXTS)
+    ids = serving_ids(release, TEXTS)
+    sig = shipped.decide().sigmoid
+    onnx_file = release.workspace.path("onnx/model.onnx")
+    bf16 = runtime.session(onnx_file, ["CPUExecutionProvider"], profile="bf16")
+    fp32 = runtime.ort_session(onnx_file, ["CPUExecutionProvider"])
+    in_bf16 = np.concatenate([sig(runtime.ort_logits(bf16, [x])) for x in ids])
+    in_fp32 = np.concatenate([sig(runtime.ort_logits(fp32, [x])) for x in ids])
+    assert np.abs(probs - in_bf16).max() <= 1e-5, "Triton's bf16 answers are not the gates' engine's"
+    assert np.abs(probs - in_fp32).max() > 1e-5, "served answers equal fp32's: bf16 was not used"
+    # texts of one request are answered as each alone (as validated)
+    client = _client(server)
+    alone = np.concatenate([infer(client, [t])[1] for t in TEXTS])
+    assert np.array_equal(probs, alone)
+
+
+@pytest.mark.slow
+@pytest.mark.integration
+@needs_bf16
+def test_bf16_on_the_trained_demo_model_keeps_fp32s_labeled_f1(
+    drill: Drill, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """The quality gate scores bf16 against fp32 on the demo's labeled test split (the issue's bar: Δ
+    micro-F1 ≤ 0.002), with the same code that would refuse it."""
+    demo = quick_demo_model(tmp_path_factory).path
+    out = drill.cli(
+        "evaluate", "--checkpoint", str(demo), "--eval-set", str(DEMO_TEST), "--profile", "bf16",
+        "--max-profile-f1-drop", "0.002", "--json",
+    )  # fmt: skip
+    assert out.returncode in (0, 1), out.stderr[-2000:]
+    data = json.loads(out.stdout)
+    assert data["profile"] == "bf16" and data["fp32"] is not None
+    checks = [c for c in data["checks"] if c["rule"] == "max_profile_f1_drop"]
+    assert {c["metric"] for c in checks} == {"micro_f1", "macro_f1"}
+    drop = data["fp32"]["micro_f1"] - data["candidate"]["micro_f1"]
+    assert drop <= 0.002 and all(c["passed"] for c in checks), (drop, data["failures"])
+    assert "OpenVINO" in out.stderr or "bf16" in out.stderr
