@@ -11,7 +11,8 @@ trained model and its labeled eval set (by default the demo model and its held-o
   the seed's Gradio app does by default;
 - **Triton, no dynamic batching** and **Triton, dynamic batching** (requests merged, padded to the
   longest, 1 ms queue delay): the seed's two server rows, fp32;
-- **seqcls's CPU default** for each profile (``fp32``, ``fp32-fused``, ``int8``).
+- **seqcls's CPU default** for each profile (``fp32``, ``fp32-fused``, ``int8``, and ``bf16`` on a CPU with
+  AVX512-BF16 or AMX: left out, with the reason, elsewhere).
 
 Every Triton row is a release of the checkpoint through the real gates (export → convert →
 validate), served on a fresh local Triton by the library's serving steps (publish → reload →
@@ -51,6 +52,10 @@ log = logging.getLogger("seqcls_tools.bench.seed_table")
 
 DEMO_TEST_SET = Path(__file__).resolve().parents[1] / "demo" / "data" / "test.jsonl"
 FRAMEWORK = "framework directly"
+#: The classic server row (Triton, one request per run): the "× classic" column's reference.
+CLASSIC_ROW = "Triton, no dynamic batching"
+#: The exact seqcls row: the reference of a reduced-precision row's labeled drop.
+FP32_ROW = "seqcls fp32"
 #: The seed's A10 figures (input length 128, batch 8): P95 ms, QPS, GPU memory GB.
 SEED = {
     FRAMEWORK: (210, 38, 3.4),
@@ -71,7 +76,7 @@ class Row:
 
 ROWS = (
     Row(
-        "Triton, no dynamic batching",
+        CLASSIC_ROW,
         "fp32",
         ServingOptions(dynamic_batching=False),
         "fp32, one request per ONNX Runtime run",
@@ -82,10 +87,26 @@ ROWS = (
         ServingOptions(dynamic_batching=True, batching="pad-to-longest", max_queue_delay_us=1000),
         "fp32, requests merged into one run, padded to the longest (1 ms queue delay, as the seed)",
     ),
-    Row("seqcls fp32", "fp32", ServingOptions(), "seqcls's CPU default: every text at its own length"),
+    Row(FP32_ROW, "fp32", ServingOptions(), "seqcls's CPU default: every text at its own length"),
     Row("seqcls fp32-fused", "fp32-fused", ServingOptions(), "the same, ORT's transformer fusions"),
     Row("seqcls int8", "int8", ServingOptions(), "the same, int8 dynamic quantisation"),
+    Row("seqcls bf16", "bf16", ServingOptions(), "the same, fp32's graph on OpenVINO at bf16 (AVX512-BF16 / AMX)"),
 )
+
+
+def host_rows() -> tuple[tuple[Row, ...], dict[str, str]]:
+    """The rows this host can serve, and why the others are left out (bf16 without a bf16 CPU)."""
+    from seqcls.config import host_refusal
+
+    rows, skipped = [], {}
+    for row in ROWS:
+        refusal = host_refusal(row.profile, providers=("CPUExecutionProvider",), runtime=row.options.runtime)
+        if refusal:
+            skipped[row.name] = refusal
+            log.warning("seed table: %s left out: %s", row.name, refusal)
+        else:
+            rows.append(row)
+    return tuple(rows), skipped
 
 
 def _summary(latencies_ms: Sequence[float], texts: int, seconds: float, failed: int) -> dict[str, Any]:
@@ -336,7 +357,8 @@ def run(checkpoint: Path, eval_set: Path, work: Path, *, clients: int = 8, secon
         "releases": {},
         "rows": {},
     }
-    for profile in dict.fromkeys(r.profile for r in ROWS):
+    rows, results["skipped"] = host_rows()
+    for profile in dict.fromkeys(r.profile for r in rows):
         t0 = time.perf_counter()
         steps = run_release(bench_release(checkpoint, profile, bench_settings(home)), until="validate")
         results["releases"][profile] = {
@@ -344,7 +366,7 @@ def run(checkpoint: Path, eval_set: Path, work: Path, *, clients: int = 8, secon
             "seconds": round(time.perf_counter() - t0, 1),
         }
     fp32 = None
-    for i, row in enumerate(ROWS):
+    for i, row in enumerate(rows):
         log.info("seed table: %s (%s), %d clients, %.0f s", row.name, row.what, clients, seconds)
         entry, release, graph = triton_row(
             row, i, checkpoint, home, work, texts, gold, clients=clients, seconds=seconds
@@ -393,19 +415,27 @@ def table(results: dict[str, Any]) -> str:
     lines = [
         conditions_line(results),
         "",
-        "| configuration | micro-F1 | macro-F1 | Δ micro-F1 vs framework | label sets ≠ framework "
-        "| P95 ms | QPS | memory (RSS) | seed (A10): P95 ms / QPS / GPU memory |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---|",
+        "| configuration | micro-F1 | macro-F1 | Δ micro-F1 vs framework | Δ micro-F1 vs seqcls fp32 "
+        "| label sets ≠ framework | P95 ms | QPS | QPS × classic | memory (RSS) "
+        "| seed (A10): P95 ms / QPS / GPU memory |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     n = results["eval_set"]["texts"]
-    for name, e in results["rows"].items():
+    rows = results["rows"]
+    classic = (rows.get(CLASSIC_ROW) or {}).get("qps")
+    fp32 = (rows.get(FP32_ROW) or {}).get("scores", {}).get("micro_f1")
+    for name, e in rows.items():
         seed = SEED.get(name)
+        vs_fp32 = f"{e['scores']['micro_f1'] - fp32:+.4f}" if fp32 is not None else "—"
+        times = f"{e['qps'] / classic:.2f}×" if classic else "—"
         lines.append(
             f"| {name} | {e['scores']['micro_f1']:.4f} | {e['scores']['macro_f1']:.4f} | "
-            f"{e['delta_micro_f1_vs_framework']:+.4f} | {e['differing_from_framework']}/{n} | "
-            f"{e['p95_ms']} | {e['qps']} | {e['memory_mb'] / 1000:.2f} GB | "
+            f"{e['delta_micro_f1_vs_framework']:+.4f} | {vs_fp32} | {e['differing_from_framework']}/{n} | "
+            f"{e['p95_ms']} | {e['qps']} | {times} | {e['memory_mb'] / 1000:.2f} GB | "
             f"{f'{seed[0]} / {seed[1]} / {seed[2]} GB' if seed else '—'} |"
         )
+    for name, why in results.get("skipped", {}).items():
+        lines.append(f"| {name} | left out: {why} ||||||||||")
     lines += ["", "The same rows scored offline by the quality gate (the published graph, in process):", ""]
     for name, e in results["rows"].items():
         if "offline_scores" in e:
