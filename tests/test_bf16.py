@@ -85,11 +85,11 @@ def test_bf16_release_serves_openvino_bf16_answers_through_triton(
     server: LocalTriton, tiny_checkpoint: Path, home: Path
 ) -> None:
     from seqcls.gates import runtime
-    from seqcls.steps.validate import serving_ids
     from seqcls.serving import shipped
     from seqcls.serving.repository import Repository
     from seqcls.steps import run_release
     from seqcls.steps.smoke import infer
+    from seqcls.steps.validate import serving_ids
 
     settings = settings_for(server, home)
     release = open_release(tiny_checkpoint, ReleaseConfig(profile="bf16"), settings)
@@ -143,3 +143,23 @@ def test_bf16_on_the_trained_demo_model_keeps_fp32s_labeled_f1(
     drop = data["fp32"]["micro_f1"] - data["candidate"]["micro_f1"]
     assert drop <= 0.002 and all(c["passed"] for c in checks), (drop, data["failures"])
     assert "OpenVINO" in out.stderr or "bf16" in out.stderr
+
+
+@pytest.mark.slow
+@needs_bf16
+def test_registered_bf16_model_runs_openvino_in_the_mlflow_pyfunc(tiny_checkpoint: Path, home: Path) -> None:
+    import mlflow.pyfunc
+
+    from seqcls.records import Expected, Registered
+    from seqcls.steps import run_release
+
+    release = open_release(tiny_checkpoint, ReleaseConfig(profile="bf16"), Settings.from_env())
+    for _ in run_release(release, until="register"):
+        pass
+    reg, expected = Registered.load(release.workspace), Expected.load(release.workspace)
+    model = mlflow.pyfunc.load_model(f"models:/seqcls/{reg.version}")
+    assert model.unwrap_python_model().session.get_providers() == ["OpenVINO CPU (bf16)"]
+    rows = model.predict([item.text for item in expected.items]).to_dict("records")
+    for row, item in zip(rows, expected.items, strict=True):  # the validated (served) bf16 answers
+        assert list(row["labels"]) == item.labels, item.text
+        np.testing.assert_allclose(row["probabilities"], item.probabilities, atol=1e-5, err_msg=item.text)

@@ -42,7 +42,9 @@ class OpenVINOSession:
 
         core = ov.Core()
         model = core.read_model(str(path))
-        config = {"PERFORMANCE_HINT": "LATENCY", "INFERENCE_PRECISION_HINT": precision}
+        # no CPU pinning: Triton's other stubs and a second instance share these cores (two single-thread
+        # instances with OpenVINO's default pinning were measured at half the rate of unpinned ones)
+        config = {"PERFORMANCE_HINT": "LATENCY", "INFERENCE_PRECISION_HINT": precision, "ENABLE_CPU_PINNING": False}
         if int(threads) > 0:
             config["INFERENCE_NUM_THREADS"] = int(threads)
         self.compiled = core.compile_model(model, "CPU", config)
@@ -54,7 +56,7 @@ class OpenVINOSession:
                 f"{' / '.join(BF16_CPU_FLAGS)}"
             )
         self._inputs = [_Arg(p) for p in self.compiled.inputs]
-        self._outputs = [_Arg(p, r) for p, r in zip(self.compiled.outputs, model.get_results())]
+        self._outputs = [_Arg(p, r) for p, r in zip(self.compiled.outputs, model.get_results(), strict=True)]
         self._request = self.compiled.create_infer_request()
         self._lock = threading.Lock()  # one infer request: callers on several threads take turns
 
@@ -73,7 +75,7 @@ class OpenVINOSession:
 
         names = [o.name for o in self._outputs] if output_names is None else list(output_names)
         index = [next((i for i, o in enumerate(self._outputs) if n in o.names), None) for n in names]
-        missing = [n for n, i in zip(names, index) if i is None]
+        missing = [n for n, i in zip(names, index, strict=True) if i is None]
         if missing:
             raise ValueError(f"no output named {missing}; the graph's outputs are {[o.name for o in self._outputs]}")
         with self._lock:

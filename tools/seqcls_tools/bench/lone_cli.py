@@ -86,7 +86,11 @@ def run(
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--checkpoint", type=Path, help="a trained checkpoint (default: train the quick demo model)")
-    parser.add_argument("--profiles", default="fp32", help="comma-separated: fp32, fp32-fused, int8")
+    parser.add_argument(
+        "--profiles",
+        default="fp32",
+        help="comma-separated: fp32, fp32-fused, int8, bf16 (on a CPU with bf16 arithmetic)",
+    )
     parser.add_argument("--requests", type=int, default=300, help="sequential single-text requests per profile")
     parser.add_argument("--no-direct", action="store_true", help="skip the direct layout beside the ensemble")
     parser.add_argument("--clients", type=int, default=8, help="concurrent clients of the layouts' load run")

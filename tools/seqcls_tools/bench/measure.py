@@ -287,8 +287,17 @@ def drive(
 # ----------------------------------------------------------------------------- in process
 
 
-def ort_sessions(model_file: Path, *, workers: int, intra_op_threads: int, graph_level: str) -> list:
+def ort_sessions(
+    model_file: Path, *, workers: int, intra_op_threads: int, graph_level: str, profile: str = "fp32"
+) -> list:
+    """One session per worker, as ``seqcls_model`` opens it: ONNX Runtime, or ``profile``'s engine (bf16)."""
     import onnxruntime as ort
+
+    from seqcls.serving import shipped
+
+    engine = shipped.engine()
+    if profile in engine.ENGINES:
+        return [engine.session(model_file, profile, intra_op_threads) for _ in range(workers)]
 
     levels = {
         "disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,

@@ -57,7 +57,7 @@ class BenchServer:
 
 
 def _inprocess(release, config: ServingConfig, texts: list[str], budget: Budget) -> dict[str, Any]:
-    from seqcls.records import served_onnx
+    from seqcls.records import effective_profile, served_onnx
     from seqcls.serving import shipped
 
     o = config.options
@@ -67,6 +67,7 @@ def _inprocess(release, config: ServingConfig, texts: list[str], budget: Budget)
         workers=workers,
         intra_op_threads=o.intra_op_threads,
         graph_level=o.graph_optimization_level,
+        profile=effective_profile(release),
     )
     text_mod = shipped.text()
     tok = text_mod.build_tokenizer(
@@ -98,7 +99,7 @@ def _inprocess(release, config: ServingConfig, texts: list[str], budget: Budget)
 def inprocess_steps(release, options: ServingOptions) -> dict[str, Any]:
     """A lone text's work in process, step by step (:func:`.lone.time_steps`): the release's serving
     tokenizer, its served model in a session of the served thread layout, sigmoid + decide."""
-    from seqcls.records import served_onnx, serving_tokenizer
+    from seqcls.records import effective_profile, served_onnx, serving_tokenizer
     from seqcls.serving import shipped
 
     text_mod, decide_mod = shipped.text(), shipped.decide()
@@ -107,6 +108,7 @@ def inprocess_steps(release, options: ServingOptions) -> dict[str, Any]:
         workers=1,
         intra_op_threads=options.intra_op_threads,
         graph_level=options.graph_optimization_level,
+        profile=effective_profile(release),
     )
     serving = serving_tokenizer(release)
     max_length = release.config.max_length
