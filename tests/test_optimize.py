@@ -385,3 +385,27 @@ def test_fp16_graph_keeps_the_contract_and_the_head_fp32(tiny_onnx, tmp_path: Pa
     assert len(head) == 2 and all(weights[n.input[1]] == onnx.TensorProto.FLOAT for n in head)
     assert 0 < facts["self_check"]["logits_max_abs_diff"] < 0.05  # fp16 weights: close, not equal
     assert out.stat().st_size < model.stat().st_size * 0.75
+
+
+def test_fusion_does_not_depend_on_ort_transformers_staying_on_sys_path(
+    tiny_onnx, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``onnxruntime.transformers`` appends its own directory to ``sys.path`` once, at first import, and its
+    optimizer imports ``fusion_options`` & co. by their top-level names. A host that restores ``sys.path``
+    afterwards (pytest's monkeypatch, an app sandboxing imports) removed it: the next fusion failed with
+    ``No module named 'fusion_options'`` (a CI run, after a test that restored ``sys.path``)."""
+    import sys
+
+    import onnxruntime.transformers as ort_transformers
+
+    from seqcls.profiles.optimize import optimize_onnx
+
+    here = str(Path(ort_transformers.__file__).parent)
+    for name, module in list(sys.modules.items()):  # as if only the package had been imported so far
+        origin = str(getattr(module, "__file__", "") or "")
+        if name.startswith("onnxruntime.transformers.") or (origin.startswith(here) and "." not in name):
+            monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p != here])
+    _, model = tiny_onnx
+    report = optimize_onnx(model, tmp_path / "fused.onnx", "fp32-fused", num_heads=2, hidden_size=32)
+    assert report["attention_fused"] == 2

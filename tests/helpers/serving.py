@@ -94,7 +94,7 @@ def load(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     """``load(role, source, **release)`` → an initialized TritonPythonModel from a fresh version dir."""
     monkeypatch.setitem(sys.modules, "triton_python_backend_utils", fake_pb_utils())
     monkeypatch.setattr(sys, "path", list(sys.path))
-    for name in ("seqcls_text", "seqcls_decide", "seqcls_backend"):  # the copies beside model.py
+    for name in ("seqcls_text", "seqcls_decide", "seqcls_backend", "seqcls_engine"):  # the copies beside model.py
         monkeypatch.delitem(sys.modules, name, raising=False)
     Logger.errors = []
 
@@ -102,7 +102,7 @@ def load(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
         version = tmp_path / role / "1"
         version.mkdir(parents=True)
         shutil.copy(SOURCE / role / source, version / "model.py")
-        for common in ("seqcls_contract", "seqcls_text", "seqcls_decide", "seqcls_backend"):
+        for common in ("seqcls_contract", "seqcls_text", "seqcls_decide", "seqcls_backend", "seqcls_engine"):
             shutil.copy(SOURCE / "common" / f"{common}.py", version / f"{common}.py")
         (version / "vocab.txt").write_text("\n".join(VOCAB) + "\n", encoding="utf-8")
         info = {"labels": LABELS, "thresholds": [0.5] * len(LABELS), "max_length": 8, "pad_id": 0, **release}

@@ -302,11 +302,26 @@ def prepare_for_fusion(model, *, num_heads: int, hidden_size: int) -> dict[str, 
 # ----------------------------------------------------------------------------- fusion
 
 
+def _ort_transformers_on_path() -> None:
+    """Put ``onnxruntime/transformers`` back on ``sys.path`` if it is gone: the package appends it once, at
+    first import, and its modules import each other by top-level names (``fusion_options``), so a host that
+    restored ``sys.path`` since (pytest's monkeypatch, an app sandboxing imports) broke the fusion."""
+    import sys
+    from pathlib import Path
+
+    import onnxruntime.transformers as ort_transformers
+
+    here = str(Path(ort_transformers.__file__).parent)
+    if here not in sys.path:
+        sys.path.append(here)
+
+
 def fuse_bert(model, *, num_heads: int, hidden_size: int):
     """ORT's BERT fusions (Python only, CPU target, raw 2-D attention mask) → (optimizer, stats).
 
     Save with ``optimizer.save_model_to_file`` (it adds the ``com.microsoft`` opset import).
     """
+    _ort_transformers_on_path()
     from onnxruntime.transformers.fusion_options import FusionOptions
     from onnxruntime.transformers.optimizer import optimize_model
 
