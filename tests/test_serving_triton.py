@@ -92,7 +92,10 @@ def _settled(read: Callable[[], T], done: Callable[[T], bool] | None = None, tim
 def _assert_lone_requests_are_not_held(server: LocalTriton) -> None:
     """A request that arrives alone is dispatched at once by every composing model's batcher: on CPU
     merging happens while the one instance is busy, so a queue delay only adds latency (it was 1 ms per
-    model, 14 % of a lone request on the medium model). Triton's own queue statistics, not a timer."""
+    model, 14 % of a lone request on the medium model). Triton's own queue statistics, not a timer,
+    read per request: a configured delay holds *every* lone request for its full length, while a busy
+    machine only delays some (a CI run's mean over 20 was 1.0 ms from a few stalls), so the judged
+    figure is the lower quartile of the 20 waits."""
     client = _client(server)
 
     def queued() -> dict[str, tuple[int, int]]:
@@ -102,13 +105,17 @@ def _assert_lone_requests_are_not_held(server: LocalTriton) -> None:
             out[name] = (st.inference_stats.queue.count, st.inference_stats.queue.ns)
         return out
 
+    waits_us: dict[str, list[float]] = {n: [] for n in COMPOSING}
     before = _settled(queued)
     for _ in range(20):
         infer(client, ["公司宣布裁员"])
-    after = _settled(queued, lambda now: all(now[n][0] - before[n][0] >= 20 for n in COMPOSING))
-    mean_us = {n: (after[n][1] - before[n][1]) / max(after[n][0] - before[n][0], 1) / 1e3 for n in COMPOSING}
-    assert all(after[n][0] - before[n][0] == 20 for n in COMPOSING), (before, after)
-    assert max(mean_us.values()) < 500, f"lone requests waited in the batchers' queues (µs): {mean_us}"
+        after = _settled(queued, lambda now, b=before: all(now[n][0] - b[n][0] >= 1 for n in COMPOSING))
+        assert all(after[n][0] - before[n][0] == 1 for n in COMPOSING), (before, after)
+        for n in COMPOSING:
+            waits_us[n].append((after[n][1] - before[n][1]) / 1e3)
+        before = after
+    quartile = {n: sorted(w)[len(w) // 4] for n, w in waits_us.items()}
+    assert max(quartile.values()) < 500, f"lone requests waited in the batchers' queues (µs): {waits_us}"
 
 
 def _assert_requests_of_different_lengths_share_runs(server: LocalTriton) -> None:
