@@ -107,10 +107,12 @@ bench: setup-perf
 # pytest-xdist workers (0: one process). A test spends most of its time in one single-threaded Python
 # process (a CLI, an Airflow task, a Triton stub), so one worker leaves the second core idle. Each
 # worker takes whole files (module-scoped servers stay shared), longest first (tests/conftest.py).
+# --max-worker-restart=0: a worker that dies ends the run naming its test; pytest-xdist 3.8 replacing it
+# under --dist loadfile can wait forever (pytest-xdist#1327; a fresh-clone run hung that way).
 PYTEST_WORKERS ?= 2
 test: setup-torch setup-perf
 	$(VENV)/bin/ruff check .
-	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=40 $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder --max-worker-restart=0 --durations=40 $(PYTEST_ARGS)
 
 lint: setup
 	$(VENV)/bin/ruff check .
