@@ -20,7 +20,7 @@ step; every step is idempotent, so re-running a run or a task redoes only what i
   its published files) on the same labeled eval set (`eval_set`, else the checkpoint's own
   `test`/`dev` file); refuses a candidate below a floor or worse than the champion beyond the
   rules (`max_f1_drop`, per level, per label; `max_profile_f1_drop` vs fp32). Evidence:
-  `quality/evaluation.json`, `bad_cases.tsv`, `labels.png`, the MLflow run (`seqcls.quality`)
+  `quality/evaluation.json`, `bad_cases.tsv`, `labels.png`, the MLflow run (`seqcls.gates`)
 - `register_model` — MLflow model version + alias `candidate` (extra link *MLflow model version*)
 - `publish_repository` — new immutable Triton version N of the four models; nothing live changes
 - `reload_triton` — every Triton endpoint loads N beside the served version as the *candidate*
@@ -84,7 +84,7 @@ release lease (a record next to the model repository, shared by every worker tha
 this DAG run; its later tasks re-enter it, another run of another checkpoint waits for it (then
 fails naming the holder). `max_active_runs=1` additionally queues this DAG's runs behind each
 other; each model has its own DAG, so alpha and beta release at the same time onto one Triton,
-each under its own Triton names (`seqcls.serving.names`).
+each under its own Triton names (`seqcls.contract.names`).
 
 **Heavy steps elsewhere** — `SEQCLS_PADDLE_PYTHON` at parse time: export/convert/validate run
 through `@task.external_python` in that interpreter (seqcls must be installed there; Airflow

@@ -51,7 +51,7 @@ RUN pip install --no-cache-dir --no-deps /opt/seqcls/wheels/seqcls-*.whl \
 # The Triton model repository template the publish step copies from: config templates and model.py
 # files (the package's default is the source tree's model_repository/, which an installed wheel does
 # not have). Its common/ is the same bytes as the wheel's serving modules (one build context); a
-# differing copy would be refused (seqcls.serving.shipped).
+# differing copy would be refused (seqcls.contract.shipped).
 COPY --chown=airflow:0 model_repository/ ./model_repository/
 # dags/ is not baked in: the compose file bind-mounts ./dags onto /opt/seqcls/dags (the Kubernetes
 # image, deploy/kubernetes/airflow.Dockerfile, copies it there). /opt/seqcls/plugins is an empty

@@ -94,7 +94,7 @@ def open_workspace(args: argparse.Namespace, params: dict):
     from seqcls.airflow.context import config_from_params, settings_from_params
     from seqcls.airflow.models_file import release_models
     from seqcls.airflow.roots import locate_checkpoint
-    from seqcls.workspace import open_release
+    from seqcls.release.intake import open_release
 
     spec = next((s for s in release_models(ROOT / "dags") if s.dag_id == DAG_ID), None)
     settings = settings_from_params(params, checkpoints_root=spec.checkpoints_root if spec else "")

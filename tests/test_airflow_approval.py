@@ -224,7 +224,7 @@ class Stack:
         return self.wait(f"run {run_id} to finish", finished, 180), self.states(run_id)
 
     def status(self):
-        from seqcls.status import model_status
+        from seqcls.ops.status import model_status
 
         return model_status(self.settings, MODEL)
 
@@ -247,8 +247,8 @@ def stack(
 ):
     from seqcls.config import ReleaseConfig
     from seqcls.localtriton import free_ports
+    from seqcls.release.intake import open_release
     from seqcls.steps import run_release
-    from seqcls.workspace import open_release
     from seqcls_tools.demo.stack import AirflowStack
     from tests.helpers.triton import settings_for, start_triton
 
@@ -303,7 +303,7 @@ def stack(
 
 
 def _evaluation(workspace: Path) -> dict:
-    from seqcls.records import EVALUATION
+    from seqcls.release.records import EVALUATION
 
     return json.loads((workspace / EVALUATION).read_text(encoding="utf-8"))
 

@@ -69,8 +69,8 @@ def test_a_checkpoint_must_resolve_under_the_model_root(tmp_path: Path) -> None:
     """Issue 13: whoever triggers a run picks a checkpoint *under* the deployment's root, never any path."""
     from seqcls.airflow.context import config_from_params, settings_from_params
     from seqcls.airflow.roots import LATEST, locate_checkpoint
-    from seqcls.checkpoints.completion import mark_complete
     from seqcls.errors import InputError
+    from seqcls.release.completion import mark_complete
     from tests.helpers.checkpoints import minimal_checkpoint
 
     root = (tmp_path / "root").resolve()
@@ -302,7 +302,7 @@ def test_release_skip_then_smoke_failure_rolls_back(
     capfd: pytest.CaptureFixture[str],
     json_receiver,
 ) -> None:
-    from seqcls.serving.names import ENSEMBLE, MODELS
+    from seqcls.contract.names import ENSEMBLE, MODELS
     from seqcls.serving.repository import Repository
     from seqcls.settings import PROJECT_ROOT, Settings
 
@@ -324,7 +324,7 @@ def test_release_skip_then_smoke_failure_rolls_back(
     settings = Settings.from_env(triton_repository=triton.config.repository)
     assert Repository.from_settings(settings, "seqcls").serving_version() == 1
     champion = champion_version()
-    from seqcls.checkpoints.resolve import resolve_checkpoint
+    from seqcls.release.intake import resolve_checkpoint
 
     fp_a = resolve_checkpoint(ckpt_a).fingerprint
     assert champion is not None and int(champion.version) == 1 and champion.tags["fingerprint"] == fp_a
@@ -538,7 +538,7 @@ def test_a_transformers_checkpoint_releases_through_the_same_dag(
 ) -> None:
     """Issue 15: Hugging Face DeBERTa-v2 and BERT go through the unchanged DAG and contract — no
     framework param; the task logs say what was detected and exported."""
-    from seqcls.serving.names import MODELS
+    from seqcls.contract.names import MODELS
 
     root = tmp_path / "checkpoints"
     shutil.copytree(hf_checkpoints_src[arch], root / f"{arch}-run")

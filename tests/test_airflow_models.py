@@ -546,8 +546,8 @@ def test_alpha_and_beta_release_concurrently_through_airflow(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from seqcls.checkpoints.resolve import resolve_checkpoint
-    from seqcls.serving.names import CLASSIC, names_for
+    from seqcls.contract.names import CLASSIC, names_for
+    from seqcls.release.intake import resolve_checkpoint
 
     # alpha's checkpoints under $SEQCLS_CHECKPOINTS_ROOT/alpha (the default), beta's in a root of its own
     roots = {"alpha": tmp_path / "checkpoints" / "alpha", "beta": tmp_path / "beta-checkpoints"}

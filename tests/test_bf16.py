@@ -19,8 +19,8 @@ import seqcls_engine
 from seqcls.config import ReleaseConfig, host_refusal
 from seqcls.errors import ConversionError, InputError
 from seqcls.localtriton import LocalTriton
+from seqcls.release.intake import open_release
 from seqcls.settings import Settings
-from seqcls.workspace import open_release
 from tests.helpers.demo_models import quick_demo_model
 from tests.helpers.drills import Drill
 from tests.helpers.triton import settings_for
@@ -65,7 +65,7 @@ def test_convert_refuses_bf16_on_a_cpu_without_it(tiny_checkpoint: Path, home: P
 def test_preflight_refuses_bf16_before_export(
     tiny_checkpoint: Path, home: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from seqcls.gates.preflight import preflight
+    from seqcls.steps.preflight import preflight
 
     monkeypatch.setattr(seqcls_engine, "cpu_flags", lambda *a: frozenset({"avx2"}))
     release = open_release(tiny_checkpoint, ReleaseConfig(profile="bf16"), Settings(home=home))
@@ -84,8 +84,7 @@ def test_preflight_refuses_bf16_before_export(
 def test_bf16_release_serves_openvino_bf16_answers_through_triton(
     server: LocalTriton, tiny_checkpoint: Path, home: Path
 ) -> None:
-    from seqcls.gates import runtime
-    from seqcls.serving import shipped
+    from seqcls.contract import runtime, shipped
     from seqcls.serving.repository import Repository
     from seqcls.steps import run_release
     from seqcls.steps.smoke import infer
@@ -150,7 +149,7 @@ def test_bf16_on_the_trained_demo_model_keeps_fp32s_labeled_f1(
 def test_registered_bf16_model_runs_openvino_in_the_mlflow_pyfunc(tiny_checkpoint: Path, home: Path) -> None:
     import mlflow.pyfunc
 
-    from seqcls.records import Expected, Registered
+    from seqcls.release.records import Expected, Registered
     from seqcls.steps import run_release
 
     release = open_release(tiny_checkpoint, ReleaseConfig(profile="bf16"), Settings.from_env())

@@ -6,7 +6,7 @@ from __future__ import annotations
 import sys
 import unicodedata
 
-from seqcls.serving import shipped
+from seqcls.contract import shipped
 
 
 def _reference_class(predicate) -> str:

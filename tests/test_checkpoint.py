@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from seqcls.checkpoints.completion import find_latest, mark_complete, read_marker
-from seqcls.checkpoints.resolve import directory_fingerprint, resolve_checkpoint
 from seqcls.errors import CheckpointError
+from seqcls.release.completion import find_latest, mark_complete, read_marker
+from seqcls.release.intake import directory_fingerprint, resolve_checkpoint
 
 pytestmark = pytest.mark.slow  # the session fixture builds a real (tiny) paddle checkpoint
 

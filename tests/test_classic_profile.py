@@ -14,12 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from seqcls.serving.names import TOKENIZER
+from seqcls.contract.names import TOKENIZER
+from seqcls.release.intake import open_release
 from seqcls.serving.repository import RELEASE_FILE, ServingOptions
 from seqcls.settings import Settings
 from seqcls.steps import run_release
 from seqcls.steps.publish import publish
-from seqcls.workspace import open_release
 
 pytestmark = pytest.mark.slow
 

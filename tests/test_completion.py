@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from seqcls.checkpoints.completion import MARKER_FILE, find_latest, mark_complete, read_marker
-from seqcls.checkpoints.resolve import directory_fingerprint, resolve_checkpoint
 from seqcls.errors import CheckpointError, InputError
+from seqcls.release.completion import MARKER_FILE, find_latest, mark_complete, read_marker
+from seqcls.release.intake import directory_fingerprint, resolve_checkpoint
 from tests.helpers.checkpoints import minimal_checkpoint
 
 T0 = datetime(2025, 1, 31, 12, 0, tzinfo=UTC)
@@ -85,7 +85,7 @@ def test_a_directory_without_a_marker_is_skipped_and_logged(tmp_path: Path, capl
     mark_complete(done, completed_at=T0)
     _age(done)
     minimal_checkpoint(root / "run-2-still-writing", seed=3)  # newest files, no marker
-    with caplog.at_level(logging.INFO, logger="seqcls.checkpoints.completion"):
+    with caplog.at_level(logging.INFO, logger="seqcls.release.completion"):
         assert find_latest(root) == done
     assert f"skipped 1 of 2 directories under {root} without {MARKER_FILE}" in caplog.text
     assert "run-2-still-writing" in caplog.text

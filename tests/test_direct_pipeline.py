@@ -15,8 +15,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from seqcls.contract.names import CLASSIC
 from seqcls.errors import InputError, ServingError
-from seqcls.serving.names import CLASSIC
 from seqcls.serving.repository import ServingOptions, check_configs, render_config
 from seqcls.settings import PROJECT_ROOT, Settings
 
@@ -105,12 +105,12 @@ def test_direct_release_serves_the_ensembles_answers_in_one_model_and_rolls_back
     import tritonclient.grpc as grpcclient
     from tritonclient.utils import InferenceServerException
 
+    from seqcls.ops.status import model_status
+    from seqcls.ops.sync import sync
+    from seqcls.release.intake import open_release
     from seqcls.serving.repository import Repository
-    from seqcls.status import model_status
     from seqcls.steps import run_release
     from seqcls.steps.rollback import rollback_model
-    from seqcls.sync import sync
-    from seqcls.workspace import open_release
     from tests.helpers.triton import settings_for
 
     settings = settings_for(server, home)
@@ -257,8 +257,8 @@ def test_the_steps_inside_a_direct_version_are_the_bytes_hashed_at_publish(
 def test_preflight_refuses_the_direct_pipeline_on_the_native_runtime_before_export(
     tiny_checkpoint: Path, home: Path
 ) -> None:
-    from seqcls.gates.preflight import preflight
-    from seqcls.workspace import open_release
+    from seqcls.release.intake import open_release
+    from seqcls.steps.preflight import preflight
 
     settings = Settings(home=home, runtime="onnxruntime", serving_pipeline="direct")
     release = open_release(tiny_checkpoint, settings=settings)

@@ -26,15 +26,15 @@ from pathlib import Path
 
 import pytest
 
+from seqcls.contract.names import ENSEMBLE
 from seqcls.errors import SeqclsError, ServingError
 from seqcls.localtriton import LocalTriton
-from seqcls.serving.names import ENSEMBLE
+from seqcls.ops.status import status
+from seqcls.ops.sync import sync
+from seqcls.release.intake import open_release
 from seqcls.serving.state import current_state
 from seqcls.settings import PROJECT_ROOT, Settings
-from seqcls.status import status
 from seqcls.steps import run_release
-from seqcls.sync import sync
-from seqcls.workspace import open_release
 from tests.helpers.drills import RECORD, Drill, MlflowServer, champion, timed_sync, when, write_record
 from tests.helpers.triton import start_triton
 
@@ -139,7 +139,7 @@ def test_two_releases_racing_are_serialised_by_the_lease(
 
 
 def test_a_second_release_waiting_too_long_names_the_holder(drill: Drill, tiny_checkpoint_src, tiny_checkpoint_b_src):
-    from seqcls.serving.control import LeaseContext, lease_context
+    from seqcls.release.control import LeaseContext, lease_context
     from seqcls.serving.lease import ReleaseLease
 
     drill.release(tiny_checkpoint_src)
@@ -319,7 +319,7 @@ def test_unpinned_clients_never_see_an_unsmoked_model(
 ):
     """A release whose postprocess answers wrong: smoke fails on the candidate route, rollback;
     an unpinned client loop running through it sees only the served version's answers."""
-    from seqcls.records import Expected
+    from seqcls.release.records import Expected
     from seqcls.serving.client import TritonOps, endpoints_from_settings
 
     results = {r.step: r for r in drill.release(tiny_checkpoint_src)}

@@ -18,8 +18,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from seqcls.serving import shipped
-from seqcls.serving.names import COMPOSING, names_for
+from seqcls.contract import shipped
+from seqcls.contract.names import COMPOSING, names_for
 
 TRICKY = [
     "",
@@ -104,9 +104,9 @@ def test_composing_models_load_at_the_same_time() -> None:
 @pytest.mark.slow
 @pytest.mark.integration
 def test_a_release_loads_each_composing_version_once(server, tiny_checkpoint: Path, tiny_checkpoint_b: Path, home):
+    from seqcls.release.intake import open_release
     from seqcls.serving.repository import Repository
     from seqcls.steps import run_release
-    from seqcls.workspace import open_release
     from tests.helpers.triton import settings_for
 
     settings = settings_for(server, home)

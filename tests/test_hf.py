@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from seqcls.checkpoints.resolve import resolve_checkpoint
 from seqcls.errors import CheckpointError, GateError
 from seqcls.frameworks import TRANSFORMERS, for_checkpoint
 from seqcls.localtriton import LocalTriton
+from seqcls.release.intake import resolve_checkpoint
 from tests.helpers.triton import module_triton
 
 pytest.importorskip("torch", reason="the torch extra (make setup-torch) is not installed")
@@ -122,7 +122,7 @@ def test_tokenizer_config_cannot_point_outside_the_checkpoint(
 
 def _release(ckpt: Path, model: str, **config):
     from seqcls.config import ReleaseConfig
-    from seqcls.workspace import open_release
+    from seqcls.release.intake import open_release
 
     return open_release(ckpt, ReleaseConfig(model_name=model, **config))
 
@@ -135,7 +135,7 @@ def test_gate_passes_with_the_graph_and_tokenizer_the_model_takes(
     import onnx
     import torch
 
-    from seqcls.records import ParityReport, model_inputs
+    from seqcls.release.records import ParityReport, model_inputs
     from seqcls.steps import run_release
     from tests.helpers.checkpoints import HF_GOLDEN
 
@@ -213,11 +213,11 @@ root, triton, env = module_triton("hf-release")
 def test_release_end_to_end_on_triton(
     env: dict[str, str], triton: LocalTriton, hf_checkpoints_src: dict[str, Path], arch: str, model: str
 ) -> None:
-    from seqcls.records import Expected
+    from seqcls.contract.names import names_for
+    from seqcls.release.intake import open_release
+    from seqcls.release.records import Expected
     from seqcls.serving.client import TritonOps, endpoints_from_settings
-    from seqcls.serving.names import names_for
     from seqcls.settings import Settings
-    from seqcls.workspace import open_release
 
     out = subprocess.run(
         [

@@ -28,8 +28,8 @@ def _ops(path: Path) -> Counter:
 
 
 def _released(src: Path, profile: str):
+    from seqcls.release.intake import open_release
     from seqcls.steps import run_release
-    from seqcls.workspace import open_release
 
     release = open_release(src, ReleaseConfig(model_name=f"hf-{profile}", profile=profile))
     results = run_release(release, until="validate")
@@ -65,7 +65,7 @@ def test_fp32_fused_passes_the_exact_gate(hf_checkpoints_src: dict[str, Path], a
 def test_int8_quantizes_and_passes_the_decision_gate(hf_checkpoints_src: dict[str, Path], arch: str) -> None:
     import onnx
 
-    from seqcls.records import serving_tokenizer
+    from seqcls.release.records import serving_tokenizer
     from seqcls.steps.convert import calibration
 
     release, facts, report = _released(hf_checkpoints_src[arch], "int8")

@@ -12,7 +12,7 @@ import pytest
 
 from seqcls import cli
 from seqcls.errors import GateError
-from seqcls.history import History, history, lines, version_label
+from seqcls.ops.history import History, history, lines, version_label
 from seqcls.serving.state import (
     ServingState,
     append_event,
@@ -49,10 +49,10 @@ class _FakeVersion:
 
 def _fake_registry(monkeypatch: pytest.MonkeyPatch, by_fp: dict[str, int]) -> None:
     """An MLflow whose version ``by_fp[fp]`` holds fingerprint ``fp`` (its run: both gates passed)."""
-    import seqcls.history as ledger  # where the join looks them up
+    import seqcls.ops.history as ledger  # where the join looks them up
 
     class Run:
-        data = type("RunData", (), {"tags": {"seqcls.gates.parity": "passed", "seqcls.quality": "skipped"}})
+        data = type("RunData", (), {"tags": {"seqcls.gates.parity": "passed", "seqcls.gates": "skipped"}})
 
     class Client:
         def get_run(self, run_id: str) -> Run:
@@ -67,7 +67,7 @@ def _fake_registry(monkeypatch: pytest.MonkeyPatch, by_fp: dict[str, int]) -> No
 
 
 def _mlflow_down(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    import seqcls.history as ledger  # where the join looks them up
+    import seqcls.ops.history as ledger  # where the join looks them up
 
     calls: list[int] = []
 
@@ -115,8 +115,8 @@ def test_a_log_that_cannot_be_written_never_raises(tmp_path: Path) -> None:
 
 
 def test_a_parity_refusal_is_logged_with_its_gate_and_reason(tiny_checkpoint: Path, home: Path) -> None:
+    from seqcls.release.intake import open_release
     from seqcls.steps import run_release
-    from seqcls.workspace import open_release
 
     vocab = (tiny_checkpoint / "vocab.txt").read_text(encoding="utf-8").splitlines()
     vocab[vocab.index("公")] = "公 "  # the serving tokenizer trims it: the parity gate refuses

@@ -2,7 +2,7 @@
 then every change newest first with both version numbers, fingerprint, verdicts, who, reason, and
 links to the Airflow run, its evidence and the MLflow version (from the model's own MLflow
 Connection); the index of every model. Logs written by the real writer (``write_state``,
-``append_event``); MLflow's side of the join faked at the two names ``seqcls.history`` asks."""
+``append_event``); MLflow's side of the join faked at the two names ``seqcls.ops.history`` asks."""
 
 from __future__ import annotations
 
@@ -20,8 +20,8 @@ AIRFLOW_HOME = private_airflow_home()  # before anything imports airflow
 
 from fastapi.testclient import TestClient  # noqa: E402
 
-import seqcls.history  # noqa: E402
-from seqcls.airflow.parity_view import authorized, create_app  # noqa: E402
+import seqcls.ops.history  # noqa: E402
+from seqcls.airflow.pages.app import authorized, create_app  # noqa: E402
 from seqcls.registry.runs import PARITY_TAG, QUALITY_TAG  # noqa: E402
 from seqcls.serving.state import ServingState, append_event, write_state  # noqa: E402
 from seqcls.settings import Settings  # noqa: E402
@@ -58,12 +58,12 @@ def _registry(monkeypatch: pytest.MonkeyPatch) -> None:
     """MLflow holds FP_A as v7 and FP_B as v9; their runs carry both gates' verdicts."""
     tags = {PARITY_TAG: "passed", QUALITY_TAG: "passed"}
     run = SimpleNamespace(data=SimpleNamespace(tags=tags))
-    monkeypatch.setattr(seqcls.history, "client", lambda settings: SimpleNamespace(get_run=lambda run_id: run))
+    monkeypatch.setattr(seqcls.ops.history, "client", lambda settings: SimpleNamespace(get_run=lambda run_id: run))
 
     def find(client, name: str, fp: str | None, release_key: str | None = None):
         return SimpleNamespace(version=str(MLFLOW[fp]), run_id="r") if fp in MLFLOW else None
 
-    monkeypatch.setattr(seqcls.history, "find_version", find)
+    monkeypatch.setattr(seqcls.ops.history, "find_version", find)
 
 
 def _client(settings: Settings, dags: dict | None = None) -> TestClient:
@@ -121,7 +121,7 @@ def test_notes_are_shown_mlflow_down_and_an_unreadable_repository(
     def down(settings: Settings):
         raise ConnectionError("http://mlflow.news:5000: Connection refused")
 
-    monkeypatch.setattr(seqcls.history, "client", down)
+    monkeypatch.setattr(seqcls.ops.history, "client", down)
     text = _client(released, {MODEL: {"dag_id": DAG, "mlflow_conn_id": "mlflow_news"}}).get(f"/history/{MODEL}").text
     assert "note: MLflow was unreachable (http://mlflow.news:5000: Connection refused)" in text
     assert "news serves Triton v1</h1>" in text and "Triton v2 → Triton v1" in text  # the Triton numbers alone

@@ -21,12 +21,12 @@ from seqcls import files
 from seqcls.airflow.context import open_for_task
 from seqcls.checkpoints import snapshot
 from seqcls.checkpoints.checkpoint import sha256_file
-from seqcls.checkpoints.resolve import directory_fingerprint, resolve_checkpoint
 from seqcls.config import ReleaseConfig
 from seqcls.errors import CheckpointError, ResourceError
-from seqcls.records import serving_tokenizer
+from seqcls.release.intake import directory_fingerprint, open_release, resolve_checkpoint
+from seqcls.release.records import serving_tokenizer
+from seqcls.release.workspace import Workspace
 from seqcls.settings import Settings
-from seqcls.workspace import Workspace, open_release
 from tests.helpers.checkpoints import minimal_checkpoint
 
 WEIGHTS = "model_state.pdparams"

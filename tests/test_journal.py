@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from seqcls.errors import LeaseError, ResourceError, SeqclsError
+from seqcls.release.intake import open_release
 from seqcls.settings import Settings
-from seqcls.workspace import open_release
 from tests.helpers.drills import Drill, timed_sync, when, write_record
 
 MODEL = "seqcls"
@@ -242,7 +242,7 @@ def _drill_record() -> Iterator[None]:
 @pytest.mark.drill
 def test_lease_failure_leaves_the_registry_as_it_was(drill: Drill, tiny_checkpoint_src, tiny_checkpoint_b_src):
     """Scenario 8a: the lease cannot be taken (another release holds it; its record is garbage)."""
-    from seqcls.serving.control import LeaseContext, lease_context
+    from seqcls.release.control import LeaseContext, lease_context
     from seqcls.serving.lease import ReleaseLease
 
     drill.release(tiny_checkpoint_src)

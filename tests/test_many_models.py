@@ -15,15 +15,15 @@ from pathlib import Path
 import pytest
 
 from seqcls.config import ReleaseConfig
+from seqcls.contract.names import CLASSIC, names_for
 from seqcls.errors import InputError
 from seqcls.localtriton import LocalTriton
+from seqcls.ops.status import status
+from seqcls.release.intake import open_release
 from seqcls.serving.client import TritonOps, endpoints_from_settings
 from seqcls.serving.layout import TRIAL_SUFFIX, _trial_config, loaded_models
-from seqcls.serving.names import CLASSIC, names_for
 from seqcls.settings import PROJECT_ROOT, Settings
-from seqcls.status import status
 from seqcls.steps import run_release
-from seqcls.workspace import open_release
 from tests.helpers.triton import module_triton
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
@@ -80,7 +80,7 @@ def _aliases(settings: Settings, model: str) -> dict[str, int | None]:
 
 
 def _expected(settings: Settings, ckpt: Path, model: str) -> tuple[list[str], list[list[str]]]:
-    from seqcls.records import Expected
+    from seqcls.release.records import Expected
 
     release = open_release(ckpt, ReleaseConfig(model_name=model), settings)
     items = Expected.load(release.workspace).items

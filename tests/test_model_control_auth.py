@@ -22,11 +22,11 @@ import numpy as np
 import pytest
 
 from seqcls.localtriton import LocalTriton, TritonServerConfig, free_ports
+from seqcls.release.intake import open_release
 from seqcls.serving.client import ControlRefused, Endpoint, TritonOps, endpoints_from_settings
 from seqcls.settings import CONTROL_KEY_FILE, ENV_TRITON_CONTROL_KEY, Settings
 from seqcls.steps import run_release
 from seqcls.steps.smoke import infer
-from seqcls.workspace import open_release
 from tests.helpers.triton import start_triton
 
 KEY = "unit-test-key-" + "0123456789abcdef" * 2

@@ -21,11 +21,12 @@ import numpy as np
 import pytest
 
 from seqcls.cli import main
+from seqcls.contract import shipped
 from seqcls.errors import InputError, ServingError
 from seqcls.monitoring import drift, live
 from seqcls.monitoring.drift import Counts, Thresholds, compare
 from seqcls.monitoring.reference import Reference
-from seqcls.serving import metrics, shipped
+from seqcls.serving import metrics
 from seqcls.serving.repository import Repository
 from seqcls.serving.state import ServingState, write_state
 from seqcls.settings import ENV_PROMETHEUS_URL, Settings

@@ -20,9 +20,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from seqcls.contract import shipped
 from seqcls.localtriton.server import LocalTriton
 from seqcls.serving import metrics as triton_metrics
-from seqcls.serving import shipped
 from tests.helpers.demo_models import quick_demo_model
 from tests.helpers.drills import Drill, make_drill
 from tests.helpers.triton import start_triton

@@ -12,8 +12,8 @@ from seqcls.checkpoints.golden import DEFAULT_GOLDEN_TEXTS
 from seqcls.config import ReleaseConfig
 from seqcls.errors import ConversionError
 from seqcls.profiles.optimize import INT8_MARGIN
+from seqcls.release.intake import open_release
 from seqcls.steps import run_release
-from seqcls.workspace import open_release
 
 pytestmark = pytest.mark.slow
 
@@ -145,7 +145,7 @@ def test_fused_model_keeps_masking_exact_for_any_padding(tiny_checkpoint: Path) 
 @pytest.fixture(scope="module")
 def tiny_onnx(tiny_checkpoint_src: Path, tmp_path_factory: pytest.TempPathFactory):
     """The tiny checkpoint converted once (profile fp32): (release, model.onnx)."""
-    from seqcls.records import fp32_onnx
+    from seqcls.release.records import fp32_onnx
     from seqcls.settings import Settings
 
     home = tmp_path_factory.mktemp("optimize-home")
@@ -346,7 +346,7 @@ def test_fusion_left_layernorm_keeps_the_model_valid(tiny_onnx, tmp_path: Path) 
 def test_fp16_is_refused_on_a_cpu_only_host_before_any_work(tiny_checkpoint: Path) -> None:
     from seqcls.config import host_refusal
     from seqcls.errors import InputError
-    from seqcls.gates.preflight import preflight
+    from seqcls.steps.preflight import preflight
 
     release = open_release(tiny_checkpoint, ReleaseConfig(profile="fp16"))
     with pytest.raises(InputError, match=r"runs on ONNX Runtime's CUDAExecutionProvider only.*fp32-fused or int8"):

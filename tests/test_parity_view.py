@@ -19,13 +19,14 @@ AIRFLOW_HOME = private_airflow_home()  # before anything imports airflow
 
 from fastapi.testclient import TestClient  # noqa: E402
 
-from seqcls.airflow.parity_view import authorized, create_app  # noqa: E402
+from seqcls.airflow.pages.app import authorized, create_app  # noqa: E402
 from seqcls.errors import GateError  # noqa: E402
-from seqcls.records import OUT_DIRS  # noqa: E402
+from seqcls.release.intake import open_release  # noqa: E402
+from seqcls.release.records import OUT_DIRS  # noqa: E402
+from seqcls.release.workspace import Workspace, workspace_dir  # noqa: E402
 from seqcls.settings import Settings  # noqa: E402
 from seqcls.steps import run_release  # noqa: E402
 from seqcls.steps.validate import validate  # noqa: E402
-from seqcls.workspace import Workspace, open_release, workspace_dir  # noqa: E402
 
 DAG, RUN = "seqcls_release", "manual__2026-01-01T00:00:00+00:00"
 QRUN = "manual__2026-01-01T00%3A00%3A00%2B00%3A00"

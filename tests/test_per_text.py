@@ -48,7 +48,7 @@ def real_model(tiny_onnx: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
 
 @pytest.mark.slow
 def test_every_batching_matches_the_padded_run_on_a_real_ernie(tiny_checkpoint_src: Path, real_model) -> None:
-    from seqcls.serving import shipped
+    from seqcls.contract import shipped
     from seqcls_tools.bench.per_text import logits_of
     from seqcls_tools.fake_pb_utils import request
     from seqcls_tools.testing import TINY_CORPUS

@@ -13,9 +13,9 @@ import pytest
 
 from seqcls.config import ReleaseConfig
 from seqcls.errors import InputError
-from seqcls.gates.preflight import preflight
 from seqcls.localtriton import free_ports
-from seqcls.workspace import open_release
+from seqcls.release.intake import open_release
+from seqcls.steps.preflight import preflight
 
 CLI = [sys.executable, "-m", "seqcls.cli"]
 

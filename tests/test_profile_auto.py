@@ -15,10 +15,10 @@ import pytest
 
 from seqcls.config import PROFILES, ReleaseConfig
 from seqcls.errors import InputError, StepOrderError
+from seqcls.gates.metrics import score
 from seqcls.profiles.auto import AUTO, CANDIDATES, Rules, Trial, choose
-from seqcls.quality.metrics import score
-from seqcls.records import effective_profile
-from seqcls.workspace import open_release
+from seqcls.release.intake import open_release
+from seqcls.release.records import effective_profile
 
 LABELS = ["a", "a##x", "b"]
 THRESHOLDS = np.full(len(LABELS), 0.5, dtype=np.float32)

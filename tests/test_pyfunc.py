@@ -25,18 +25,19 @@ import pandas as pd
 import pytest
 
 from seqcls.config import ReleaseConfig
+from seqcls.contract import shipped
 from seqcls.errors import GateError
-from seqcls.records import Expected, Registered, served_onnx
 from seqcls.registry import ledger as registry
 from seqcls.registry.runs import log_parity_evidence
-from seqcls.serving import shipped
-from seqcls.serving.release import release_key
+from seqcls.release.intake import open_release
+from seqcls.release.keys import release_key
+from seqcls.release.records import Expected, Registered, served_onnx
+from seqcls.release.workspace import Release
 from seqcls.settings import Settings
 from seqcls.steps import run_release
 from seqcls.steps.evaluate import evaluate
 from seqcls.steps.register import register
 from seqcls.steps.validate import validate
-from seqcls.workspace import Release, open_release
 
 pytestmark = pytest.mark.slow
 
@@ -225,7 +226,7 @@ def test_parity_evidence_for_a_passed_gate_is_on_the_registered_run(tiny_checkpo
     assert {"report.json", "plot.png", "expected.json"} <= _artifact_names(c, run_id, "parity")
 
     assert evaluate(release).summary["passed"]  # no eval set: the quality gate says it skipped, on the same run
-    assert c.get_run(run_id).data.tags["seqcls.quality"] == "skipped"
+    assert c.get_run(run_id).data.tags["seqcls.gates"] == "skipped"
     reg = register(release).summary  # register adopts the run: evidence, model and version on one run
     assert reg["run_id"] == run_id
     run = c.get_run(run_id)

@@ -17,10 +17,10 @@ import numpy as np
 import pytest
 
 from seqcls.errors import InputError
-from seqcls.quality import evalset, rules
-from seqcls.quality.evalset import EvalSet, parse_eval_set, read_eval_set
-from seqcls.quality.metrics import BAD_CASE_COLUMNS, Scores, bad_cases, score, write_bad_cases
-from seqcls.quality.rules import Check, QualityRules, judge
+from seqcls.gates import evalset, rules
+from seqcls.gates.evalset import EvalSet, parse_eval_set, read_eval_set
+from seqcls.gates.metrics import BAD_CASE_COLUMNS, Scores, bad_cases, score, write_bad_cases
+from seqcls.gates.rules import Check, QualityRules, judge
 
 LABELS = ("体育", "体育##夺冠", "体育##比赛", "组织关系", "组织关系##裁员", "财经", "财经##融资", "财经##融资##B轮")
 BOM = b"\xef\xbb\xbf"

@@ -19,10 +19,10 @@ import pytest
 
 from seqcls.config import ReleaseConfig
 from seqcls.errors import GateError, InputError
-from seqcls.quality.kept import locate_eval_set
-from seqcls.quality.scoring import served_graph
+from seqcls.release.intake import open_release
+from seqcls.release.kept import locate_eval_set
+from seqcls.serving.published import served_graph
 from seqcls.serving.repository import Repository
-from seqcls.workspace import open_release
 from tests.helpers.demo_models import quick_demo_model
 from tests.helpers.drills import Drill, champion
 
@@ -76,7 +76,7 @@ def _mlflow_runs(drill: Drill, quality: str) -> list:
 
     c = MlflowClient(tracking_uri=drill.settings.mlflow_tracking_uri)
     exp = c.get_experiment_by_name("seqcls-seqcls")
-    return c.search_runs([exp.experiment_id], filter_string=f"tags.`seqcls.quality` = '{quality}'")
+    return c.search_runs([exp.experiment_id], filter_string=f"tags.`seqcls.gates` = '{quality}'")
 
 
 def _versions(drill: Drill) -> list[int]:
@@ -205,7 +205,7 @@ def test_without_a_configured_eval_set_the_checkpoints_own_is_used_and_said(good
 def test_evaluate_scores_the_bytes_resolve_checked_not_the_file_again(
     good: Path, eval_set: Path, tmp_path: Path
 ) -> None:
-    from seqcls.quality.kept import kept_eval_set, preflight_eval_set
+    from seqcls.release.kept import kept_eval_set, preflight_eval_set
 
     mine = tmp_path / "eval.txt"
     shutil.copy(eval_set, mine)

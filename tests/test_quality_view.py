@@ -19,15 +19,15 @@ AIRFLOW_HOME = private_airflow_home()  # before anything imports airflow
 
 from fastapi.testclient import TestClient  # noqa: E402
 
-from seqcls.airflow.parity_view import authorized, create_app  # noqa: E402
-from seqcls.quality.evalset import EvalSet  # noqa: E402
-from seqcls.quality.metrics import score  # noqa: E402
-from seqcls.quality.rules import QualityRules, judge  # noqa: E402
-from seqcls.quality.scoring import Predictions  # noqa: E402
-from seqcls.records import OUT_DIRS  # noqa: E402
+from seqcls.airflow.pages.app import authorized, create_app  # noqa: E402
+from seqcls.gates.evalset import EvalSet  # noqa: E402
+from seqcls.gates.metrics import score  # noqa: E402
+from seqcls.gates.rules import QualityRules, judge  # noqa: E402
+from seqcls.gates.scoring import Predictions  # noqa: E402
+from seqcls.release.records import OUT_DIRS  # noqa: E402
+from seqcls.release.workspace import Workspace, workspace_dir  # noqa: E402
 from seqcls.settings import Settings  # noqa: E402
 from seqcls.steps.evaluate import write_evidence  # noqa: E402
-from seqcls.workspace import Workspace, workspace_dir  # noqa: E402
 
 DAG, RUN = "seqcls_release", "manual__2026-01-01T00:00:00+00:00"
 MODEL, FINGERPRINT = "news", "0123456789abcdef" * 4

@@ -21,15 +21,16 @@ import pytest
 
 from seqcls.config import FIELDS, ReleaseConfig
 from seqcls.errors import GateError, RegistryError, StepOrderError
-from seqcls.records import Expected, Registered
 from seqcls.registry import ledger as registry
 from seqcls.registry.ledger import CHAMPION
-from seqcls.serving.release import GATE_ONLY_PARAMS, SERVING_PARAMS, key_of, release_key, serving_config
+from seqcls.release.intake import open_release
+from seqcls.release.keys import GATE_ONLY_PARAMS, SERVING_PARAMS, key_of, release_key, serving_config
+from seqcls.release.records import Expected, Registered
+from seqcls.release.workspace import Release, Workspace
 from seqcls.settings import Settings
 from seqcls.steps import run_release
 from seqcls.steps.promote import promote
 from seqcls.steps.register import register
-from seqcls.workspace import Release, Workspace, open_release
 
 pytestmark = pytest.mark.slow
 

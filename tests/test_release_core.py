@@ -13,8 +13,8 @@ import pytest
 
 from seqcls.config import ReleaseConfig
 from seqcls.errors import CheckpointError, ConversionError, GateError, StepOrderError
+from seqcls.release.intake import open_release
 from seqcls.steps import run_release
-from seqcls.workspace import open_release
 from tests.helpers.checkpoints import perturb_converted
 
 pytestmark = pytest.mark.slow

@@ -22,13 +22,13 @@ import pytest
 
 from seqcls.errors import SeqclsError
 from seqcls.localtriton import LocalTriton, TritonServerConfig, free_ports
+from seqcls.ops.status import status
+from seqcls.ops.sync import sync
+from seqcls.release.intake import open_release
 from seqcls.serving.client import TritonOps, endpoints_from_settings
 from seqcls.serving.state import current_state
 from seqcls.settings import PROJECT_ROOT, Settings
-from seqcls.status import status
 from seqcls.steps import run_release
-from seqcls.sync import sync
-from seqcls.workspace import open_release
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.drill]
 

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from seqcls.checkpoints.resolve import resolve_checkpoint
 from seqcls.checkpoints.safeload import ALLOWED_GLOBALS, scan_pickle
 from seqcls.errors import CheckpointError
+from seqcls.release.intake import resolve_checkpoint
 
 pytestmark = pytest.mark.slow  # the session fixture builds a real (tiny) paddle checkpoint
 
@@ -85,7 +85,7 @@ def test_plain_numpy_state_dict_passes(tmp_path: Path) -> None:
 
 
 def test_hostile_pickle_refused_at_resolve(tiny_checkpoint: Path, tmp_path: Path) -> None:
-    from seqcls.workspace import open_release
+    from seqcls.release.intake import open_release
 
     marker = tmp_path / "pwned"
     weights = _hostile(tiny_checkpoint, _os_system_pickle(marker))
@@ -98,8 +98,8 @@ def test_hostile_pickle_refused_at_resolve(tiny_checkpoint: Path, tmp_path: Path
 
 
 def test_hostile_pickle_refused_by_run_release_until_export(tiny_checkpoint: Path, tmp_path: Path) -> None:
+    from seqcls.release.intake import open_release
     from seqcls.steps import run_release
-    from seqcls.workspace import open_release
 
     marker = tmp_path / "pwned"
     _hostile(tiny_checkpoint, _os_system_pickle(marker))
@@ -111,8 +111,8 @@ def test_hostile_pickle_refused_by_run_release_until_export(tiny_checkpoint: Pat
 def test_weights_swapped_after_resolve_refused_by_export(tiny_checkpoint: Path, tmp_path: Path) -> None:
     """The export step scans again: the release's own copy (its snapshot) is what export reads, and even
     that is scanned again before unpickling (the checkpoint directory itself is never read again)."""
+    from seqcls.release.intake import open_release
     from seqcls.steps import run_release
-    from seqcls.workspace import open_release
 
     marker = tmp_path / "pwned"
     release = open_release(tiny_checkpoint)  # clean at resolve time
@@ -290,7 +290,7 @@ def test_unsafe_param_alone_does_not_open_the_door(
 ) -> None:
     """A DAG triggerer asking for allow_unsafe_pickle gets a refusal naming the operator's setting."""
     from seqcls.config import ReleaseConfig
-    from seqcls.workspace import open_release
+    from seqcls.release.intake import open_release
 
     marker = tmp_path / "pwned"
     _hostile(tiny_checkpoint, _os_system_pickle(marker))
@@ -308,8 +308,8 @@ def test_a_weight_index_beside_the_scanned_weights_is_refused(
 ) -> None:
     """PaddleNLP's from_pretrained prefers a shard index over model_state.pdparams: a benign, scanned
     model_state.pdparams next to an index naming a hostile shard would run the shard's pickle."""
+    from seqcls.release.intake import open_release
     from seqcls.steps import run_release
-    from seqcls.workspace import open_release
 
     marker = tmp_path / "pwned"
     stem, _, ext = index.removesuffix(".index.json").partition(".")

@@ -21,7 +21,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.integration]
 def test_seed_table_on_the_demo_model_scores_what_each_row_served(
     tmp_path: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
-    from seqcls.quality.metrics import score
+    from seqcls.gates.metrics import score
     from seqcls_tools.bench import seed_table
 
     checkpoint = quick_demo_model(tmp_path_factory).path

@@ -28,13 +28,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from seqcls.contract import shipped
+from seqcls.contract.names import CLASSIC
 from seqcls.localtriton import LocalTriton, TritonServerConfig, free_ports
-from seqcls.records import Expected, ExpectedItem
-from seqcls.serving import shipped
-from seqcls.serving.names import CLASSIC
+from seqcls.release.intake import open_release
+from seqcls.release.records import Expected, ExpectedItem
 from seqcls.settings import PROJECT_ROOT, Settings
 from seqcls.steps import run_release
-from seqcls.workspace import open_release
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 

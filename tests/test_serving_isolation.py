@@ -191,7 +191,7 @@ def test_paddlenlp_tokenizer_fails_bad_requests_alone(load) -> None:
 
 
 def test_decode_utf8_limits_and_non_text_items() -> None:
-    from seqcls.serving import shipped
+    from seqcls.contract import shipped
 
     texts, errors = shipped.text().decode_utf8([b"abc", b"abcd", "\ud800", 5, "ab"], max_bytes=3)
     assert texts == ["abc", "", "", "", "ab"]

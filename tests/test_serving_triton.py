@@ -13,14 +13,14 @@ from typing import TypeVar
 import numpy as np
 import pytest
 
+from seqcls.contract.names import CLASSIC, COMPOSING, ENSEMBLE, MODELS
 from seqcls.errors import ServingError, SmokeError
 from seqcls.localtriton import LocalTriton
-from seqcls.serving.names import CLASSIC, COMPOSING, ENSEMBLE, MODELS
+from seqcls.release.intake import open_release
 from seqcls.serving.repository import Repository
 from seqcls.settings import PROJECT_ROOT, Settings
 from seqcls.steps import run_release
 from seqcls.steps.smoke import infer
-from seqcls.workspace import open_release
 from tests.helpers.triton import settings_for
 
 T = TypeVar("T")

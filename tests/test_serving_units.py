@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from seqcls.contract import shipped
+from seqcls.contract.names import ENSEMBLE, MODEL, MODELS
 from seqcls.errors import InputError, ServingError
-from seqcls.serving import shipped
-from seqcls.serving.names import ENSEMBLE, MODEL, MODELS
 from seqcls.serving.repository import (
     Repository,
     ServingOptions,

@@ -16,14 +16,14 @@ import pytest
 
 from seqcls.checkpoints.checkpoint import sha256_file
 from seqcls.cli import main
+from seqcls.contract.names import names_for
 from seqcls.errors import LeaseError, ServingError
+from seqcls.ops.status import status
+from seqcls.ops.sync import models_in, sync
 from seqcls.serving import state as state_file
 from seqcls.serving.lease import ReleaseLease
-from seqcls.serving.names import names_for
 from seqcls.serving.state import ServingState, current_state, read_state, state_path, write_state
 from seqcls.settings import Settings
-from seqcls.status import status
-from seqcls.sync import models_in, sync
 from tests.helpers.drills import Drill, timed_sync, write_record
 
 NAME = "seqcls"
@@ -148,8 +148,8 @@ def settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Settings:
     def no_mlflow(*args, **kwargs):
         raise ConnectionError("MLflow is not part of this test")
 
-    monkeypatch.setattr("seqcls.status.client", no_mlflow)
-    monkeypatch.setattr("seqcls.sync.mirror_champion", no_mlflow)
+    monkeypatch.setattr("seqcls.ops.status.client", no_mlflow)
+    monkeypatch.setattr("seqcls.ops.sync.mirror_champion", no_mlflow)
     return Settings.from_env()
 
 

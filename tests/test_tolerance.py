@@ -14,8 +14,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from seqcls.contract import shipped
 from seqcls.gates.parity import Tolerance, numeric_report
-from seqcls.serving import shipped
 
 GATE = Tolerance(1e-4, 1e-3)  # ReleaseConfig's defaults
 OLD_PROB_ATOL = 1e-5
@@ -120,9 +120,9 @@ SEEDS = (11, 12, 13, 14, 15)
 def test_fresh_checkpoints_with_23_labels_pass_every_gate(tmp_path: Path) -> None:
     """Freshly built random checkpoints (the case that used to fail) release through validate."""
     from seqcls.config import ReleaseConfig
-    from seqcls.records import ParityReport
+    from seqcls.release.intake import open_release
+    from seqcls.release.records import ParityReport
     from seqcls.steps import run_release
-    from seqcls.workspace import open_release
     from seqcls_tools.testing import build_tiny_checkpoint
 
     assert len(set(TWENTY_THREE)) == LABELS

@@ -16,11 +16,12 @@ from pathlib import Path
 import pytest
 
 from seqcls.checkpoints.checkpoint import sha256_file
+from seqcls.contract.names import CLASSIC
 from seqcls.errors import SeqclsError, ServingError
-from seqcls.records import served_onnx, serving_tokenizer
-from seqcls.serving import control
+from seqcls.release import control
+from seqcls.release.intake import open_release
+from seqcls.release.records import served_onnx, serving_tokenizer
 from seqcls.serving.client import TritonOps, endpoints_from_settings
-from seqcls.serving.names import CLASSIC
 from seqcls.serving.reconcile import reconcile
 from seqcls.serving.repository import RELEASE_FILE, SNAPSHOT, Repository
 from seqcls.serving.state import ServingState, read_state, write_state
@@ -28,7 +29,6 @@ from seqcls.settings import Settings
 from seqcls.steps import run_release
 from seqcls.steps.publish import prune, publish
 from seqcls.steps.rollback import rollback_model
-from seqcls.workspace import open_release
 from tests.helpers.drills import Drill, champion, repo_of, timed_sync, when, write_record
 
 MODEL = CLASSIC.model_name

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from seqcls.workspace import Workspace
+from seqcls.release.workspace import Workspace
 
 
 def _body(text: str):
@@ -20,13 +20,15 @@ def _body(text: str):
 
 
 def _said(caplog: pytest.LogCaptureFixture) -> list[str]:
-    lines = [r.getMessage() for r in caplog.records if r.name == "seqcls.workspace" and r.levelno >= logging.INFO]
+    lines = [
+        r.getMessage() for r in caplog.records if r.name == "seqcls.release.workspace" and r.levelno >= logging.INFO
+    ]
     caplog.clear()
     return lines
 
 
 def test_a_rerun_says_why_it_redoes_a_step(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.INFO, logger="seqcls.workspace")
+    caplog.set_level(logging.INFO, logger="seqcls.release.workspace")
     ws = Workspace(tmp_path / "ws")
     ws.run_step("export", {"opset": 14, "max_length": 64}, _body("1"), out_dir="static")
     _said(caplog)
@@ -42,7 +44,7 @@ def test_a_rerun_says_why_it_redoes_a_step(tmp_path: Path, caplog: pytest.LogCap
 
 
 def test_steps_that_recheck_every_time_do_not_claim_to_redo(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.INFO, logger="seqcls.workspace")
+    caplog.set_level(logging.INFO, logger="seqcls.release.workspace")
     ws = Workspace(tmp_path / "ws")
     for _ in range(2):
         ws.run_step("reload", {"version": 1}, _body("1"), out_dir="reload", always_run=True)
@@ -52,7 +54,7 @@ def test_steps_that_recheck_every_time_do_not_claim_to_redo(tmp_path: Path, capl
 def test_status_cuts_a_long_error_at_a_word_and_names_versions_both_ways(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import seqcls.status as status_mod
+    import seqcls.ops.status as status_mod
     from seqcls.serving.state import ServingState, write_state
     from seqcls.settings import Settings
 

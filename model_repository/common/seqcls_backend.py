@@ -1,6 +1,6 @@
 """What every seqcls python model does with Triton's python backend, written once.
 
-Shipped beside each python model's ``model.py`` (``seqcls.serving.shipped.SHIPPED_WITH``): a
+Shipped beside each python model's ``model.py`` (``seqcls.contract.shipped.SHIPPED_WITH``): a
 per-request error response (so one bad request fails only itself), the traceback of an
 unexpected exception in Triton's log, and a string parameter of the model config.
 """

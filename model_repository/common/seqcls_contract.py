@@ -1,7 +1,7 @@
 """The serving contract: every name and enum that both seqcls and the Triton models use, once.
 
 Shipped next to each python model's ``model.py`` (Triton has no ``seqcls`` package) and
-imported by the library through :mod:`seqcls.serving.shipped`, so the renderer, the smoke test
+imported by the library through :mod:`seqcls.contract.shipped`, so the renderer, the smoke test
 and the servers cannot disagree on a tensor name or a strategy. Standard library only.
 """
 

@@ -25,26 +25,26 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from seqcls import __version__, config
-from seqcls.checkpoints.completion import find_latest, mark_complete, read_marker
 from seqcls.errors import InputError, SeqclsError
-from seqcls.gates.preflight import preflight, servers_for
-from seqcls.history import history as serving_history
-from seqcls.history import lines as history_lines
 from seqcls.localtriton import LocalTriton, TritonServerConfig
 from seqcls.monitoring.drift import DRIFT, NOT_ENOUGH, DriftReport, Thresholds
 from seqcls.monitoring.live import monitor
 from seqcls.notify.commands import notify_outcome
-from seqcls.quality.kept import OWN_EVAL_FILES, preflight_eval_set
-from seqcls.records import EVALUATION
+from seqcls.ops.history import history as serving_history
+from seqcls.ops.history import lines as history_lines
+from seqcls.ops.status import status
+from seqcls.ops.sync import sync
 from seqcls.registry.ledger import version_label
+from seqcls.release.completion import find_latest, mark_complete, read_marker
+from seqcls.release.intake import open_release
+from seqcls.release.kept import OWN_EVAL_FILES, preflight_eval_set
+from seqcls.release.records import EVALUATION
 from seqcls.serving.layout import calibrate_layout
 from seqcls.serving.lease import ReleaseLease
 from seqcls.settings import DEFAULT_MODEL_NAME, Settings
-from seqcls.status import status
 from seqcls.steps import EXTRA_STEPS, ORDER, STEPS, run_release, step
+from seqcls.steps.preflight import preflight, servers_for
 from seqcls.steps.rollback import rollback_model
-from seqcls.sync import sync
-from seqcls.workspace import open_release
 
 log = logging.getLogger("seqcls")
 

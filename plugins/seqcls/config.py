@@ -24,8 +24,8 @@ from typing import Any
 
 import seqcls_engine
 
+from seqcls.contract.names import names_for
 from seqcls.errors import InputError
-from seqcls.serving.names import names_for
 from seqcls.settings import DEFAULT_MODEL_NAME, MODEL_NAME_PATTERN, validate_model_name
 
 #: The serving profiles, each one graph (what is served and gated); ``fp16`` is for GPUs (the CUDA provider),
@@ -42,7 +42,7 @@ NEEDS_CPU = {
     profile: seqcls_engine.BF16_CPU_FLAGS for profile, (_, precision) in ENGINES.items() if precision == "bf16"
 }
 #: ``profile: auto``: convert measures every served profile on this host and serves the fastest that passes
-#: (:mod:`seqcls.profiles.auto`); ``seqcls.records.effective_profile`` names the one chosen.
+#: (:mod:`seqcls.profiles.auto`); ``seqcls.release.records.effective_profile`` names the one chosen.
 AUTO_PROFILE = "auto"
 PROFILES = (*SERVED_PROFILES, AUTO_PROFILE)
 PROVIDERS = ("auto", "cpu", "cuda")

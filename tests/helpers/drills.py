@@ -24,14 +24,14 @@ import pytest
 
 from seqcls.config import ReleaseConfig
 from seqcls.localtriton import LocalTriton
+from seqcls.ops.status import status
+from seqcls.ops.sync import incomplete_versions, stale_temporaries, sync
+from seqcls.release.intake import open_release
 from seqcls.serving.repository import Repository
 from seqcls.serving.state import current_state
 from seqcls.settings import CONTROL_KEY_FILE as KEY_FILE
 from seqcls.settings import PROJECT_ROOT, Settings
-from seqcls.status import status
 from seqcls.steps import run_release
-from seqcls.sync import incomplete_versions, stale_temporaries, sync
-from seqcls.workspace import open_release
 
 #: scenario → outcome → seconds to recover; each drill module writes var/test-artifacts/drills-<module>.json
 RECORD: list[dict] = []

@@ -4,7 +4,7 @@ No pretrained model or vocabulary can be fetched in CI, so tests (and the demo t
 checkpoints from scratch: a vocabulary from the texts at hand, a randomly initialised
 ``ErnieForSequenceClassification`` of a chosen size, saved exactly the way a PaddleNLP training
 job's ``save_pretrained`` writes it, plus ``label.txt``, optional golden texts and, last, the
-completion marker (``seqcls.checkpoints.completion.mark_complete``) that makes it eligible as ``latest``. This module
+completion marker (``seqcls.release.completion.mark_complete``) that makes it eligible as ``latest``. This module
 is a test seam shipped with the library, so downstream projects can test their DAGs the same way.
 """
 
@@ -181,7 +181,7 @@ def build_tiny_checkpoint(
         if (Path(out_dir) / "model.safetensors").exists() and pd.exists():
             pd.unlink()
     if complete:
-        from seqcls.checkpoints.completion import mark_complete
+        from seqcls.release.completion import mark_complete
 
         mark_complete(out_dir, run=f"seqcls_tools.testing.build_tiny_checkpoint(seed={seed})")
     log.info("built tiny ERNIE checkpoint in %s (%d labels, vocab %d)", out_dir, len(labels), len(vocab))

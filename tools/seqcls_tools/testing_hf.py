@@ -121,7 +121,7 @@ def build_tiny_hf_checkpoint(
     if golden is not None:
         (out_dir / "golden.txt").write_text("\n".join(golden) + "\n", encoding="utf-8")
     if complete:
-        from seqcls.checkpoints.completion import mark_complete
+        from seqcls.release.completion import mark_complete
 
         mark_complete(out_dir, run=f"seqcls_tools.testing_hf.build_tiny_hf_checkpoint({architecture}, seed={seed})")
     log.info("built tiny HF %s checkpoint in %s (%d labels, vocab %d)", architecture, out_dir, len(labels), len(vocab))

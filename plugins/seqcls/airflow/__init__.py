@@ -9,7 +9,7 @@
   what the DAG file builds (one DAG per model, its trigger form, its Assets)
 - :mod:`~seqcls.airflow.hooks`, :mod:`~seqcls.airflow.provider` — the
   Connections (hooks, the *Test* button, the provider metadata)
-- :mod:`~seqcls.airflow.plugin`, :mod:`~seqcls.airflow.parity_view` — the extra links and the evidence page
+- :mod:`~seqcls.airflow.plugin`, :mod:`~seqcls.airflow.pages` — the extra links and the evidence pages
 
 Import from the modules; this package itself imports nothing, so ``seqcls.airflow.context`` stays
 importable without Airflow.

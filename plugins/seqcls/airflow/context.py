@@ -23,9 +23,10 @@ from seqcls.airflow.report import configure_logging, report
 from seqcls.airflow.roots import locate_checkpoint, model_root, refuse_root_param
 from seqcls.config import ReleaseConfig
 from seqcls.errors import InputError
+from seqcls.release.intake import open_release, reopen_release
+from seqcls.release.workspace import Release
 from seqcls.settings import Settings
 from seqcls.steps import BY_NAME, STEPS, step
-from seqcls.workspace import Release, open_release, reopen_release
 
 #: DAG task id → the manifest step it runs (in order), derived from the step table.
 #: ``resolve_checkpoint`` opens the workspace; ``rollback`` runs only after a failure.
@@ -123,7 +124,7 @@ def open_for_task(
     """Re-open the release a run works on: the snapshot of the fingerprint resolve_checkpoint resolved.
 
     ``checkpoint``/``fingerprint`` are what ``resolve_checkpoint`` pushed. With a fingerprint the
-    release is its workspace's snapshot, verified (:func:`~seqcls.workspace.reopen_release`): a
+    release is its workspace's snapshot, verified (:func:`~seqcls.release.intake.reopen_release`): a
     checkpoint changed in place since resolve has no effect on the run, on this worker or another.
     The directory (under the model's checkpoints root: ``settings``', else ``checkpoints_root``) is
     read only to re-make a lost snapshot, and only while it still hashes to the fingerprint. Without

@@ -6,7 +6,7 @@ URI — and gives the real client: ``TritonHook.get_conn()`` one :class:`~seqcls
 per replica (tritonclient's gRPC client behind seqcls's policy: the control key on model-control
 calls only, timeouts, the one retry policy), ``MlflowHook.get_conn()`` an ``MlflowClient``. No
 release logic lives here; ``test_connection()`` (the UI's *Test* button) runs the checks a release runs
-at resolve (:mod:`seqcls.gates.preflight`),
+at resolve (:mod:`seqcls.steps.preflight`),
 except for a sqlite MLflow store: opened read-only (:func:`check_sqlite_store`), since an MLflow client
 would create, migrate and lock a store just to answer *Test*.
 
@@ -52,10 +52,10 @@ from airflow.sdk.log import mask_secret
 
 from seqcls.airflow.provider import MLFLOW_CONN_TYPE, MLFLOW_NAME, TRITON_CONN_TYPE, TRITON_NAME
 from seqcls.errors import InputError
-from seqcls.gates.preflight import check_mlflow, check_triton
 from seqcls.registry.ledger import client as mlflow_client
 from seqcls.serving.client import Endpoint, TritonOps, endpoints_from_settings
 from seqcls.settings import Settings, check_tracking_uri, mlflow_credentials
+from seqcls.steps.preflight import check_mlflow, check_triton
 
 
 def _split(value: Any) -> list[str]:

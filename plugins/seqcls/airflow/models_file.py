@@ -10,7 +10,7 @@ no file (or ``SEQCLS_MODELS_FILE=none``) → the single DAG ``seqcls_release`` f
       triton_conn_id: triton_default
       params: {profile: fp32-fused}
     models:
-      - name: alpha                  # MLflow model + Triton names (seqcls.serving.names)
+      - name: alpha                  # MLflow model + Triton names (seqcls.contract.names)
         schedule: asset              # manual (default) | a cron expression / preset | asset
         checkpoints_root: /data/alpha  # the only place its runs take checkpoints (and `latest`) from;
                                        # default <SEQCLS_CHECKPOINTS_ROOT>/<name>; not a run param
@@ -53,9 +53,9 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from seqcls.config import ReleaseConfig
+from seqcls.contract.names import names_for
 from seqcls.errors import InputError
 from seqcls.notify import check_urls
-from seqcls.serving.names import names_for
 from seqcls.settings import (
     DEFAULT_MODEL_NAME,
     ENV_MODEL_NAME,

@@ -19,7 +19,7 @@ need no XCom: a refused gate pushes none, so their URL is computed from the task
 The pages also sit where people look (Airflow 3's ``external_views``): each DAG run has the tabs
 *Parity evidence* and *Quality evidence* (the page in the run's view; destination ``dag_run``, the
 run's ids filled in by the UI), and the *Browse* menu has *Release history*
-(``/seqcls/history``: every model's serving changes, :mod:`seqcls.airflow.parity_view`).
+(``/seqcls/history``: every model's serving changes, :mod:`seqcls.airflow.pages.app`).
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from airflow.configuration import conf
 from airflow.plugins_manager import AirflowPlugin
 from airflow.sdk import BaseOperatorLink
 
-from seqcls.airflow.parity_view import URL_PREFIX, create_app, evidence_path, history_path, quality_path
+from seqcls.airflow.pages.app import URL_PREFIX, create_app, evidence_path, history_path, quality_path
 from seqcls.airflow.report import MLFLOW_URL_KEY, TRITON_URL_KEY, pushed_value
 from seqcls.steps import BY_NAME
 
@@ -119,7 +119,7 @@ def version_ready(url: str) -> bool | None:
 
 
 class _EvidenceLink(BaseOperatorLink):
-    """A gate's evidence page (:mod:`seqcls.airflow.parity_view`), on :attr:`task_id` only, passed or failed.
+    """A gate's evidence page (:mod:`seqcls.airflow.pages.app`), on :attr:`task_id` only, passed or failed.
 
     Computed from the ti_key alone (a failed gate pushes no XCom). The UI opens an extra link as an
     ``<a href>``, so a path resolves against the API server the UI came from; with ``[api] base_url``

@@ -1,7 +1,7 @@
 """What a release task tells: a step's outcome as a log story, the small dict it returns to XCom, and
 the URLs it pushes for the UI's extra links — and, in the API server, reading a pushed value back.
 
-The extra links (:mod:`seqcls.airflow.plugin`) and the parity page (:mod:`seqcls.airflow.parity_view`)
+The extra links (:mod:`seqcls.airflow.plugin`) and the parity page (:mod:`seqcls.airflow.pages.app`)
 read what the tasks pushed under :data:`MLFLOW_URL_KEY` / :data:`TRITON_URL_KEY` / ``return_value``
 through :func:`pushed_value`, so both sides of that contract live here.
 
@@ -17,8 +17,8 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from seqcls.contract.names import names_for
 from seqcls.registry.ledger import model_version_url
-from seqcls.serving.names import names_for
 from seqcls.settings import DEFAULT_MODEL_NAME, Settings
 
 if TYPE_CHECKING:

@@ -17,8 +17,8 @@ from __future__ import annotations
 import logging
 from pathlib import Path, PurePosixPath
 
-from seqcls.checkpoints.completion import find_latest
 from seqcls.errors import InputError
+from seqcls.release.completion import find_latest
 from seqcls.settings import ENV_CHECKPOINTS_ROOT, Settings
 
 log = logging.getLogger("seqcls.airflow")
@@ -71,7 +71,7 @@ def confine(path: Path, root: Path, *, param: str, given: str) -> Path:
 def locate_checkpoint(value: str | None, settings: Settings, *, param: str = "checkpoint") -> Path:
     """The ``checkpoint`` param as a directory under the checkpoints root (resolved): absolute, relative to
     the root, or ``latest`` (the checkpoint there its training job marked complete last, see
-    ``seqcls.checkpoints.completion``). Anything resolving outside the root is refused, naming ``param``."""
+    ``seqcls.release.completion``). Anything resolving outside the root is refused, naming ``param``."""
     text = (value or "").strip()
     if not text:
         raise InputError(f"{param} is empty: give a checkpoint directory under the checkpoints root, or 'latest'")

@@ -41,19 +41,20 @@ from seqcls.airflow.hooks import MlflowHook, TritonHook
 from seqcls.airflow.models_file import dag_id_for
 from seqcls.airflow.report import report
 from seqcls.airflow.roots import LATEST, locate_checkpoint
+from seqcls.contract.names import names_for
 from seqcls.errors import InputError, ServingError, StepOrderError
-from seqcls.gates.preflight import PreflightError, preflight
-from seqcls.records import EVALUATION
+from seqcls.ops.sync import sync
 from seqcls.registry import journal
 from seqcls.registry.ledger import champion_fingerprint, champion_release_key
-from seqcls.serving.control import LeaseContext, give_lease, lease_context, release_owner, take_lease
+from seqcls.release.control import LeaseContext, give_lease, lease_context, release_owner, take_lease
+from seqcls.release.intake import open_release
+from seqcls.release.keys import release_key
+from seqcls.release.records import EVALUATION
+from seqcls.release.workspace import Release
 from seqcls.serving.lease import DEFAULT_TTL, ReleaseLease
-from seqcls.serving.names import names_for
-from seqcls.serving.release import release_key
 from seqcls.settings import ENV_AIRFLOW_RUN_URL, Settings, scoped_environ
 from seqcls.steps import LEASE_FROM, sigterm_aborts, step
-from seqcls.sync import sync
-from seqcls.workspace import Release, open_release
+from seqcls.steps.preflight import PreflightError, preflight
 
 log = logging.getLogger("seqcls.airflow")
 

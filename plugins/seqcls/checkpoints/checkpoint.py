@@ -11,9 +11,9 @@ smoke-tested on). Everything read here is cheap (no paddle import), so a bad che
 seconds with a message naming the file, instead of minutes later inside an export. Text files may
 be saved with CRLF line endings, and the label and golden files with a UTF-8 byte-order mark; every
 file read from the directory must be in it (a symlink resolving outside the checkpoint is refused).
-The intake that runs the checks in order is :mod:`seqcls.checkpoints.resolve`; the checks that
+The intake that runs the checks in order is :mod:`seqcls.release.intake`; the checks that
 differ by framework are the adapters' (:mod:`seqcls.frameworks`). Which checkpoint ``latest`` is —
-the one its training job marked complete last — is :mod:`seqcls.checkpoints.completion`.
+the one its training job marked complete last — is :mod:`seqcls.release.completion`.
 """
 
 from __future__ import annotations

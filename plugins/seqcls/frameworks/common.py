@@ -43,7 +43,7 @@ class ServingTokenizer:
 class Records(Protocol):
     """The part of a release workspace an adapter reads back (what its export step recorded).
 
-    :class:`seqcls.workspace.Workspace` is one; it is not imported here because the workspace
+    :class:`seqcls.release.workspace.Workspace` is one; it is not imported here because the workspace
     resolves checkpoints through the adapters (that import would be a cycle).
     """
 

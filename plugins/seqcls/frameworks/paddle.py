@@ -21,10 +21,10 @@ import numpy as np
 from seqcls.checkpoints.checkpoint import MODEL_FILES, Checkpoint, find_weights, read_json, read_vocab
 from seqcls.checkpoints.safeload import scan_pickle
 from seqcls.config import ReleaseConfig
+from seqcls.contract import shipped
+from seqcls.contract.runtime import feeds
 from seqcls.errors import CheckpointError, ConversionError
 from seqcls.frameworks.common import Intake, Records, ServingTokenizer
-from seqcls.gates.runtime import feeds
-from seqcls.serving import shipped
 from seqcls.settings import Settings
 
 log = logging.getLogger(__name__)

@@ -52,10 +52,10 @@ from seqcls.checkpoints.checkpoint import (
     read_vocab,
 )
 from seqcls.config import ReleaseConfig
+from seqcls.contract import shipped
+from seqcls.contract.runtime import feeds
 from seqcls.errors import CheckpointError, ConversionError, InputError
 from seqcls.frameworks.common import Intake, Records, ServingTokenizer
-from seqcls.gates.runtime import feeds
-from seqcls.serving import shipped
 from seqcls.settings import Settings
 
 log = logging.getLogger(__name__)

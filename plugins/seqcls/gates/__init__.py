@@ -1,7 +1,10 @@
-"""Gates: the numbers a release must pass before it is registered (parity today).
+"""Gates: the two numbers a release must pass — parity (what is served answers as what was trained) and
+quality (the candidate is no worse than the champion on the same labeled texts).
 
-:mod:`.parity` (the comparison maths: tolerances, ids, logits, decisions), :mod:`.runtime` (ONNX
-Runtime sessions on the served graph, and the serving padding every reference is fed with),
-:mod:`.plot` (the gate's picture). The references a gate compares against are the framework
-adapters' (:mod:`seqcls.frameworks`).
+Parity: :mod:`.parity` (the comparison maths: tolerances, ids, logits, decisions), :mod:`.parity_plot`.
+Quality: :mod:`.evalset` (the labeled texts: PaddleNLP's ``text<TAB>label,label`` or JSON Lines, read
+once and hashed), :mod:`.metrics` (micro/macro/sample, per-label, per-level and hierarchical F; the bad
+cases), :mod:`.rules` (floors, change rules against the champion, the profile rule, the verdict),
+:mod:`.scoring` (labeled texts through a served graph), :mod:`.quality_plot`. Pure computation over
+what the floors below provide; the steps orchestrate them.
 """

@@ -2,7 +2,7 @@
 
 :mod:`seqcls.steps.validate` decides *what* to compare and records the outcome; the reference
 numbers come from the framework adapters (:mod:`seqcls.frameworks`), the served graph's from
-:mod:`seqcls.gates.runtime`. This module only computes, so each check can be tested (and rerun by
+:mod:`seqcls.contract.runtime`. This module only computes, so each check can be tested (and rerun by
 a person) on its own.
 
 Tolerances are derived from one another. The gate is on logits: ``|Δ| <= atol + rtol·|x|``.

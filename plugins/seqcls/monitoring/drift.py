@@ -17,9 +17,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from seqcls.contract import shipped
 from seqcls.errors import InputError
 from seqcls.monitoring.reference import Reference
-from seqcls.serving import shipped
 
 #: Shares are clipped to [EPSILON, 1 - EPSILON] before a logarithm: a label absent on one side must
 #: give a large, finite PSI.

@@ -26,11 +26,12 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+from seqcls.contract import shipped
 from seqcls.errors import InputError, ServingError
 from seqcls.files import atomic_write
 from seqcls.monitoring.drift import Counts, DriftReport, Thresholds, compare
 from seqcls.monitoring.reference import Reference
-from seqcls.serving import metrics, shipped
+from seqcls.serving import metrics
 from seqcls.serving.repository import Repository
 from seqcls.serving.state import current_state
 from seqcls.settings import ENV_TRITON_METRICS, Settings, prometheus_url, validate_model_name

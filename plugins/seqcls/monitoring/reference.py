@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from seqcls.serving import shipped
+from seqcls.contract import shipped
 
 
 @dataclass(frozen=True)

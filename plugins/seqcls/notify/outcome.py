@@ -1,7 +1,7 @@
 """A release's outcome as people are told it: which model, what happened, why, in the one version vocabulary.
 
-Built from what a release already records — the workspace's step records (:mod:`seqcls.workspace`), the
-recorded serving state and its log (:mod:`seqcls.serving.state`, :mod:`seqcls.history`) — by the two
+Built from what a release already records — the workspace's step records (:mod:`seqcls.release.workspace`), the
+recorded serving state and its log (:mod:`seqcls.serving.state`, :mod:`seqcls.ops.history`) — by the two
 callers that know where a release stopped: the CLI (:mod:`seqcls.notify.commands`, from the exception or
 exit code) and the Airflow report task (:mod:`seqcls.airflow.outcome`, from the run's task states).
 :func:`classify` is their shared rule for *refused* (the input, a gate or a person said no) versus
@@ -17,12 +17,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from seqcls.history import read_entries, version_label
+from seqcls.ops.history import read_entries, version_label
 from seqcls.registry.ledger import model_version_url
+from seqcls.release.workspace import MANIFEST, workspace_dir
 from seqcls.serving.state import current_state
 from seqcls.settings import Settings
 from seqcls.steps import ORDER
-from seqcls.workspace import MANIFEST, workspace_dir
 
 log = logging.getLogger(__name__)
 

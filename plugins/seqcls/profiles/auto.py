@@ -11,7 +11,7 @@ interleaved in blocks, so load from other work on the host falls on all of them 
 A non-fp32 candidate passes when, on those texts, its label decisions agree with fp32's at least
 ``min_decision_agreement`` (the parity gate's rule for a non-exact profile), and — with an eval set — its
 micro- and macro-F1 on the *whole* set drop at most ``max_profile_f1_drop`` below fp32's, scored by the
-quality gate's own code (:mod:`seqcls.quality.scoring`, :mod:`seqcls.quality.rules`), so a profile chosen
+quality gate's own code (:mod:`seqcls.gates.scoring`, :mod:`seqcls.gates.rules`), so a profile chosen
 here is not refused later by the quality gate's profile rule. fp32 always passes (it is exact). The
 fastest passing candidate (sentences/s) is served. The parity and quality gates then judge it as
 they judge a profile configured by hand.
@@ -29,12 +29,12 @@ from typing import Any
 import numpy as np
 
 from seqcls.config import AUTO_PROFILE, SERVED_PROFILES
-from seqcls.gates import parity, runtime
-from seqcls.quality.evalset import EvalSet
-from seqcls.quality.metrics import Scores, score
-from seqcls.quality.rules import QualityRules, judge
-from seqcls.quality.scoring import Graph, predict
-from seqcls.serving import shipped
+from seqcls.contract import runtime, shipped
+from seqcls.gates import parity
+from seqcls.gates.evalset import EvalSet
+from seqcls.gates.metrics import Scores, score
+from seqcls.gates.rules import QualityRules, judge
+from seqcls.gates.scoring import Graph, predict
 
 log = logging.getLogger(__name__)
 

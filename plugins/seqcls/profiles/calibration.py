@@ -12,8 +12,8 @@ from typing import Any
 import numpy as np
 
 from seqcls.config import ReleaseConfig
+from seqcls.contract import shipped
 from seqcls.profiles.checks import feeds_for
-from seqcls.serving import shipped
 
 log = logging.getLogger(__name__)
 

@@ -16,9 +16,9 @@ from typing import Any
 import numpy as np
 
 from seqcls.config import ReleaseConfig
+from seqcls.contract import shipped
 from seqcls.errors import ConversionError
 from seqcls.profiles.fusion import constants, scalar
-from seqcls.serving import shipped
 
 #: Self-check tolerance for ``fp32-fused`` — the parity gate's defaults.
 SELF_CHECK_ATOL: float = ReleaseConfig.atol

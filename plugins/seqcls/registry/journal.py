@@ -35,8 +35,8 @@ from typing import Any
 from seqcls.errors import LeaseError, SeqclsError
 from seqcls.files import atomic_write, held
 from seqcls.registry.ledger import CHAMPION, aliased_version, client, history, version_exists
+from seqcls.release.keys import served_release_key
 from seqcls.serving.lease import ReleaseLease, pid_alive
-from seqcls.serving.release import served_release_key
 from seqcls.serving.repository import Repository
 from seqcls.serving.state import current_state
 from seqcls.settings import Settings, validate_model_name
@@ -66,7 +66,7 @@ class Attempt:
 
     id: str
     model_name: str
-    owner: str  # the release lease owner (seqcls.serving.control.release_owner)
+    owner: str  # the release lease owner (seqcls.release.control.release_owner)
     kind: str = "process"
     run: str | None = None
     host: str = field(default_factory=socket.gethostname)

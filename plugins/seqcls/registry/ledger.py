@@ -3,7 +3,7 @@
 MLflow answers "what is live, where did it come from, what do we roll back to":
 
 - ``register`` (:mod:`seqcls.steps.register`): one run per release attempt, a model version with
-  lineage tags, alias ``candidate``; idempotent per :func:`~seqcls.serving.release.release_key` — one
+  lineage tags, alias ``candidate``; idempotent per :func:`~seqcls.release.keys.release_key` — one
   registered model per model name, one version per (checkpoint fingerprint, serving configuration).
 - ``promote`` (:mod:`seqcls.steps.promote`): alias ``champion`` → this version, the one it
   replaced kept as ``previous-champion``, every move appended to the ``champion_history`` tag.
@@ -27,9 +27,9 @@ from typing import Any
 
 from seqcls.errors import RegistryError
 from seqcls.files import held
-from seqcls.records import Registered
+from seqcls.release.records import Registered
+from seqcls.release.workspace import Release
 from seqcls.settings import MLFLOW_CREDENTIAL_VARS, Settings, check_tracking_uri
-from seqcls.workspace import Release
 
 log = logging.getLogger(__name__)
 

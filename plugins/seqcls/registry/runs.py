@@ -3,7 +3,7 @@
 Every gate that ran leaves a run in experiment ``seqcls-<model>`` — passed or failed — holding
 the gate's report and plot (``parity/report.json``, ``parity/plot.png``; ``expected.json`` when it
 passed), its figures as metrics, the release parameters as params and the tags
-``seqcls.gates.parity=passed|failed``, ``fingerprint``, ``release_key`` and ``seqcls.workspace``; the run
+``seqcls.gates.parity=passed|failed``, ``fingerprint``, ``release_key`` and ``seqcls.release.workspace``; the run
 id is recorded in the manifest's ``validate`` record (``mlflow_run_id``), so the evidence is one
 click from the task. A failed gate's run is ``FAILED`` with ``seqcls.outcome=gate_failed`` and
 the gate's message in ``seqcls.gate_error``; a passed gate's run waits with
@@ -29,18 +29,18 @@ from urllib.parse import unquote, urlparse
 
 from seqcls.errors import ResourceError
 from seqcls.files import out_of_space, resource_error
-from seqcls.quality.metrics import Scores
-from seqcls.records import EVALUATION, OUT_DIRS, PARITY_REPORT, ParityReport
+from seqcls.gates.metrics import Scores
 from seqcls.registry.ledger import RELEASE_KEY_TAG, client, experiment
-from seqcls.serving.release import release_key
-from seqcls.workspace import Release
+from seqcls.release.keys import release_key
+from seqcls.release.records import EVALUATION, OUT_DIRS, PARITY_REPORT, ParityReport
+from seqcls.release.workspace import Release
 
 log = logging.getLogger(__name__)
 
 VALIDATE_STEP = "validate"
 EVALUATE_STEP = "evaluate"
 PARITY_TAG = "seqcls.gates.parity"
-QUALITY_TAG = "seqcls.quality"
+QUALITY_TAG = "seqcls.gates"
 QUALITY_FAILED = "quality_failed"
 OUTCOME_TAG = "seqcls.outcome"
 GATE_ERROR_TAG = "seqcls.gate_error"
@@ -84,7 +84,7 @@ def open_run(c, release: Release, report: ParityReport | None, key: str, *, pari
         tags={
             "fingerprint": ckpt.fingerprint,
             RELEASE_KEY_TAG: key,
-            "seqcls.workspace": str(ws.root),
+            "seqcls.release.workspace": str(ws.root),
             PARITY_TAG: parity,
             OUTCOME_TAG: outcome,
             **tags,
@@ -210,7 +210,7 @@ def out_of_space_error(where: Path | str, exc: BaseException, run_id: str) -> Re
 
 def _quality_metrics(evaluation: dict[str, Any]) -> dict[str, float]:
     """``eval.<metric>`` for the candidate, ``eval.champion.<metric>`` / ``eval.fp32.<metric>`` beside it
-    (the names of :meth:`~seqcls.quality.metrics.Scores.headline`)."""
+    (the names of :meth:`~seqcls.gates.metrics.Scores.headline`)."""
     out: dict[str, float] = {"eval.passed": float(bool(evaluation.get("passed")))}
     for who, prefix in (("candidate", "eval."), ("champion", "eval.champion."), ("fp32", "eval.fp32.")):
         if evaluation.get(who):
@@ -246,7 +246,7 @@ def _log_quality(release: Release, outcome: str) -> str:
 
 
 def log_quality_evidence(release: Release, outcome: str) -> str | None:
-    """Log the quality gate's evaluation, bad cases and plot to the release's run, tagged ``seqcls.quality``.
+    """Log the quality gate's evaluation, bad cases and plot to the release's run, tagged ``seqcls.gates``.
 
     The run is validate's (register adopts it, so the model version carries both gates' evidence),
     else a new one with the parity evidence too. ``outcome``: ``passed``, ``skipped`` (no eval set) or

@@ -25,9 +25,9 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from seqcls.contract import shipped
+from seqcls.contract.names import ENSEMBLE
 from seqcls.errors import InputError, ServingError
-from seqcls.serving import shipped
-from seqcls.serving.names import ENSEMBLE
 from seqcls.settings import (
     CONTROL_KEY_FILE,
     ENV_TRITON_CONTROL_KEY,

@@ -27,10 +27,10 @@ from typing import Any
 
 import numpy as np
 
+from seqcls.contract import shipped
+from seqcls.contract.names import names_for
 from seqcls.errors import InputError, ServingError
-from seqcls.serving import shipped
 from seqcls.serving.client import TritonOps, endpoints_from_settings, retrying
-from seqcls.serving.names import names_for
 from seqcls.serving.repository import SNAPSHOT, parse_config
 from seqcls.serving.state import current_state
 from seqcls.settings import ENV_SERVING_LAYOUT, Settings, parse_layout

@@ -4,7 +4,7 @@ Releases, rollbacks, ``seqcls sync``, a restarted Triton and crash recovery all 
 there is no separate undo logic to get wrong. From a :class:`~seqcls.serving.state.ServingState`:
 
 - composing models (``<m>_tokenizer``, ``<m>_model``, ``<m>_postprocess``; names in
-  :mod:`seqcls.serving.names`) load the served version, the candidate (a release in flight) and —
+  :mod:`seqcls.contract.names`) load the served version, the candidate (a release in flight) and —
   when no candidate is in flight — the previous version, kept warm so a rollback is an ensemble
   switch; a version published with the *direct* pipeline is left out: its ``<m>`` runs the three
   steps itself, so loading them again would only hold a second copy of the model in memory;
@@ -32,9 +32,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from seqcls import faults
+from seqcls.contract.names import CLASSIC, ServingNames, names_for
 from seqcls.errors import ServingError
 from seqcls.serving.client import TritonOps
-from seqcls.serving.names import CLASSIC, ServingNames, names_for
 from seqcls.serving.repository import Repository
 from seqcls.serving.state import ServingState
 

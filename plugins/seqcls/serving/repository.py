@@ -24,10 +24,10 @@ from string import Template
 from typing import Any
 
 from seqcls.checkpoints.checkpoint import sha256_file
+from seqcls.contract import shipped
+from seqcls.contract.names import CLASSIC, ServingNames, names_for
 from seqcls.errors import InputError, ServingError
 from seqcls.files import atomic_write, held, replace_dir
-from seqcls.serving import shipped
-from seqcls.serving.names import CLASSIC, ServingNames, names_for
 from seqcls.settings import DEVICES, PIPELINES, RUNTIMES, Settings, parse_layout
 
 log = logging.getLogger(__name__)
@@ -341,7 +341,7 @@ class Repository:
 
     @classmethod
     def from_settings(cls, settings: Settings, model_name: str) -> Repository:
-        """The repository as seen by model ``model_name`` (its Triton names: :mod:`seqcls.serving.names`)."""
+        """The repository as seen by model ``model_name`` (its Triton names: :mod:`seqcls.contract.names`)."""
         assert settings.triton_repository is not None and settings.model_repository_source is not None
         return cls(Path(settings.triton_repository), Path(settings.model_repository_source), names_for(model_name))
 

@@ -25,9 +25,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from seqcls.contract.names import names_for
 from seqcls.errors import ServingError
 from seqcls.files import atomic_write
-from seqcls.serving.names import names_for
 from seqcls.serving.repository import Repository
 from seqcls.serving.statelog import EVENTS, STATE_PREFIX, actor, append_event, append_line, log_path, now_iso
 from seqcls.settings import validate_model_name

@@ -2,7 +2,7 @@
 
 :func:`seqcls.serving.state.write_state` appends a line for every state it records; the gates and
 promote append *events* that change no state (:func:`append_event`). ``seqcls history``
-(:mod:`seqcls.history`) reads it back. Each line is one ``O_APPEND`` write, so concurrent writers
+(:mod:`seqcls.ops.history`) reads it back. Each line is one ``O_APPEND`` write, so concurrent writers
 never interleave a line, and a line that cannot be written is a warning, never an error.
 """
 

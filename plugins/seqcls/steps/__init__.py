@@ -30,11 +30,11 @@ from seqcls.errors import SeqclsError
 from seqcls.frameworks.output import library_output
 from seqcls.registry import journal
 from seqcls.registry.ledger import undo
-from seqcls.serving.control import current_context, release_owner
+from seqcls.release.control import current_context, release_owner
+from seqcls.release.workspace import Release, StepResult
 from seqcls.serving.lease import ReleaseLease
 from seqcls.serving.state import append_event, current_state, state_path
 from seqcls.serving.statelog import log_path
-from seqcls.workspace import Release, StepResult
 
 log = logging.getLogger(__name__)
 

@@ -10,7 +10,7 @@ already in ONNX (PyTorch's exporter, :mod:`seqcls.frameworks.transformers`): the
 ``profile: auto`` builds every candidate profile from ``model.onnx`` here, lets
 :mod:`seqcls.profiles.auto` time and check them on this host and keeps the fastest that passes as
 ``served.onnx`` (fp32: ``model.onnx`` itself); the choice and every candidate's figures are in
-``onnx/profile_choice.json`` and the record's ``profile_choice`` (:func:`seqcls.records.effective_profile`).
+``onnx/profile_choice.json`` and the record's ``profile_choice`` (:func:`seqcls.release.records.effective_profile`).
 """
 
 from __future__ import annotations
@@ -24,21 +24,20 @@ from typing import Any
 
 from seqcls.checkpoints.golden import golden_texts
 from seqcls.config import AUTO_PROFILE, ENGINES
+from seqcls.contract import runtime, shipped
 from seqcls.errors import ConversionError
 from seqcls.files import replace_file
 from seqcls.frameworks import for_checkpoint
 from seqcls.frameworks.paddle import static_model_files
-from seqcls.gates import runtime
+from seqcls.gates.evalset import EvalSet
 from seqcls.profiles.auto import CANDIDATES, CHOICE_FILE, Answering, Rules, Trial, measure_and_choose
 from seqcls.profiles.calibration import Calibration
 from seqcls.profiles.optimize import check_engine, optimize_onnx
-from seqcls.quality.evalset import EvalSet
-from seqcls.quality.kept import kept_eval_set
-from seqcls.records import OUT_DIRS, serving_tokenizer, static_dir
-from seqcls.serving import shipped
+from seqcls.release.kept import kept_eval_set
+from seqcls.release.records import OUT_DIRS, serving_tokenizer, static_dir
+from seqcls.release.workspace import Release, StepResult
 from seqcls.settings import ENV_POLYGRAPHY_AUTOINSTALL, scoped_env
 from seqcls.steps import require
-from seqcls.workspace import Release, StepResult
 
 log = logging.getLogger(__name__)
 
@@ -163,7 +162,7 @@ def convert_static(model_file: Path, params_file: Path, save_file: Path, *, opse
 
 def calibration(release: Release):
     """``int8``'s calibration set: the release's golden texts (validate's), tokenized by the
-    tokenizer Triton serves (:func:`~seqcls.records.serving_tokenizer`: the checkpoint's
+    tokenizer Triton serves (:func:`~seqcls.release.records.serving_tokenizer`: the checkpoint's
     ``vocab.txt`` rebuilt for PaddleNLP, the exported ``tokenizer.json`` for transformers) and
     padded with its pad id."""
     texts, source = golden_texts(release.checkpoint)

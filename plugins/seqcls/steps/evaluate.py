@@ -2,10 +2,10 @@
 
 The parity gate proves the served graph computes what the checkpoint computes; it cannot tell a
 good checkpoint from a bad retrain. This step scores the candidate's *serving* graph (the chosen
-profile's ONNX, the serving tokenizer, the served decision rule: :mod:`seqcls.quality.scoring`) on
+profile's ONNX, the serving tokenizer, the served decision rule: :mod:`seqcls.gates.scoring`) on
 a labeled eval set, re-scores the model that is served now — the champion — from its published
 Triton files on the same texts, and judges both with the release's quality rules
-(:mod:`seqcls.quality.rules`): floors always, drops vs the champion when one is served (skipped,
+(:mod:`seqcls.gates.rules`): floors always, drops vs the champion when one is served (skipped,
 and said so, for a first release), and for a reduced-precision profile the drop vs the fp32 graph.
 
 The eval set is the operator's (``eval_set``: CLI ``--eval-set``, DAG param, models file
@@ -14,7 +14,7 @@ the report says so. No eval set at all: the gate is skipped with a warning (reco
 It is read once and hashed; a changed file, champion or rule re-runs the step.
 
 Writes ``quality/evaluation.json`` (what ``seqcls evaluate --json`` prints), ``bad_cases.tsv`` and
-``labels.png``; the figures go to the release's MLflow run (``eval.*``, tag ``seqcls.quality``),
+``labels.png``; the figures go to the release's MLflow run (``eval.*``, tag ``seqcls.gates``),
 also when refused. A refusal raises :class:`GateError` naming each failed rule with both values;
 nothing was registered or published, so what is served is unchanged.
 """
@@ -32,16 +32,18 @@ from typing import Any
 import numpy as np
 
 from seqcls.checkpoints.checkpoint import sha256_file
+from seqcls.contract import runtime, shipped
 from seqcls.errors import GateError, InputError
-from seqcls.gates import runtime
+from seqcls.gates.evalset import EvalSet
+from seqcls.gates.metrics import Scores, bad_cases, score, write_bad_cases
+from seqcls.gates.quality_plot import plot_labels
+from seqcls.gates.rules import QualityRules, Verdict, judge
+from seqcls.gates.scoring import Graph, Predictions, decide_vector, predict
 from seqcls.monitoring import reference as monitoring_reference
-from seqcls.quality.evalset import EvalSet
-from seqcls.quality.kept import OWN_EVAL_FILES, kept_eval_set
-from seqcls.quality.metrics import Scores, bad_cases, score, write_bad_cases
-from seqcls.quality.plot import plot_labels
-from seqcls.quality.rules import QualityRules, Verdict, judge
-from seqcls.quality.scoring import Graph, Predictions, decide_vector, predict, served_graph
-from seqcls.records import (
+from seqcls.registry.runs import log_quality_evidence
+from seqcls.release.kept import OWN_EVAL_FILES, kept_eval_set
+from seqcls.release.keys import QUALITY_PARAMS
+from seqcls.release.records import (
     BAD_CASES,
     EVALUATION,
     OUT_DIRS,
@@ -55,13 +57,11 @@ from seqcls.records import (
     served_onnx,
     serving_tokenizer,
 )
-from seqcls.registry.runs import log_quality_evidence
-from seqcls.serving import shipped
-from seqcls.serving.release import QUALITY_PARAMS
+from seqcls.release.workspace import Release, StepResult
+from seqcls.serving.published import served_graph
 from seqcls.serving.repository import Repository
 from seqcls.serving.state import current_state
 from seqcls.steps import record_refusal, require
-from seqcls.workspace import Release, StepResult
 
 log = logging.getLogger(__name__)
 
@@ -261,7 +261,7 @@ def refusal(release: Release, es: EvalSet, champion_version: int | None, why: st
         f"{es.sha256[:12]}): {why}. "
         f"Nothing was registered or published; what is served is unchanged. Evidence: "
         f"{ws.failed_dir(STEP)}/evaluation.json, bad_cases.tsv, labels.png (and the MLflow run tagged "
-        f"seqcls.quality=failed)."
+        f"seqcls.gates=failed)."
     )
 
 

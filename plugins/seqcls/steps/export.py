@@ -13,8 +13,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from seqcls.frameworks import for_checkpoint
-from seqcls.records import OUT_DIRS
-from seqcls.workspace import Release, StepResult
+from seqcls.release.records import OUT_DIRS
+from seqcls.release.workspace import Release, StepResult
 
 STEP = "export"
 OUT_DIR = OUT_DIRS[STEP]

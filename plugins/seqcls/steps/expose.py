@@ -17,13 +17,13 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from seqcls.errors import StepOrderError
-from seqcls.records import OUT_DIRS, published_version
-from seqcls.serving import control
+from seqcls.release import control
+from seqcls.release.records import OUT_DIRS, published_version
+from seqcls.release.workspace import Release, StepResult
 from seqcls.serving.client import Endpoint, endpoints_from_settings
 from seqcls.serving.repository import Repository, ServingOptions
 from seqcls.serving.state import ServingState
 from seqcls.steps import require
-from seqcls.workspace import Release, StepResult
 
 log = logging.getLogger(__name__)
 

@@ -4,7 +4,7 @@ The registry mirrors the recorded serving state, never leads it: promote refuses
 state says this release's Triton version is served (``expose`` ran). The version it replaces
 becomes ``previous-champion``; every move is appended to the registered model's
 ``champion_history`` tag. The version promoted is the one registered for this release's
-:func:`~seqcls.serving.release.release_key` (its serving configuration), never another version of the
+:func:`~seqcls.release.keys.release_key` (its serving configuration), never another version of the
 same checkpoint. Safe to repeat. It ends the release: the lease is given back.
 If MLflow is down here, the smoke-tested version keeps serving; a re-run (or ``seqcls sync``)
 moves the alias.
@@ -16,13 +16,13 @@ import json
 from pathlib import Path
 
 from seqcls.errors import StepOrderError
-from seqcls.records import OUT_DIRS, Published, Registered
 from seqcls.registry.ledger import CHAMPION, PREVIOUS, model_version_url, set_champion, version_label
-from seqcls.serving import control
-from seqcls.serving.release import release_key
+from seqcls.release import control
+from seqcls.release.keys import release_key
+from seqcls.release.records import OUT_DIRS, Published, Registered
+from seqcls.release.workspace import Release, StepResult
 from seqcls.serving.state import append_event, current_state
 from seqcls.steps import require
-from seqcls.workspace import Release, StepResult
 
 STEP = "promote"
 OUT_DIR = OUT_DIRS[STEP]

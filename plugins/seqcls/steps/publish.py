@@ -28,12 +28,14 @@ from typing import Any
 
 from seqcls import faults
 from seqcls.checkpoints.checkpoint import sha256_file
+from seqcls.contract import shipped
+from seqcls.contract.names import MODEL, POSTPROCESS, TOKENIZER, ServingNames
 from seqcls.errors import ServingError
 from seqcls.files import copy_hashed, replace_dir
-from seqcls.records import OUT_DIRS, Published, served_onnx, serving_tokenizer
-from seqcls.serving import control, shipped
-from seqcls.serving.names import MODEL, POSTPROCESS, TOKENIZER, ServingNames
-from seqcls.serving.release import release_values
+from seqcls.release import control
+from seqcls.release.keys import release_values
+from seqcls.release.records import OUT_DIRS, Published, served_onnx, serving_tokenizer
+from seqcls.release.workspace import Release, StepResult
 from seqcls.serving.repository import (
     DIRECT_SOURCE,
     DIRECT_STEPS,
@@ -49,7 +51,6 @@ from seqcls.serving.repository import (
 )
 from seqcls.serving.state import ServingState, current_state, write_state
 from seqcls.steps import require
-from seqcls.workspace import Release, StepResult
 
 log = logging.getLogger(__name__)
 

@@ -7,7 +7,7 @@ probabilities, what Triton answers, with the served ONNX graph, ``vocab.txt``, t
 ``release.json`` and Triton's own tokenizer/decision files as code), the static Paddle model,
 tokenizer and label files, parity report + plot; then a model version tagged with lineage and
 alias ``candidate``. One version per (fingerprint, serving configuration): the version is tagged
-with :func:`seqcls.serving.release.release_key` and a readable ``serving_config`` JSON, and Airflow
+with :func:`seqcls.release.keys.release_key` and a readable ``serving_config`` JSON, and Airflow
 retries and re-runs with the same key return it; the same checkpoint with another threshold,
 profile, opset, max_length or hierarchy is another version. Versions registered before release
 keys (no ``release_key`` tag) are never reused: their serving configuration is not recorded.
@@ -25,18 +25,9 @@ from pathlib import Path
 from typing import Any
 
 from seqcls import faults
+from seqcls.contract import shipped
 from seqcls.errors import StepOrderError
 from seqcls.frameworks import for_checkpoint
-from seqcls.records import (
-    OUT_DIRS,
-    Expected,
-    ParityReport,
-    Registered,
-    fp32_onnx,
-    served_onnx,
-    serving_tokenizer,
-    static_dir,
-)
 from seqcls.registry import journal, runs
 from seqcls.registry.ledger import (
     CANDIDATE,
@@ -48,14 +39,23 @@ from seqcls.registry.ledger import (
     is_not_found,
     mlflow_failed,
 )
-from seqcls.serving import shipped
-from seqcls.serving.control import release_owner
-from seqcls.serving.release import float32, key_of, release_values, serving_config
+from seqcls.release.control import release_owner
+from seqcls.release.keys import float32, key_of, release_values, serving_config
+from seqcls.release.records import (
+    OUT_DIRS,
+    Expected,
+    ParityReport,
+    Registered,
+    fp32_onnx,
+    served_onnx,
+    serving_tokenizer,
+    static_dir,
+)
+from seqcls.release.workspace import Release, StepResult, package_versions
 from seqcls.serving.repository import ServingOptions
 from seqcls.serving.statelog import actor
 from seqcls.settings import Settings
 from seqcls.steps import require
-from seqcls.workspace import Release, StepResult, package_versions
 
 log = logging.getLogger(__name__)
 

@@ -23,13 +23,13 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from seqcls.errors import ServingError
-from seqcls.records import OUT_DIRS, published_version
-from seqcls.serving import control
+from seqcls.release import control
+from seqcls.release.records import OUT_DIRS, published_version
+from seqcls.release.workspace import Release, StepResult
 from seqcls.serving.client import Endpoint, endpoints_from_settings
 from seqcls.serving.repository import SNAPSHOT, Repository, ServingOptions, parse_config
 from seqcls.serving.state import ServingState, current_state
 from seqcls.steps import require
-from seqcls.workspace import Release, StepResult
 
 log = logging.getLogger(__name__)
 

@@ -24,16 +24,16 @@ from pathlib import Path
 from typing import Any
 
 from seqcls.errors import InputError, ServingError, StepOrderError
-from seqcls.records import OUT_DIRS, published_version
 from seqcls.registry.ledger import mirror_champion, undo
-from seqcls.serving import control
+from seqcls.release import control
+from seqcls.release.keys import served_release_key
+from seqcls.release.records import OUT_DIRS, published_version
+from seqcls.release.workspace import Release, StepResult
 from seqcls.serving.client import Endpoint, endpoints_from_settings
 from seqcls.serving.lease import ReleaseLease
-from seqcls.serving.release import served_release_key
 from seqcls.serving.repository import Repository, ServingOptions
 from seqcls.serving.state import ServingState, current_state
 from seqcls.settings import Settings
-from seqcls.workspace import Release, StepResult
 
 log = logging.getLogger(__name__)
 

@@ -28,14 +28,15 @@ from typing import Any
 
 import numpy as np
 
+from seqcls.contract import shipped
+from seqcls.contract.names import ENSEMBLE, names_for
 from seqcls.errors import SmokeError, StepOrderError
-from seqcls.records import OUT_DIRS, Expected, ExpectedItem, Shadow, published_version
-from seqcls.serving import metrics, shipped
+from seqcls.release.records import OUT_DIRS, Expected, ExpectedItem, Shadow, published_version
+from seqcls.release.workspace import Release, StepResult
+from seqcls.serving import metrics
 from seqcls.serving.client import Endpoint, TritonOps, endpoints_from_settings
-from seqcls.serving.names import ENSEMBLE, names_for
 from seqcls.serving.state import current_state
 from seqcls.steps import require
-from seqcls.workspace import Release, StepResult
 
 log = logging.getLogger(__name__)
 

@@ -29,12 +29,14 @@ import numpy as np
 from seqcls.checkpoints.checkpoint import sha256_file
 from seqcls.checkpoints.golden import golden_texts
 from seqcls.config import EXACT_PROFILES
+from seqcls.contract import runtime, shipped
 from seqcls.errors import GateError, InputError
 from seqcls.frameworks import for_checkpoint
-from seqcls.gates import parity, runtime
+from seqcls.gates import parity
 from seqcls.gates.parity import Tolerance
-from seqcls.gates.plot import plot
-from seqcls.records import (
+from seqcls.gates.parity_plot import plot
+from seqcls.registry.runs import log_parity_evidence
+from seqcls.release.records import (
     OUT_DIRS,
     Expected,
     ExpectedItem,
@@ -46,10 +48,8 @@ from seqcls.records import (
     serving_tokenizer,
     static_dir,
 )
-from seqcls.registry.runs import log_parity_evidence
-from seqcls.serving import shipped
+from seqcls.release.workspace import Release, StepResult
 from seqcls.steps import record_refusal, require
-from seqcls.workspace import Release, StepResult
 
 log = logging.getLogger(__name__)
 

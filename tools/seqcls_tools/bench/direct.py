@@ -17,9 +17,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from seqcls.contract.names import ServingNames
 from seqcls.errors import InputError
 from seqcls.serving.client import TritonOps, retrying
-from seqcls.serving.names import ServingNames
 from seqcls.serving.repository import (
     DIRECT_STEPS,
     DIRECT_STEPS_FILE,
@@ -183,8 +183,8 @@ def compare_layouts(
     blocks alternating with the same work in process (:func:`seqcls_tools.bench.lone.served_and_in_process`);
     then ``clients`` concurrent single-text clients for ``seconds`` per layout (:func:`_load`). Speeds are
     served / in process (≥ 1: as fast as the in-process limit; :func:`_summary`)."""
+    from seqcls.contract.names import names_for
     from seqcls.serving.client import endpoints_from_settings
-    from seqcls.serving.names import names_for
     from seqcls.serving.state import current_state
     from seqcls_tools.bench import lone, measure
     from seqcls_tools.bench.serving import inprocess_steps

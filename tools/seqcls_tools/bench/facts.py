@@ -1,4 +1,4 @@
-"""What the benchmark reports about a release, read through :mod:`seqcls.records` (no JSON keys of its own).
+"""What the benchmark reports about a release, read through :mod:`seqcls.release.records` (no JSON keys of its own).
 
 A passed gate's report is :meth:`ParityReport.load`; a failed gate's is the same record read
 from the step's ``failed/`` directory (:meth:`Workspace.failed_dir`), so the benchmark can say
@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from seqcls.errors import StepOrderError
-from seqcls.records import PARITY_REPORT, ParityReport, fp32_onnx, served_onnx
-from seqcls.workspace import Workspace
+from seqcls.release.records import PARITY_REPORT, ParityReport, fp32_onnx, served_onnx
+from seqcls.release.workspace import Workspace
 
 #: Facts of the convert step's summary the benchmark tables show (the optimize report included).
 CONVERT_FACTS = ("bytes", "opset", "optimize")

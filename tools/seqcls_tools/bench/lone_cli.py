@@ -47,8 +47,8 @@ def run(
 ) -> dict[str, Any]:
     """The lone-request results of ``checkpoint`` per profile, shaped like ``seqcls bench``'s results;
     with ``direct``, also the direct layout beside the ensemble (:func:`.direct.compare_layouts`)."""
-    from seqcls.records import serving_tokenizer
-    from seqcls.serving import shipped
+    from seqcls.contract import shipped
+    from seqcls.release.records import serving_tokenizer
     from seqcls.steps import run_release
 
     texts = [json.loads(line)["text"] for line in (DEMO_DATA / "test.jsonl").read_text(encoding="utf-8").splitlines()]

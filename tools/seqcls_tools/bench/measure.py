@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from seqcls.serving.names import ENSEMBLE
+from seqcls.contract.names import ENSEMBLE
 
 ROLES = ("server", "tokenizer", "seqcls_model", "seqcls_postprocess", "other")
 
@@ -293,7 +293,7 @@ def ort_sessions(
     """One session per worker, as ``seqcls_model`` opens it: ONNX Runtime, or ``profile``'s engine (bf16)."""
     import onnxruntime as ort
 
-    from seqcls.serving import shipped
+    from seqcls.contract import shipped
 
     engine = shipped.engine()
     if profile in engine.ENGINES:

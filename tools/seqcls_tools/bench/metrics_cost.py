@@ -25,10 +25,10 @@ from typing import Any
 
 from seqcls.config import ReleaseConfig
 from seqcls.localtriton import LocalTriton, TritonServerConfig, free_ports
+from seqcls.release.intake import open_release
 from seqcls.serving import metrics as triton_metrics
 from seqcls.settings import Settings
 from seqcls.steps import run_release
-from seqcls.workspace import open_release
 from seqcls_tools.bench import machine, measure, perf_analyzer
 
 log = logging.getLogger("seqcls.bench.metrics_cost")

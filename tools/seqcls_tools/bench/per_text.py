@@ -147,7 +147,7 @@ def measure(
     Interleaved finely so that a busy machine slows every strategy alike: each ``execute`` call runs
     under every strategy back to back (in a rotating order), and a call's time is its fastest of
     ``rounds``; a shape's rate is its texts over the sum of its calls' times."""
-    from seqcls.serving import shipped
+    from seqcls.contract import shipped
 
     text_mod = shipped.text()
     strategies = [*shipped.contract().BATCHINGS, UNGROUPED]
@@ -184,7 +184,7 @@ def measure(
 
 
 def _ids(corpus: list[str], vocab_file: Path, max_length: int = 128) -> list[list[int]]:
-    from seqcls.serving import shipped
+    from seqcls.contract import shipped
 
     text_mod = shipped.text()
     tok = text_mod.build_tokenizer(vocab_file, lowercase=True, max_length=max_length)

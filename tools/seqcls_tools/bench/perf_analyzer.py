@@ -18,8 +18,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from seqcls.contract.names import ENSEMBLE
 from seqcls.errors import InputError
-from seqcls.serving.names import ENSEMBLE
 from seqcls_tools.bench import measure
 
 #: where ``make setup-perf`` installs it, beside the running venv

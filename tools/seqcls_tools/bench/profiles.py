@@ -40,7 +40,7 @@ def bench_release(checkpoint: Path, profile: str, settings):
     from dataclasses import replace
 
     from seqcls.config import ReleaseConfig
-    from seqcls.workspace import open_release
+    from seqcls.release.intake import open_release
 
     settings = replace(settings, home=Path(settings.home) / f"profile-{profile}")
     return open_release(checkpoint, ReleaseConfig(profile=profile), settings)
@@ -91,8 +91,8 @@ def batch_dependence(checkpoint: Path, home: Path, texts: list[str], batch: int 
     """
     import numpy as np
 
-    from seqcls.records import served_onnx, serving_tokenizer
-    from seqcls.serving import shipped
+    from seqcls.contract import shipped
+    from seqcls.release.records import served_onnx, serving_tokenizer
 
     text_mod, decide_mod = shipped.text(), shipped.decide()
     out: dict[str, Any] = {}
@@ -149,7 +149,7 @@ def serve_release(release, options: ServingOptions, results: dict | None = None)
     """
     import inspect
 
-    from seqcls.serving import control
+    from seqcls.release import control
     from seqcls.steps import step
 
     results = {} if results is None else results

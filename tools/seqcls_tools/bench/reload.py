@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from seqcls.errors import SeqclsError
-from seqcls.records import Published
+from seqcls.release.records import Published
 from seqcls_tools.bench import measure
 from seqcls_tools.bench.plan import Budget, ServingConfig
 from seqcls_tools.bench.profiles import bench_release, bench_settings, serve_release

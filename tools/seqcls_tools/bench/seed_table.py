@@ -18,7 +18,7 @@ Every Triton row is a release of the checkpoint through the real gates (export �
 validate), served on a fresh local Triton by the library's serving steps (publish → reload →
 smoke → expose). Its labeled scores come from its own answers: each eval text sent alone through
 the public route; the offline quality gate's score of the same published graph
-(:func:`seqcls.quality.scoring.predict`) is printed beside it, with how many texts' label sets
+(:func:`seqcls.gates.scoring.predict`) is printed beside it, with how many texts' label sets
 differ between the two. Then ``clients`` threads send single eval texts back to back for
 ``seconds``: P95, QPS, and the resident memory of Triton and its python stubs. ::
 
@@ -123,7 +123,7 @@ def _summary(latencies_ms: Sequence[float], texts: int, seconds: float, failed: 
 
 
 def _scores(gold: Sequence[Sequence[str]], pred: Sequence[Sequence[str]], labels: Sequence[str]) -> dict[str, Any]:
-    from seqcls.quality.metrics import score
+    from seqcls.gates.metrics import score
 
     s = score(gold, pred, labels)
     return {"micro_f1": round(s.micro_f1, 4), "macro_f1": round(s.macro_f1, 4), "texts": s.texts}
@@ -150,7 +150,7 @@ class _Framework:
 
     def __init__(self, release) -> None:
         from seqcls.frameworks import for_checkpoint
-        from seqcls.records import model_inputs, serving_tokenizer, static_dir
+        from seqcls.release.records import model_inputs, serving_tokenizer, static_dir
 
         ckpt = release.checkpoint
         self.max_length = release.config.max_length
@@ -197,7 +197,7 @@ def framework_direct(
     the framework in this process; the labeled scores from the same path, one text at a time."""
     import psutil
 
-    from seqcls.serving import shipped
+    from seqcls.contract import shipped
 
     decide_mod = shipped.decide()
     proc = psutil.Process()
@@ -287,8 +287,9 @@ def triton_row(
     """``row`` served on a fresh local Triton: its labeled scores, the offline gate's, and its load.
 
     Returns the entry, the release and the published graph (the framework row decides with it)."""
-    from seqcls.quality.scoring import predict, served_graph
+    from seqcls.gates.scoring import predict
     from seqcls.serving.client import endpoints_from_settings, ops_for
+    from seqcls.serving.published import served_graph
     from seqcls.serving.repository import Repository
     from seqcls_tools.bench.profiles import bench_release, bench_settings, serve_release
     from seqcls_tools.bench.serving import BenchServer
@@ -332,7 +333,7 @@ def triton_row(
 
 def read_eval_texts(path: Path, labels: Sequence[str]) -> tuple[list[str], list[list[str]]]:
     """Texts and gold label sets of an eval set, read and checked as the quality gate reads it."""
-    from seqcls.quality.evalset import read_eval_set
+    from seqcls.gates.evalset import read_eval_set
 
     ev = read_eval_set(path, labels)
     return list(ev.texts), [list(x) for x in ev.labels]
@@ -340,7 +341,7 @@ def read_eval_texts(path: Path, labels: Sequence[str]) -> tuple[list[str], list[
 
 def run(checkpoint: Path, eval_set: Path, work: Path, *, clients: int = 8, seconds: float = 30.0) -> dict[str, Any]:
     """Every row of the table for ``checkpoint`` on ``eval_set`` (see the module docstring)."""
-    from seqcls.serving import shipped
+    from seqcls.contract import shipped
     from seqcls.steps import run_release
     from seqcls_tools.bench.profiles import bench_release, bench_settings
 

@@ -57,8 +57,8 @@ class BenchServer:
 
 
 def _inprocess(release, config: ServingConfig, texts: list[str], budget: Budget) -> dict[str, Any]:
-    from seqcls.records import effective_profile, served_onnx
-    from seqcls.serving import shipped
+    from seqcls.contract import shipped
+    from seqcls.release.records import effective_profile, served_onnx
 
     o = config.options
     workers = o.model_instances
@@ -99,8 +99,8 @@ def _inprocess(release, config: ServingConfig, texts: list[str], budget: Budget)
 def inprocess_steps(release, options: ServingOptions) -> dict[str, Any]:
     """A lone text's work in process, step by step (:func:`.lone.time_steps`): the release's serving
     tokenizer, its served model in a session of the served thread layout, sigmoid + decide."""
-    from seqcls.records import effective_profile, served_onnx, serving_tokenizer
-    from seqcls.serving import shipped
+    from seqcls.contract import shipped
+    from seqcls.release.records import effective_profile, served_onnx, serving_tokenizer
 
     text_mod, decide_mod = shipped.text(), shipped.decide()
     (session,) = measure.ort_sessions(
@@ -131,7 +131,7 @@ def lone_request(server, release, options: ServingOptions, texts: list[str], req
     """A lone request's time per part (:mod:`.lone`): ``requests`` sequential single-text requests on
     ``server``, split by Triton's statistics, beside the same work in process (:func:`inprocess_steps`)
     run in alternating blocks, so the machine's other load drifts over both alike."""
-    from seqcls.serving.names import names_for
+    from seqcls.contract.names import names_for
 
     names = names_for(release.config.model_name)
     steps = inprocess_steps(release, options)

@@ -32,7 +32,7 @@ def corpus_facts(corpus: list[str], checkpoint: Path, golden: int | None = None)
     (what the release's gate and the batch-dependence check run)."""
     import numpy as np
 
-    from seqcls.serving import shipped
+    from seqcls.contract import shipped
 
     text_mod = shipped.text()
     tok = text_mod.build_tokenizer(checkpoint / "vocab.txt", lowercase=True, max_length=128)
@@ -57,7 +57,7 @@ def corpus_facts(corpus: list[str], checkpoint: Path, golden: int | None = None)
 def tokenizer_benchmark(checkpoint: Path, texts: list[str], budget: Budget, max_length: int = 128) -> dict[str, Any]:
     from paddlenlp.transformers import AutoTokenizer
 
-    from seqcls.serving import shipped
+    from seqcls.contract import shipped
 
     text_mod = shipped.text()
     hf = text_mod.build_tokenizer(checkpoint / "vocab.txt", lowercase=True, max_length=max_length)

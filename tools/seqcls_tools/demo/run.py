@@ -152,7 +152,7 @@ def ensure_checkpoint(
     if (ckpt / "config.json").is_file() and (ckpt / "label.txt").is_file():
         metrics = ckpt / "metrics.json"
         log.info("demo: reusing the trained checkpoint %s", ckpt)
-        from seqcls.checkpoints.completion import mark_complete, read_marker
+        from seqcls.release.completion import mark_complete, read_marker
 
         if read_marker(ckpt) is None:  # trained before completion markers existed
             mark_complete(ckpt, run="seqcls_tools.demo (trained before completion markers)")
@@ -175,11 +175,11 @@ def run_demo(*, keep_servers: bool = False, quick: bool = False, timeout: float 
     """Release the demo checkpoint through the Airflow DAG and report what Triton serves."""
     from seqcls.localtriton import LocalTriton, TritonServerConfig
     from seqcls.registry import ledger as registry
+    from seqcls.release.intake import open_release
+    from seqcls.release.keys import release_key
     from seqcls.serving.client import TritonOps, endpoints_from_settings
-    from seqcls.serving.release import release_key
     from seqcls.serving.repository import Repository
     from seqcls.steps import ORDER
-    from seqcls.workspace import open_release
 
     root = demo_dir()
     settings = Settings.from_env(home=Path(os.environ.get("SEQCLS_HOME") or root / "home"))
@@ -258,8 +258,8 @@ def release_retrain(
     """Train (or reuse) the worse retrain, run the DAG on it, and check the quality gate refused it with
     nothing changed: the served version and MLflow's champion as before. Anything else is an error."""
     from seqcls.registry import ledger as registry
+    from seqcls.release.intake import open_release
     from seqcls.serving.repository import Repository
-    from seqcls.workspace import open_release
 
     t0 = time.perf_counter()
     ckpt, trained = ensure_checkpoint(settings, quick=True, name=RETRAIN, epochs=RETRAIN_EPOCHS)

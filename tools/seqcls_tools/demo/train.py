@@ -184,7 +184,7 @@ def train_demo_checkpoint(
     )
     metrics = _metrics(result, best, ev, data, cfg, seed=seed, quick=quick)
     (out_dir / "metrics.json").write_text(json.dumps(metrics, ensure_ascii=False, indent=2) + "\n", "utf-8")
-    from seqcls.checkpoints.completion import mark_complete
+    from seqcls.release.completion import mark_complete
 
     mark_complete(out_dir, run=f"seqcls_tools.demo.train(seed={seed})")  # last: now it may be `latest`
     log.info(

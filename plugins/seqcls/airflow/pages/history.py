@@ -4,7 +4,7 @@ One row per serving change (a release's candidate, its exposure, the champion mo
 withdrawn candidate, a repaired state) and per gate refusal, newest first: when, what, from → to in
 both numberings ("Triton v5 (MLflow v1)"), fingerprint, the gates' verdicts, who (user@host, and the
 Airflow run), the reason — with links to that run and its evidence pages. Above it, what serves now;
-the notes of :func:`seqcls.history.history` (MLflow unreachable, damaged log lines) are never hidden.
+the notes of :func:`seqcls.ops.history.history` (MLflow unreachable, damaged log lines) are never hidden.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from seqcls.airflow.pages.kit import Link, e, foot, head, verdict
-from seqcls.history import History, HistoryEntry, who_label
+from seqcls.ops.history import History, HistoryEntry, who_label
 
 #: Kinds after which the public ensemble serves the entry's ``to`` version.
 SERVING_KINDS = ("expose", "rollback", "adopt", "sync-repair")

@@ -26,8 +26,8 @@ from seqcls.airflow.pages.kit import (
     short,
     verdict,
 )
-from seqcls.records import OUT_DIRS, PARITY_PLOT, PARITY_REPORT
-from seqcls.workspace import Workspace
+from seqcls.release.records import OUT_DIRS, PARITY_PLOT, PARITY_REPORT
+from seqcls.release.workspace import Workspace
 
 #: The figures shown in the details table, per report section (the rest are lists or repeat a card).
 DETAIL_KEYS = ("texts", "profile", "provider", "golden_source", "seconds", "passed")

@@ -2,7 +2,7 @@
 the plot, then per label, the eval set, the bad cases and every check.
 
 Read from the release workspace: ``quality/`` for a passed gate, ``failed/evaluate/`` for a refused
-one — only the layout's files (:mod:`seqcls.records`), each confined to the workspace (a symlink
+one — only the layout's files (:mod:`seqcls.release.records`), each confined to the workspace (a symlink
 out of it is not the layout's file). States: passed, refused, skipped (no eval set), failed (an
 error before any verdict), not run.
 """
@@ -17,8 +17,8 @@ from typing import Any
 
 from seqcls.airflow.pages.kit import Link, e, figure, folded, foot, head, verdict
 from seqcls.airflow.pages.kit import number as _number
-from seqcls.records import BAD_CASES, EVALUATION, OUT_DIRS, QUALITY_PLOT
-from seqcls.workspace import Workspace
+from seqcls.release.records import BAD_CASES, EVALUATION, OUT_DIRS, QUALITY_PLOT
+from seqcls.release.workspace import Workspace
 
 QUALITY_STEP = "evaluate"
 #: The headline rows of the quality table: Scores field → what the page calls it.

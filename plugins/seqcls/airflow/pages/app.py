@@ -9,7 +9,7 @@ A FastAPI app the plugin mounts in the API server under ``/seqcls`` (:data:`URL_
 - ``GET /seqcls/quality/{dag_id}/{run_id}`` — ``evaluate_quality``: the verdict (each failed rule with
   both values), candidate beside champion, ``labels.png``, then per label, the eval set,
   ``bad_cases.tsv`` and every check folded — passed, refused, skipped or not run;
-- ``GET /seqcls/history`` and ``/seqcls/history/{model}`` — :func:`seqcls.history.history` as a table
+- ``GET /seqcls/history`` and ``/seqcls/history/{model}`` — :func:`seqcls.ops.history.history` as a table
   (what ``seqcls history --json`` prints), each change linked to its Airflow run and evidence.
 
 Every page starts with links: the Airflow run (its grid view), the MLflow run, the other gate's page,
@@ -21,8 +21,8 @@ tracking server (a sqlite store has no UI). The history reads the model reposito
 Triton Connection (its release DAG's ``triton_conn_id``).
 
 A release is found from what ``resolve_checkpoint`` returned for that run (model, fingerprint); its
-workspace is recomputed from the settings (:func:`seqcls.workspace.workspace_dir`) and only read. No
-part of a request names a file: each file's path is the layout's own (:mod:`seqcls.records`) and must
+workspace is recomputed from the settings (:func:`seqcls.release.workspace.workspace_dir`) and only read. No
+part of a request names a file: each file's path is the layout's own (:mod:`seqcls.release.records`) and must
 resolve inside the workspace. The HTML is :mod:`seqcls.airflow.pages`'.
 
 Access: the same login as the UI (the ``_token`` cookie or a bearer token) and read access to the
@@ -52,11 +52,11 @@ from seqcls.airflow.pages.parity import evidence, render
 from seqcls.airflow.pages.quality import quality_evidence, render_quality
 from seqcls.airflow.report import pushed_value
 from seqcls.errors import InputError
-from seqcls.history import history, read_entries
+from seqcls.ops.history import history, read_entries
+from seqcls.ops.sync import models_in
 from seqcls.registry.ledger import model_version_url
+from seqcls.release.workspace import workspace_dir
 from seqcls.settings import Settings
-from seqcls.sync import models_in
-from seqcls.workspace import workspace_dir
 
 log = logging.getLogger("seqcls.airflow")
 

@@ -3,7 +3,7 @@
 A step writes its files under its own directory and a summary into the manifest; a later step
 that needs them reads them through this module — never by path literal or dict key of its own —
 so each file has one owner and each record one definition (with its JSON form). The workspace
-*mechanics* (staging, atomic rename, skip/redo) are :mod:`seqcls.workspace`.
+*mechanics* (staging, atomic rename, skip/redo) are :mod:`seqcls.release.workspace`.
 """
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from seqcls.config import AUTO_PROFILE
+from seqcls.contract import shipped
 from seqcls.errors import StepOrderError
 from seqcls.frameworks import ServingTokenizer, for_checkpoint
-from seqcls.serving import shipped
-from seqcls.workspace import Release, Workspace
+from seqcls.release.workspace import Release, Workspace
 
 # --- layout: the directory each step owns, and the files other steps read ---------------------
 OUT_DIRS: dict[str, str] = {
@@ -247,7 +247,7 @@ class Published:
 class Registered:
     """The MLflow model version a release registered (or found already registered).
 
-    ``release_key``: the serving configuration the version stands for (``seqcls.serving.release.release_key``;
+    ``release_key``: the serving configuration the version stands for (``seqcls.release.keys.release_key``;
     None in records written before release keys).
     """
 

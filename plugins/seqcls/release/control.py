@@ -29,15 +29,15 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from seqcls import faults
+from seqcls.contract.names import names_for
 from seqcls.errors import ServingError
+from seqcls.release.keys import release_key
+from seqcls.release.workspace import Release
 from seqcls.serving.client import Endpoint, TritonOps, ops_for
 from seqcls.serving.lease import LeaseHolder, ReleaseLease
-from seqcls.serving.names import names_for
 from seqcls.serving.reconcile import ReconcileReport, observe, reconcile
-from seqcls.serving.release import release_key
 from seqcls.serving.repository import Repository
 from seqcls.serving.state import ServingState, current_state, write_state
-from seqcls.workspace import Release
 
 log = logging.getLogger(__name__)
 

@@ -1,4 +1,5 @@
-"""The checkpoint intake: validate a checkpoint directory in a fixed order and fingerprint it.
+"""The intake of a release: a checkpoint directory checked in a fixed order, fingerprinted, taken into
+its workspace's snapshot — and a later task's release reopened from that snapshot.
 
 The common checks (the directory, links out of it, ``config.json``, labels, golden texts) are
 here; what differs by framework — weights it may read, its tokenizer, the files that define the
@@ -8,14 +9,22 @@ readers both use are :mod:`seqcls.checkpoints.checkpoint`. Cheap: no paddle or t
 A release does not validate the operator's directory in place: :func:`take_checkpoint` copies the
 files it reads into a snapshot (:mod:`seqcls.checkpoints.snapshot`), hashing the bytes it copies,
 and validates and fingerprints the copy — so the bytes checked, fingerprinted and later served
-are one and the same; its messages still name the operator's files.
+are one and the same; its messages still name the operator's files. :func:`open_release` is the
+``resolve`` step; :func:`reopen_release` is what every later task of a run opens.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
+import os
+import secrets
+import shutil
+from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from seqcls.checkpoints import snapshot
 from seqcls.checkpoints.checkpoint import (
@@ -32,10 +41,17 @@ from seqcls.checkpoints.checkpoint import (
     sha256_file,
     weights_path,
 )
+from seqcls.checkpoints.snapshot import SNAPSHOT_DIR
+from seqcls.config import ReleaseConfig
 from seqcls.errors import CheckpointError
+from seqcls.files import atomic_write, out_of_space, resource_error
 from seqcls.frameworks import FRAMEWORKS, Framework, detect
+from seqcls.release.workspace import SCHEMA, Release, Workspace, workspace_dir
+from seqcls.settings import Settings
 
 log = logging.getLogger(__name__)
+
+INTAKE_DIR = ".intake"  # <releases>/<model>/.intake/<pid>-<random>/: a snapshot being taken in
 
 #: Every model file any framework reads (a checkpoint's links are checked before its framework is known).
 READ_FILES = tuple(dict.fromkeys(name for framework in FRAMEWORKS for name in framework.model_files))
@@ -230,3 +246,140 @@ def check_snapshot(snap: Path, taken: snapshot.Taken, *, allow_unsafe_pickle: bo
         return resolve_checkpoint(snap, allow_unsafe_pickle=allow_unsafe_pickle, known=taken.files, source=root)
     except CheckpointError as exc:
         raise _at_source(exc, snap.resolve(), root, origins) from exc
+
+
+@contextlib.contextmanager
+def _intake(model_dir: Path) -> Iterator[Path]:
+    """A fresh directory to take a snapshot into before its fingerprint (so its workspace) is known."""
+    staging = model_dir / INTAKE_DIR / f"{os.getpid()}-{secrets.token_hex(4)}"
+    try:
+        yield staging / SNAPSHOT_DIR
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def _relocated(ckpt: Checkpoint, snap: Path) -> Checkpoint:
+    return replace(ckpt, path=snap, weights=snap / ckpt.weights.name)
+
+
+def _settle(ws: Workspace, ckpt: Checkpoint, taken: snapshot.Taken, staging: Path) -> Checkpoint:
+    """Under the workspace lock: keep its snapshot when intact and of these very files, else install ``staging``."""
+    final = ws.path(SNAPSHOT_DIR)
+    if final.exists():
+        try:
+            existing = snapshot.verify(final)
+            if existing.files == taken.files:
+                if existing != taken:  # the same bytes taken from another directory: the record names this one
+                    atomic_write(final / snapshot.RECORD, taken.to_json())
+                log.info("checkpoint snapshot %s: intact and of these files — kept", final)
+                return _relocated(ckpt, final)
+        except snapshot.DamagedSnapshot as exc:
+            log.warning("checkpoint snapshot replaced — %s", exc)
+    snapshot.install(staging, final)
+    log.info("checkpoint snapshot %s: %d files, %.1f MB (one per workspace)", final, len(taken.files), taken.megabytes)
+    return _relocated(ckpt, final)
+
+
+def open_release(
+    checkpoint: str | Path,
+    config: ReleaseConfig | None = None,
+    settings: Settings | None = None,
+    *,
+    label_file: str | Path | None = None,
+    golden_file: str | Path | None = None,
+) -> Release:
+    """Take the checkpoint into its workspace's snapshot, validated, and open (or create) the workspace;
+    the ``resolve`` step. The release reads the snapshot only (``checkpoint.path``; ``.origin``: ``checkpoint``)."""
+    config = config or ReleaseConfig()
+    settings = settings or Settings.from_env()
+    model_dir = settings.releases_dir / config.model_name
+    try:
+        with _intake(model_dir) as staging:
+            ckpt, taken = take_checkpoint(
+                checkpoint,
+                staging,
+                label_file=label_file,
+                golden_file=golden_file,
+                allow_unsafe_pickle=config.allow_unsafe_pickle,
+            )
+            ws = Workspace(workspace_dir(settings, config.model_name, ckpt.fingerprint))
+            with ws.lock():
+                ckpt = _settle(ws, ckpt, taken, staging)
+        ws.annotate(
+            schema=SCHEMA,
+            model_name=config.model_name,
+            fingerprint=ckpt.fingerprint,
+            checkpoint=ckpt.to_dict(),
+            config=config.to_dict(),
+        )
+    except OSError as exc:
+        if out_of_space(exc):
+            raise resource_error(model_dir, exc, "taking the checkpoint into its release workspace") from exc
+        raise
+    log.info("release workspace %s (model %s, fingerprint %s)", ws.root, config.model_name, ckpt.short_fingerprint)
+    return Release(settings, config, ckpt, ws)
+
+
+def _source_args(taken: snapshot.Taken) -> dict[str, Any]:
+    """How the snapshot's source was taken in: its directory, and label/golden files given from elsewhere."""
+    root = Path(taken.source)
+    args: dict[str, Any] = {"path": root}
+    for name, key in ((LABEL_FILE, "label_file"), (GOLDEN_FILE, "golden_file")):
+        origin = taken.origins.get(name)
+        if origin and not Path(origin).is_relative_to(root):
+            args[key] = Path(origin)
+    return args
+
+
+def _remake(
+    ws: Workspace, config: ReleaseConfig, fingerprint: str, damage: CheckpointError, source: Callable[[], Path] | None
+) -> Checkpoint:
+    """Re-take a damaged (or missing) snapshot from its source — only if that still hashes to ``fingerprint``."""
+    snap = ws.path(SNAPSHOT_DIR)
+    try:
+        args = _source_args(snapshot.read_record(snap))
+    except snapshot.DamagedSnapshot:
+        if source is None:
+            raise damage from None
+        args = {"path": source()}
+    root = args.pop("path")
+    with _intake(ws.root.parent) as staging:
+        try:
+            ckpt, _ = take_checkpoint(root, staging, allow_unsafe_pickle=config.allow_unsafe_pickle, **args)
+        except CheckpointError as exc:
+            raise CheckpointError(f"{damage} Re-making the snapshot from {root} failed: {exc}") from exc
+        if ckpt.fingerprint != fingerprint:
+            raise CheckpointError(
+                f"{damage} It cannot be re-made: {root} no longer hashes to this run's fingerprint {fingerprint[:16]} "
+                f"(now {ckpt.short_fingerprint}: the checkpoint changed since the run resolved it). Trigger a new run."
+            )
+        snapshot.install(staging, snap)
+    log.warning("checkpoint snapshot %s re-made from %s — %s", snap, root, damage)
+    return _relocated(ckpt, snap)
+
+
+def reopen_release(
+    settings: Settings,
+    config: ReleaseConfig,
+    fingerprint: str,
+    *,
+    source: Callable[[], Path] | None = None,
+) -> Release:
+    """The release of ``fingerprint`` from its workspace's snapshot, verified — what a later task of a run
+    opens, so a checkpoint changed in place since resolve has no effect on the run. A damaged snapshot is
+    re-made from its recorded source (else ``source()``) only while that still hashes to ``fingerprint``."""
+    ws = Workspace(workspace_dir(settings, config.model_name, fingerprint))
+    snap = ws.path(SNAPSHOT_DIR)
+    with ws.lock():
+        try:
+            taken = snapshot.verify(snap)
+        except snapshot.DamagedSnapshot as damage:
+            ckpt = _remake(ws, config, fingerprint, damage, source)
+        else:
+            ckpt = _relocated(check_snapshot(snap, taken, allow_unsafe_pickle=config.allow_unsafe_pickle), snap)
+    if ckpt.fingerprint != fingerprint:
+        raise CheckpointError(
+            f"{snap}: its files hash to {ckpt.short_fingerprint}, not to this run's fingerprint {fingerprint[:16]}; "
+            "trigger a new run."
+        )
+    return Release(settings, config, ckpt, ws)

@@ -31,15 +31,16 @@ from pathlib import Path
 from typing import Any
 
 from seqcls.checkpoints.checkpoint import sha256_file
+from seqcls.contract.names import CLASSIC, names_for
 from seqcls.errors import SeqclsError, ServingError
 from seqcls.files import copy_hashed, replace_file
 from seqcls.registry import journal
 from seqcls.registry.ledger import mirror_champion
-from seqcls.serving import control
+from seqcls.release import control
+from seqcls.release.keys import served_release_key
+from seqcls.release.workspace import Workspace
 from seqcls.serving.client import endpoints_from_settings
 from seqcls.serving.lease import ReleaseLease, pid_alive
-from seqcls.serving.names import CLASSIC, names_for
-from seqcls.serving.release import served_release_key
 from seqcls.serving.repository import RELEASE_FILE, Repository
 from seqcls.serving.state import (
     STATE_PREFIX,
@@ -51,7 +52,6 @@ from seqcls.serving.state import (
     write_state,
 )
 from seqcls.settings import DEFAULT_MODEL_NAME, Settings, validate_model_name
-from seqcls.workspace import Workspace
 
 log = logging.getLogger(__name__)
 

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import numpy as np
 
+from seqcls.contract import shipped
 from seqcls.errors import GateError
-from seqcls.serving import shipped
 
 BATCH = 16
 

@@ -1,6 +1,6 @@
 """The eval set a release is judged on, found and kept: read once at resolve, scored from that copy.
 
-Resolve (:mod:`seqcls.gates.preflight`) reads the file once, checks it against the checkpoint's labels
+Resolve (:mod:`seqcls.steps.preflight`) reads the file once, checks it against the checkpoint's labels
 and keeps its bytes in the workspace; the quality gate (:mod:`seqcls.steps.evaluate`) scores that very
 copy, never the file again, wherever its task runs — a file changed after the check has no effect.
 """
@@ -14,9 +14,9 @@ from pathlib import Path
 from seqcls.checkpoints.checkpoint import inside_checkpoint, sha256_file
 from seqcls.errors import InputError
 from seqcls.files import atomic_write
-from seqcls.quality.evalset import EvalSet, parse_eval_set, read_once
-from seqcls.records import EVAL_SET_DIR
-from seqcls.workspace import Release
+from seqcls.gates.evalset import EvalSet, parse_eval_set, read_once
+from seqcls.release.records import EVAL_SET_DIR
+from seqcls.release.workspace import Release
 
 log = logging.getLogger(__name__)
 

@@ -16,18 +16,18 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from seqcls.contract.names import names_for
 from seqcls.errors import SeqclsError, ServingError
+from seqcls.ops.sync import models_in, version_problems
 from seqcls.registry.ledger import CANDIDATE, CHAMPION, aliased_version, client, find_version, version_label
-from seqcls.serving import control
+from seqcls.release import control
+from seqcls.release.keys import served_release_key
 from seqcls.serving.client import endpoints_from_settings
 from seqcls.serving.lease import ReleaseLease
-from seqcls.serving.names import names_for
 from seqcls.serving.reconcile import desired_versions
-from seqcls.serving.release import served_release_key
 from seqcls.serving.repository import Repository, ServingOptions
 from seqcls.serving.state import ServingState, current_state, state_damaged, state_path
 from seqcls.settings import Settings
-from seqcls.sync import models_in, version_problems
 
 log = logging.getLogger(__name__)
 

@@ -3,12 +3,12 @@
 A release that will fail on a typo'd param or a stopped server should say so before export, convert
 and validate have spent half a minute (minutes for a base-size model): :func:`preflight` checks the
 params against the checkpoint (per-label thresholds name its labels), the eval set (read once and kept,
-:func:`~seqcls.quality.kept.preflight_eval_set`), and — when the release will get that far — every
+:func:`~seqcls.release.kept.preflight_eval_set`), and — when the release will get that far — every
 Triton endpoint with the control key and the MLflow registry. A bad param is an
 :class:`~seqcls.errors.InputError`; unreachable servers one :class:`PreflightError` naming each
 address and the setting or Connection to fix (retryable: a restarting server may answer next time).
 
-The server checks are also what a Connection's *Test* button runs (:mod:`seqcls.airflow.checks`):
+The server checks are also what a Connection's *Test* button runs (:mod:`seqcls.airflow.hooks`):
 
 - Triton, per replica: gRPC liveness, then the repository index *with the control key* — the
   restricted call every release starts with, so a wrong key fails here as it would fail a release —
@@ -30,18 +30,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from seqcls.config import AUTO_PROFILE, ENGINES, NEEDS_PROVIDER, SERVED_PROFILES, host_refusal
+from seqcls.contract import runtime
 from seqcls.errors import InputError, SeqclsError
 from seqcls.frameworks.output import library_output
-from seqcls.gates import runtime
-from seqcls.quality.evalset import EvalSet
-from seqcls.quality.kept import preflight_eval_set
+from seqcls.gates.evalset import EvalSet
 from seqcls.registry.ledger import client, tracking_uri
+from seqcls.release.kept import preflight_eval_set
+from seqcls.release.keys import release_key
+from seqcls.release.workspace import Release
 from seqcls.serving.client import ControlRefused, Endpoint, TritonOps, endpoints_from_settings
-from seqcls.serving.release import release_key
 from seqcls.serving.repository import ServingOptions
 from seqcls.settings import ENV_MLFLOW_URI, ENV_TRITON_GRPC, Settings, scoped_environ
 from seqcls.steps import ORDER
-from seqcls.workspace import Release
 
 log = logging.getLogger(__name__)
 

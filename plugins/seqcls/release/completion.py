@@ -24,16 +24,16 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from seqcls.checkpoints.checkpoint import inside_checkpoint, read_json
-from seqcls.checkpoints.resolve import directory_fingerprint, resolve_checkpoint
 from seqcls.errors import CheckpointError, InputError
 from seqcls.files import atomic_write
+from seqcls.release.intake import directory_fingerprint, resolve_checkpoint
 
 log = logging.getLogger(__name__)
 
 MARKER_FILE = "SEQCLS_DONE.json"
 HOW_TO_MARK = (
     f"the training job writes {MARKER_FILE} last, once every file of the checkpoint is saved: "
-    "python -c 'from seqcls.checkpoints.completion import mark_complete; mark_complete(\"<checkpoint dir>\")'"
+    "python -c 'from seqcls.release.completion import mark_complete; mark_complete(\"<checkpoint dir>\")'"
 )
 _FINGERPRINT = re.compile(r"[0-9a-f]{64}")
 

@@ -25,7 +25,7 @@ from typing import Any
 
 from seqcls.config import ReleaseConfig
 from seqcls.errors import InputError
-from seqcls.quality.metrics import Scores
+from seqcls.gates.metrics import Scores
 
 EPSILON = 1e-12
 #: The overall metrics the change rules compare.

@@ -2,7 +2,7 @@
 
 The release key (16 hex of the serving configuration) names a release wherever it appears: in
 every Triton version's ``release.json`` (publish writes it, :func:`served_release_key` reads it
-back), in the release lease's owner (:func:`seqcls.serving.control.release_owner`) and on the MLflow
+back), in the release lease's owner (:func:`seqcls.release.control.release_owner`) and on the MLflow
 run and model version (:mod:`seqcls.registry`) — so it lives here, below both serving and the
 registry, and neither depends on the other for it.
 """
@@ -16,12 +16,12 @@ from pathlib import Path
 from typing import Any
 
 from seqcls.config import host_refusal
+from seqcls.contract import shipped
 from seqcls.errors import InputError
 from seqcls.monitoring import reference as monitoring_reference
-from seqcls.records import REFERENCE, Expected, effective_profile, model_inputs, serving_tokenizer
-from seqcls.serving import shipped
+from seqcls.release.records import REFERENCE, Expected, effective_profile, model_inputs, serving_tokenizer
+from seqcls.release.workspace import Release
 from seqcls.serving.repository import Repository, ServingOptions
-from seqcls.workspace import Release
 
 #: Release parameters that change what is served or how its decision is made: in :func:`release_key`.
 SERVING_PARAMS = ("profile", "opset", "max_length", "threshold", "thresholds", "hierarchy")

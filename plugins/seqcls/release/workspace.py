@@ -14,34 +14,27 @@ downstream can mistake it for success. XCom only ever carries the workspace path
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import logging
-import os
-import secrets
 import shutil
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, field, replace
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from seqcls.checkpoints import snapshot
-from seqcls.checkpoints.checkpoint import GOLDEN_FILE, LABEL_FILE, Checkpoint, sha256_file
-from seqcls.checkpoints.resolve import check_snapshot, take_checkpoint
-from seqcls.checkpoints.snapshot import SNAPSHOT_DIR
+from seqcls.checkpoints.checkpoint import Checkpoint, sha256_file
 from seqcls.config import ReleaseConfig
-from seqcls.errors import CheckpointError, SeqclsError, StepOrderError
+from seqcls.errors import SeqclsError, StepOrderError
 from seqcls.files import atomic_write, held, out_of_space, replace_dir, resource_error
 from seqcls.settings import Settings
 
 log = logging.getLogger(__name__)
 
 MANIFEST = "manifest.json"
-INTAKE_DIR = ".intake"  # <releases>/<model>/.intake/<pid>-<random>/: a snapshot being taken in
 FAILED_DIR = "failed"  # <workspace>/failed/<step>/: a failed run's partial outputs, kept for a person
 SCHEMA = 1
 TRACKED_PACKAGES = (
@@ -353,140 +346,3 @@ def _why_redo(rec: dict[str, Any], inputs: dict[str, Any], key: str, ws: Workspa
 
 def workspace_dir(settings: Settings, model_name: str, fingerprint: str) -> Path:
     return settings.releases_dir / model_name / fingerprint[:16]
-
-
-@contextlib.contextmanager
-def _intake(model_dir: Path) -> Iterator[Path]:
-    """A fresh directory to take a snapshot into before its fingerprint (so its workspace) is known."""
-    staging = model_dir / INTAKE_DIR / f"{os.getpid()}-{secrets.token_hex(4)}"
-    try:
-        yield staging / SNAPSHOT_DIR
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-
-
-def _relocated(ckpt: Checkpoint, snap: Path) -> Checkpoint:
-    return replace(ckpt, path=snap, weights=snap / ckpt.weights.name)
-
-
-def _settle(ws: Workspace, ckpt: Checkpoint, taken: snapshot.Taken, staging: Path) -> Checkpoint:
-    """Under the workspace lock: keep its snapshot when intact and of these very files, else install ``staging``."""
-    final = ws.path(SNAPSHOT_DIR)
-    if final.exists():
-        try:
-            existing = snapshot.verify(final)
-            if existing.files == taken.files:
-                if existing != taken:  # the same bytes taken from another directory: the record names this one
-                    atomic_write(final / snapshot.RECORD, taken.to_json())
-                log.info("checkpoint snapshot %s: intact and of these files — kept", final)
-                return _relocated(ckpt, final)
-        except snapshot.DamagedSnapshot as exc:
-            log.warning("checkpoint snapshot replaced — %s", exc)
-    snapshot.install(staging, final)
-    log.info("checkpoint snapshot %s: %d files, %.1f MB (one per workspace)", final, len(taken.files), taken.megabytes)
-    return _relocated(ckpt, final)
-
-
-def open_release(
-    checkpoint: str | Path,
-    config: ReleaseConfig | None = None,
-    settings: Settings | None = None,
-    *,
-    label_file: str | Path | None = None,
-    golden_file: str | Path | None = None,
-) -> Release:
-    """Take the checkpoint into its workspace's snapshot, validated, and open (or create) the workspace;
-    the ``resolve`` step. The release reads the snapshot only (``checkpoint.path``; ``.origin``: ``checkpoint``)."""
-    config = config or ReleaseConfig()
-    settings = settings or Settings.from_env()
-    model_dir = settings.releases_dir / config.model_name
-    try:
-        with _intake(model_dir) as staging:
-            ckpt, taken = take_checkpoint(
-                checkpoint,
-                staging,
-                label_file=label_file,
-                golden_file=golden_file,
-                allow_unsafe_pickle=config.allow_unsafe_pickle,
-            )
-            ws = Workspace(workspace_dir(settings, config.model_name, ckpt.fingerprint))
-            with ws.lock():
-                ckpt = _settle(ws, ckpt, taken, staging)
-        ws.annotate(
-            schema=SCHEMA,
-            model_name=config.model_name,
-            fingerprint=ckpt.fingerprint,
-            checkpoint=ckpt.to_dict(),
-            config=config.to_dict(),
-        )
-    except OSError as exc:
-        if out_of_space(exc):
-            raise resource_error(model_dir, exc, "taking the checkpoint into its release workspace") from exc
-        raise
-    log.info("release workspace %s (model %s, fingerprint %s)", ws.root, config.model_name, ckpt.short_fingerprint)
-    return Release(settings, config, ckpt, ws)
-
-
-def _source_args(taken: snapshot.Taken) -> dict[str, Any]:
-    """How the snapshot's source was taken in: its directory, and label/golden files given from elsewhere."""
-    root = Path(taken.source)
-    args: dict[str, Any] = {"path": root}
-    for name, key in ((LABEL_FILE, "label_file"), (GOLDEN_FILE, "golden_file")):
-        origin = taken.origins.get(name)
-        if origin and not Path(origin).is_relative_to(root):
-            args[key] = Path(origin)
-    return args
-
-
-def _remake(
-    ws: Workspace, config: ReleaseConfig, fingerprint: str, damage: CheckpointError, source: Callable[[], Path] | None
-) -> Checkpoint:
-    """Re-take a damaged (or missing) snapshot from its source — only if that still hashes to ``fingerprint``."""
-    snap = ws.path(SNAPSHOT_DIR)
-    try:
-        args = _source_args(snapshot.read_record(snap))
-    except snapshot.DamagedSnapshot:
-        if source is None:
-            raise damage from None
-        args = {"path": source()}
-    root = args.pop("path")
-    with _intake(ws.root.parent) as staging:
-        try:
-            ckpt, _ = take_checkpoint(root, staging, allow_unsafe_pickle=config.allow_unsafe_pickle, **args)
-        except CheckpointError as exc:
-            raise CheckpointError(f"{damage} Re-making the snapshot from {root} failed: {exc}") from exc
-        if ckpt.fingerprint != fingerprint:
-            raise CheckpointError(
-                f"{damage} It cannot be re-made: {root} no longer hashes to this run's fingerprint {fingerprint[:16]} "
-                f"(now {ckpt.short_fingerprint}: the checkpoint changed since the run resolved it). Trigger a new run."
-            )
-        snapshot.install(staging, snap)
-    log.warning("checkpoint snapshot %s re-made from %s — %s", snap, root, damage)
-    return _relocated(ckpt, snap)
-
-
-def reopen_release(
-    settings: Settings,
-    config: ReleaseConfig,
-    fingerprint: str,
-    *,
-    source: Callable[[], Path] | None = None,
-) -> Release:
-    """The release of ``fingerprint`` from its workspace's snapshot, verified — what a later task of a run
-    opens, so a checkpoint changed in place since resolve has no effect on the run. A damaged snapshot is
-    re-made from its recorded source (else ``source()``) only while that still hashes to ``fingerprint``."""
-    ws = Workspace(workspace_dir(settings, config.model_name, fingerprint))
-    snap = ws.path(SNAPSHOT_DIR)
-    with ws.lock():
-        try:
-            taken = snapshot.verify(snap)
-        except snapshot.DamagedSnapshot as damage:
-            ckpt = _remake(ws, config, fingerprint, damage, source)
-        else:
-            ckpt = _relocated(check_snapshot(snap, taken, allow_unsafe_pickle=config.allow_unsafe_pickle), snap)
-    if ckpt.fingerprint != fingerprint:
-        raise CheckpointError(
-            f"{snap}: its files hash to {ckpt.short_fingerprint}, not to this run's fingerprint {fingerprint[:16]}; "
-            "trigger a new run."
-        )
-    return Release(settings, config, ckpt, ws)

@@ -18,15 +18,15 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from seqcls.contract.names import names_for
+from seqcls.ops.sync import models_in
 from seqcls.registry.ledger import client, find_version
 from seqcls.registry.ledger import version_label as ledger_version_label
 from seqcls.registry.runs import PARITY_TAG, QUALITY_TAG
-from seqcls.serving.names import names_for
-from seqcls.serving.release import served_release_key
+from seqcls.release.keys import served_release_key
 from seqcls.serving.repository import Repository
 from seqcls.serving.statelog import EVENTS, log_path
 from seqcls.settings import Settings
-from seqcls.sync import models_in
 
 log = logging.getLogger(__name__)
 

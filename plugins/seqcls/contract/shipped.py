@@ -27,8 +27,8 @@ import seqcls_decide
 import seqcls_engine
 import seqcls_text
 
+from seqcls.contract.names import MODEL, POSTPROCESS, TOKENIZER
 from seqcls.errors import InputError
-from seqcls.serving.names import MODEL, POSTPROCESS, TOKENIZER
 from seqcls.settings import Settings
 
 COMMON_DIR = "common"

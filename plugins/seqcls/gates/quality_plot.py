@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from seqcls.quality.metrics import Scores
+from seqcls.gates.metrics import Scores
 
 
 def plot_labels(path: Path, candidate: Scores, champion: Scores | None, *, title: str) -> Path:
