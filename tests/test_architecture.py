@@ -1,9 +1,10 @@
-"""The architecture's rules, asserted: a house by concept, no copies, everything derived from one table.
+"""The architecture's rules, asserted: a house of floors, no copies, everything derived from one table.
 
-- the package root holds at most :data:`MAX_ROOT_MODULES` modules and no package more than
-  :data:`MAX_PACKAGE_MODULES` (what grows becomes a sub-package, not a flat sibling); a module is at
-  most :data:`MAX_MODULE_LINES` lines (a guard against a 2,000-line module, not a reason to split by
-  size) and a function at most :data:`MAX_FUNCTION_LINES`;
+- packages are floors: each imports only the floors below it, siblings on one floor not each other —
+  the layers contract in ``pyproject.toml`` (``[tool.importlinter]``), checked by ``lint-imports`` with no
+  exception listed, covering every package and root module; no package is a lone ``__init__.py``;
+  a module is at most :data:`MAX_MODULE_LINES` lines (a guard against a 2,000-line module, not a
+  reason to split by size) and a function at most :data:`MAX_FUNCTION_LINES`;
 - the import graph has no cycle, counting function-level imports; a function imports lazily only
   what is heavy or optional (never a cheap seqcls module to hide a cycle); no module imports
   another's ``_private`` name; step modules are leaves; the framework is branched on only inside
@@ -20,9 +21,11 @@ from __future__ import annotations
 
 import argparse
 import ast
+import os
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -287,10 +290,6 @@ def test_readme_step_list_and_module_tables_follow_the_code() -> None:
 
 # ----------------------------------------------------------------------------- the house by concept
 
-#: The package root holds the few modules every concept shares; the rest lives in packages.
-MAX_ROOT_MODULES = 10
-#: A package directory grows into sub-packages, not into a long flat list.
-MAX_PACKAGE_MODULES = 12
 #: What a function may import lazily: heavy or optional third-party packages (cheap imports of the
 #: library itself are module-level, so the import graph shows every dependency), Airflow's shell
 #: (needs apache-airflow) and the development tools (not installed with the product).
@@ -381,15 +380,90 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
-def test_the_root_holds_few_modules_and_packages_stay_short() -> None:
-    root = sorted(p.name for p in PACKAGE.glob("*.py") if p.name != "__init__.py")
-    assert len(root) <= MAX_ROOT_MODULES, f"{len(root)} modules at the package root (put them in a package): {root}"
-    long = {}
-    for directory in sorted({p.parent for p in _modules()} - {PACKAGE}):
-        mods = [p.name for p in directory.glob("*.py") if p.name != "__init__.py"]
-        if len(mods) > MAX_PACKAGE_MODULES:
-            long[_rel(directory)] = len(mods)
-    assert not long, f"packages with more than {MAX_PACKAGE_MODULES} modules (split into sub-packages): {long}"
+def _floors() -> list[list[str]]:
+    """The layers contract's floors, top first, each a list of sibling names (``a | b``)."""
+    import tomllib
+
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["tool"]["importlinter"]
+    (contract,) = [c for c in config["contracts"] if c["type"] == "layers"]
+    assert contract["containers"] == ["seqcls"], contract
+    return [[name.strip() for name in layer.replace(":", "|").split("|")] for layer in contract["layers"]]
+
+
+def test_the_layers_contract_lists_every_package_and_no_exception() -> None:
+    """A new package or root module cannot escape the floors, and nothing is waved through."""
+    import tomllib
+
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["tool"]["importlinter"]
+    for contract in config["contracts"]:
+        assert not contract.get("ignore_imports"), f"{contract['name']}: exceptions listed {contract['ignore_imports']}"
+        assert not contract.get("unmatched_ignore_imports_alerting"), contract
+    listed = [name for floor in _floors() for name in floor]
+    assert len(listed) == len(set(listed)), f"a name on two floors: {listed}"
+    present = {p.stem for p in PACKAGE.glob("*.py") if p.name != "__init__.py"}
+    present |= {p.parent.name for p in PACKAGE.glob("*/__init__.py")}
+    assert set(listed) == present, (
+        f"not on a floor: {sorted(present - set(listed))}; gone: {sorted(set(listed) - present)}"
+    )
+
+
+def test_the_layers_contract_holds() -> None:
+    exe = Path(sys.executable).with_name("lint-imports")
+    out = subprocess.run([str(exe)], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, f"lint-imports: a floor imports one above it\n{out.stdout[-4000:]}{out.stderr[-2000:]}"
+    assert "Contracts: 1 kept, 0 broken." in out.stdout, out.stdout[-2000:]
+
+
+def test_the_layers_check_sees_an_upward_import(tmp_path: Path) -> None:
+    """lint-imports has teeth here: a lower floor's function-level import of a higher one breaks it."""
+    pkg = tmp_path / "house"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "high.py").write_text("from house import low\n")
+    (pkg / "low.py").write_text("def f():\n    from house import high  # upward, inside a function\n")
+    (tmp_path / ".importlinter").write_text(
+        "[importlinter]\nroot_package = house\n\n[importlinter:contract:floors]\nname = floors\ntype = layers\n"
+        "layers =\n    house.high\n    house.low\n"
+    )
+    exe = Path(sys.executable).with_name("lint-imports")
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    out = subprocess.run([str(exe)], cwd=tmp_path, capture_output=True, text=True, timeout=120, env=env)
+    assert out.returncode != 0 and "house.low -> house.high" in out.stdout, out.stdout[-2000:]
+
+
+def _package_of(module: str) -> str:
+    """``seqcls.x.y`` → ``x`` (the floor name: a package or a root module)."""
+    return module.split(".")[1] if module.count(".") else module
+
+
+def test_no_import_runs_up_a_floor_and_no_two_packages_import_each_other() -> None:
+    """The same rule read from this file's own import scan (function-level imports counted)."""
+    floor_of = {name: i for i, floor in enumerate(_floors()) for name in floor}
+    up, pairs = [], set()
+    for source, targets in _graph().items():
+        if source == "seqcls":
+            continue
+        a = _package_of(source)
+        for target in targets:
+            b = _package_of(target)
+            if a == b or target == "seqcls":
+                continue
+            pairs.add((a, b))
+            if floor_of[b] <= floor_of[a]:  # floors are listed top first: a lower floor has a higher index
+                up.append(f"{source} -> {target}")
+    assert not up, f"imports to the same or a higher floor: {up}"
+    two_way = sorted({tuple(sorted(p)) for p in pairs if p[::-1] in pairs})
+    assert not two_way, f"packages importing each other: {two_way}"
+
+
+def test_no_package_is_a_lone_init() -> None:
+    """A package is a room with modules in it, not one big ``__init__.py`` made to meet a count."""
+    lone = [
+        _rel(d)
+        for d in sorted({p.parent for p in _modules()} - {PACKAGE})
+        if not [p for p in d.glob("*.py") if p.name != "__init__.py"] and not list(d.glob("*/__init__.py"))
+    ]
+    assert not lone, f"packages that are only an __init__.py (make it a module of a package): {lone}"
 
 
 def test_no_import_cycles_counting_function_level_imports() -> None:
