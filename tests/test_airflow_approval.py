@@ -23,12 +23,13 @@ from pathlib import Path
 
 import pytest
 
+from seqcls.contract.names import ModelName
 from tests.helpers.airflow import airflow_db, private_airflow_home, seed_migrated_db
 
 AIRFLOW_HOME = private_airflow_home()  # before anything imports airflow
 __all__ = ["airflow_db"]  # the session's migrated Airflow database, the fixture imported for this module
 
-MODEL = "gated"
+MODEL = ModelName("gated")
 DAG_ID = f"seqcls_release__{MODEL}"
 APPROVE_TASK = "approve_release"
 #: The quality rules that compare with the champion, off (a drop of at most 1 always passes): two random tiny

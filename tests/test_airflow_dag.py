@@ -302,7 +302,7 @@ def test_release_skip_then_smoke_failure_rolls_back(
     capfd: pytest.CaptureFixture[str],
     json_receiver,
 ) -> None:
-    from seqcls.contract.names import ENSEMBLE, MODELS
+    from seqcls.contract.names import ENSEMBLE, MODELS, ModelName
     from seqcls.serving.repository import Repository
     from seqcls.settings import PROJECT_ROOT, Settings
 
@@ -322,7 +322,7 @@ def test_release_skip_then_smoke_failure_rolls_back(
     assert states == {**{t: "success" for t in TASKS}, "rollback": "skipped", REPORT_TASK: "success"}
     assert ready_models(triton) == {m: ["1"] for m in MODELS}
     settings = Settings.from_env(triton_repository=triton.config.repository)
-    assert Repository.from_settings(settings, "seqcls").serving_version() == 1
+    assert Repository.from_settings(settings, ModelName("seqcls")).serving_version() == 1
     champion = champion_version()
     from seqcls.release.intake import resolve_checkpoint
 
@@ -411,7 +411,7 @@ def test_release_skip_then_smoke_failure_rolls_back(
         REPORT_TASK: "success",  # a teardown: the run still ends failed
     }
     assert ready_models(triton) == {m: ["1"] for m in MODELS}
-    assert Repository.from_settings(settings, "seqcls").serving_version() == 1
+    assert Repository.from_settings(settings, ModelName("seqcls")).serving_version() == 1
     champion = champion_version()
     assert int(champion.version) == 1 and champion.tags["fingerprint"] == fp_a
     assert len(champion_events(champion_uri)) == before + 1  # nor does a failed one

@@ -546,7 +546,7 @@ def test_alpha_and_beta_release_concurrently_through_airflow(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from seqcls.contract.names import CLASSIC, names_for
+    from seqcls.contract.names import CLASSIC, ModelName
     from seqcls.release.intake import resolve_checkpoint
 
     # alpha's checkpoints under $SEQCLS_CHECKPOINTS_ROOT/alpha (the default), beta's in a root of its own
@@ -615,8 +615,10 @@ def test_alpha_and_beta_release_concurrently_through_airflow(
     # one Triton serves both, each under its own names, version 1; nothing under the classic names
     ready = ready_models(triton)
     for model in roots:
-        assert {n: ready.get(n) for n in names_for(model).models} == {n: ["1"] for n in names_for(model).models}, ready
-        assert isinstance(_infer(triton, names_for(model).ensemble, "凌云航空确认裁员"), list)
+        assert {n: ready.get(n) for n in ModelName(model).names.models} == {
+            n: ["1"] for n in ModelName(model).names.models
+        }, ready
+        assert isinstance(_infer(triton, ModelName(model).names.ensemble, "凌云航空确认裁员"), list)
     assert not set(ready) & set(CLASSIC.all), ready
     # each promoted alone: its own champion in MLflow and its own champion Asset event
     for model, root in roots.items():

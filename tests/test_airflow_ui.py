@@ -42,6 +42,7 @@ import pytest
 import requests
 
 from seqcls.config import EXPERT_SECTION, GATE_SECTION
+from seqcls.contract.names import ModelName
 from seqcls.localtriton import free_ports
 from seqcls.serving.repository import Repository
 from seqcls.settings import PROJECT_ROOT
@@ -368,5 +369,5 @@ def test_trigger_release_from_the_ui_and_check_it_over_the_rest_api(
     want.update({name: stopped[name] for name in stuck if stopped[name] is not None})
     assert stopped == want, f"{stopped}\n{stuck}"
     assert listening({port, worker_log, trigger_log}) == []
-    assert Repository.from_settings(settings, "seqcls").serving_version() == 1
+    assert Repository.from_settings(settings, ModelName("seqcls")).serving_version() == 1
     assert (ARTIFACTS / "airflow-ui-run.png").read_bytes()[:4] == b"\x89PNG"

@@ -5,6 +5,8 @@
   exception listed, covering every package and root module; no package is a lone ``__init__.py``;
   a module is at most :data:`MAX_MODULE_LINES` lines (a guard against a 2,000-line module, not a
   reason to split by size) and a function at most :data:`MAX_FUNCTION_LINES`;
+- a model name is checked (``ModelName(...)``) only where it enters (:data:`NAME_EDGES`), and what builds a
+  path from it refuses an unchecked string;
 - the import graph has no cycle, counting function-level imports; a function imports lazily only
   what is heavy or optional (never a cheap seqcls module to hide a cycle); no module imports
   another's ``_private`` name; step modules are leaves; the framework is branched on only inside
@@ -454,6 +456,53 @@ def test_no_import_runs_up_a_floor_and_no_two_packages_import_each_other() -> No
     assert not up, f"imports to the same or a higher floor: {up}"
     two_way = sorted({tuple(sorted(p)) for p in pairs if p[::-1] in pairs})
     assert not two_way, f"packages importing each other: {two_way}"
+
+
+#: Where a model name enters and is checked into a ``ModelName``: the CLI, the release parameters, Airflow's
+#: shell (params, the models file, XCom), the operator's names given to ``ops`` and the names found in a
+#: repository's files — and the value's own module. Everything else takes the value.
+NAME_EDGES = ("cli.py", "config.py", "airflow/", "ops/", "contract/names.py")
+
+
+def _name_checks(path: Path) -> list[int]:
+    """Lines that check a model name: ``ModelName(...)`` calls, or a ``validate_model_name``/``names_for``."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    hits = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call):
+            name = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", None)
+            if name in ("ModelName", "validate_model_name", "names_for"):
+                hits.add(node.lineno)
+        if isinstance(node, ast.FunctionDef) and node.name in ("validate_model_name", "names_for"):
+            hits.add(node.lineno)
+    return sorted(hits)
+
+
+def test_a_model_name_is_checked_only_at_the_edges() -> None:
+    found = {}
+    for path in _modules():
+        rel = _rel(path)
+        if not rel.startswith(NAME_EDGES) and (lines := _name_checks(path)):
+            found[rel] = lines
+    assert not found, f"model names checked below the edges (take a ModelName instead): {found}"
+
+
+def test_the_name_check_scan_sees_checks(tmp_path: Path) -> None:
+    probe = tmp_path / "probe.py"
+    probe.write_text("a = ModelName(x)\nb = names.ModelName(y)\ndef names_for(m):\n    pass\nc = str(z)\n")
+    assert _name_checks(probe) == [1, 2, 3]
+
+
+def test_what_names_a_file_requires_a_checked_name() -> None:
+    """The path builders refuse an unchecked string instead of checking it again."""
+    from seqcls.contract.names import ModelName
+    from seqcls.serving.state import state_path
+    from seqcls.serving.statelog import log_path
+
+    for build in (state_path, log_path):
+        assert build(Path("/r"), ModelName("alpha")).parent == Path("/r")
+        with pytest.raises(TypeError, match="unchecked str"):
+            build(Path("/r"), "../alpha")
 
 
 def test_no_package_is_a_lone_init() -> None:

@@ -17,6 +17,7 @@ import pytest
 import seqcls_engine
 
 from seqcls.config import ReleaseConfig, host_refusal
+from seqcls.contract.names import ModelName
 from seqcls.errors import ConversionError, InputError
 from seqcls.localtriton import LocalTriton
 from seqcls.release.intake import open_release
@@ -101,7 +102,7 @@ def test_bf16_release_serves_openvino_bf16_answers_through_triton(
     assert expected["gate"] == "agreement"
     parity = json.loads(release.workspace.path("parity/report.json").read_text())
     assert parity["provider"].startswith("OpenVINO CPU (bf16)")
-    served = Repository.from_settings(settings, "seqcls").root / "seqcls_model" / "1"
+    served = Repository.from_settings(settings, ModelName("seqcls")).root / "seqcls_model" / "1"
     assert (served / "seqcls_engine.py").read_bytes() == Path(seqcls_engine.__file__).read_bytes()
     assert (served / "model.onnx").read_bytes() == release.workspace.path("onnx/model.onnx").read_bytes()
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from seqcls.contract.names import CLASSIC
+from seqcls.contract.names import CLASSIC, ModelName
 from seqcls.errors import InputError, ServingError
 from seqcls.serving.repository import ServingOptions, check_configs, render_config
 from seqcls.settings import PROJECT_ROOT, Settings
@@ -83,7 +83,7 @@ def test_direct_needs_the_python_runtime() -> None:
 # ----------------------------------------------------------------------------- a real Triton
 
 
-def _infer(client, texts: list, model: str = "seqcls", version: str = ""):
+def _infer(client, texts: list, model: str = ModelName("seqcls"), version: str = ""):
     import tritonclient.grpc as grpcclient
 
     data = np.array([[t.encode("utf-8") if isinstance(t, str) else t] for t in texts], dtype=object)
@@ -134,7 +134,7 @@ def test_direct_release_serves_the_ensembles_answers_in_one_model_and_rolls_back
     }
     # v2's steps run inside seqcls: its composing models are not loaded (v1's stay warm for a rollback)
     assert ready == {"seqcls": "2", **dict.fromkeys(CLASSIC.composing, "1")}, ready
-    status = model_status(settings, "seqcls")
+    status = model_status(settings, ModelName("seqcls"))
     assert "serving Triton v2" in status.lines()[0] and "through the direct pipeline" in status.lines()[0]
     assert status.agree, status.lines()
 
@@ -152,7 +152,7 @@ def test_direct_release_serves_the_ensembles_answers_in_one_model_and_rolls_back
     assert {m: _successes(client, m) for m in CLASSIC.composing} == composing_before  # not through the ensemble
     assert _successes(client, "seqcls") >= public_before + len(texts) + 2
 
-    repo = Repository.from_settings(settings, "seqcls")
+    repo = Repository.from_settings(settings, ModelName("seqcls"))
     info = json.loads((repo.root / "seqcls" / "2" / "release.json").read_text())
     assert {"model.py", "steps.json", "model/model.onnx", "tokenizer/vocab.txt", "postprocess/release.json"} <= set(
         info["files"]
@@ -172,12 +172,12 @@ def test_direct_release_serves_the_ensembles_answers_in_one_model_and_rolls_back
     client = grpcclient.InferenceServerClient(url=server.config.grpc_url)
     sync(settings, ["seqcls"])
     assert _infer(client, [texts[1]])[0].tolist() == served[1][0].tolist()
-    assert model_status(settings, "seqcls").agree
+    assert model_status(settings, ModelName("seqcls")).agree
 
-    rollback_model(settings, "seqcls", reason="test: back to the ensemble")
+    rollback_model(settings, ModelName("seqcls"), reason="test: back to the ensemble")
     assert client.get_model_config("seqcls", "1").config.platform == "ensemble"
     assert [_infer(client, [t])[0].tolist() for t in texts] == [p.tolist() for p, _ in classic]
-    after = model_status(settings, "seqcls")
+    after = model_status(settings, ModelName("seqcls"))
     assert "pipeline" not in after.lines()[0] and after.agree, after.lines()
 
 

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from seqcls.contract.names import ENSEMBLE
+from seqcls.contract.names import ENSEMBLE, ModelName
 from seqcls.errors import SeqclsError, ServingError
 from seqcls.localtriton import LocalTriton
 from seqcls.ops.status import status
@@ -143,7 +143,7 @@ def test_a_second_release_waiting_too_long_names_the_holder(drill: Drill, tiny_c
     from seqcls.serving.lease import ReleaseLease
 
     drill.release(tiny_checkpoint_src)
-    holder = ReleaseLease(drill.repo, "seqcls")
+    holder = ReleaseLease(drill.repo, ModelName("seqcls"))
     owner = f"release:seqcls:{'f' * 16}:{'0' * 8}"  # another release of the model, held by an Airflow run
     holder.acquire(owner, kind="run", run="dag/run-42", step="smoke", timeout=1)
     try:
@@ -250,11 +250,11 @@ def test_two_endpoints_one_killed_mid_switch(
         second.stop()  # an endpoint already down: the switch is refused before anything is recorded
         with pytest.raises(ServingError, match="seqcls triton start"):
             expose(release_b)
-        assert current_state(drill.repo, "seqcls").serving == 1
+        assert current_state(drill.repo, ModelName("seqcls")).serving == 1
         second.start()
         assert all(r.ok for r in sync(both))  # the candidate comes back on the restarted endpoint
         # now it dies *during* the switch: the moment the recorded state says 2
-        watcher = when(lambda: current_state(drill.repo, "seqcls").serving == 2, second.stop)
+        watcher = when(lambda: current_state(drill.repo, ModelName("seqcls")).serving == 2, second.stop)
         try:
             expose(release_b)
             outcome = "switched before it died"
@@ -263,7 +263,7 @@ def test_two_endpoints_one_killed_mid_switch(
             outcome = "failed naming the endpoint"
         watcher.join(timeout=60)
         print(f"\nexpose with an endpoint killed mid-switch: {outcome}")
-        assert current_state(drill.repo, "seqcls").serving == 2  # recorded before any endpoint was touched
+        assert current_state(drill.repo, ModelName("seqcls")).serving == 2  # recorded before any endpoint was touched
         second.start()
         results = timed_sync(both, "2 endpoints, one killed mid-switch", outcome)
         assert all(r.ok for r in results), [r.to_dict() for r in results]
@@ -460,7 +460,7 @@ def test_mlflow_killed_during_undo(
     bad = Settings.from_env(model_repository_source=src)
     release_b = open_release(tiny_checkpoint_b_src, settings=bad)
     # MLflow dies once the candidate is staged: smoke fails → rollback meets a dead registry
-    watcher = when(lambda: current_state(drill.repo, "seqcls").candidate is not None, mlflow_server.kill)
+    watcher = when(lambda: current_state(drill.repo, ModelName("seqcls")).candidate is not None, mlflow_server.kill)
     try:
         with pytest.raises(SeqclsError, match="smoke test of seqcls Triton v2 failed"):
             run_release(release_b)  # Triton is restored first; the registry undo fails and says so

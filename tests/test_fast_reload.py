@@ -19,7 +19,7 @@ from types import SimpleNamespace
 import pytest
 
 from seqcls.contract import shipped
-from seqcls.contract.names import COMPOSING, names_for
+from seqcls.contract.names import COMPOSING, ModelName
 
 TRICKY = [
     "",
@@ -91,7 +91,7 @@ class _SlowOps:
 def test_composing_models_load_at_the_same_time() -> None:
     from seqcls.serving.reconcile import _Reconciler
 
-    names = names_for("seqcls")
+    names = ModelName("seqcls").names
     ops = _SlowOps(names)
     rec = _Reconciler(SimpleNamespace(names=names), [ops], {m: [1] for m in names.all})
     t0 = time.perf_counter()
@@ -112,7 +112,7 @@ def test_a_release_loads_each_composing_version_once(server, tiny_checkpoint: Pa
     settings = settings_for(server, home)
     run_release(open_release(tiny_checkpoint, settings=settings))
     run_release(open_release(tiny_checkpoint_b, settings=settings))
-    repo = Repository.from_settings(settings, "seqcls")
+    repo = Repository.from_settings(settings, ModelName("seqcls"))
     text = shipped.text()
     for model in COMPOSING:
         for version in (1, 2):

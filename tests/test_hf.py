@@ -213,7 +213,7 @@ root, triton, env = module_triton("hf-release")
 def test_release_end_to_end_on_triton(
     env: dict[str, str], triton: LocalTriton, hf_checkpoints_src: dict[str, Path], arch: str, model: str
 ) -> None:
-    from seqcls.contract.names import names_for
+    from seqcls.contract.names import ModelName
     from seqcls.release.intake import open_release
     from seqcls.release.records import Expected
     from seqcls.serving.client import TritonOps, endpoints_from_settings
@@ -247,19 +247,19 @@ def test_release_end_to_end_on_triton(
     expected = Expected.load(release.workspace)
     ops = TritonOps(endpoints_from_settings(settings)[0])
     texts = [item.text for item in expected.items]
-    preds, probs = ops.infer(texts, model=names_for(model).ensemble)
+    preds, probs = ops.infer(texts, model=ModelName(model).names.ensemble)
     for item, pred, prob in zip(expected.items, preds, probs, strict=True):
         if not item.near_threshold:
             assert sorted(p["label"] for p in pred) == sorted(item.labels), item.text
         assert max(abs(a - b) for a, b in zip(prob, item.probabilities, strict=True)) < expected.prob_atol
     # the served tokenizer and graph are the HF ones, recorded per version
     repo = Path(env["SEQCLS_TRITON_REPOSITORY"])
-    info = json.loads((repo / names_for(model).tokenizer / "1" / "release.json").read_text(encoding="utf-8"))
+    info = json.loads((repo / ModelName(model).names.tokenizer / "1" / "release.json").read_text(encoding="utf-8"))
     assert info["framework"] == "transformers" and info["tokenizer_file"] == "tokenizer.json"
     assert info["model_inputs"] == (
         ["input_ids", "attention_mask"] if arch == "deberta-v2" else ["input_ids", "token_type_ids", "attention_mask"]
     )
-    assert (repo / names_for(model).tokenizer / "1" / "tokenizer.json").is_file()
+    assert (repo / ModelName(model).names.tokenizer / "1" / "tokenizer.json").is_file()
     # the registry records the framework, and status agrees
     from seqcls.registry.ledger import CHAMPION, aliased_version, client
 

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from seqcls import cli
+from seqcls.contract.names import ModelName
 from seqcls.errors import GateError
 from seqcls.ops.history import History, history, lines, version_label
 from seqcls.serving.state import (
@@ -25,7 +26,7 @@ from seqcls.serving.state import (
 from seqcls.settings import Settings
 from tests.helpers.drills import Drill
 
-MODEL = "seqcls"
+MODEL = ModelName("seqcls")
 FP_A, FP_B, FP_C = "a" * 64, "b" * 64, "c" * 64
 
 
@@ -229,7 +230,7 @@ def test_cli_table_limit_json_and_a_bad_name(
     payload = json.loads(capsys.readouterr().out)
     assert [e["kind"] for e in payload["entries"]] == ["rollback"] and payload["notes"] == []
     assert cli.main(["history", "--model-name", "../etc"]) == 2
-    assert "not a valid Triton model name" in capsys.readouterr().err
+    assert "is not allowed" in capsys.readouterr().err
     assert cli.main(["history", "--model-name", "other"]) == 0  # a valid name with no log: nothing to show
     assert capsys.readouterr().out.startswith("no serving change recorded")
 

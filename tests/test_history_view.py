@@ -22,11 +22,12 @@ from fastapi.testclient import TestClient  # noqa: E402
 
 import seqcls.ops.history  # noqa: E402
 from seqcls.airflow.pages.app import authorized, create_app  # noqa: E402
+from seqcls.contract.names import ModelName  # noqa: E402
 from seqcls.registry.runs import PARITY_TAG, QUALITY_TAG  # noqa: E402
 from seqcls.serving.state import ServingState, append_event, write_state  # noqa: E402
 from seqcls.settings import Settings  # noqa: E402
 
-MODEL, DAG = "news", "seqcls_release__news"
+MODEL, DAG = ModelName("news"), "seqcls_release__news"
 RUN_A, RUN_B = "manual__2026-01-01T00:00:00+00:00", "scheduled__2026-01-02T03:00:00+00:00"
 FP_A, FP_B, FP_C = "a" * 64, "b" * 64, "c" * 64
 MLFLOW = {FP_A: 7, FP_B: 9}  # registry numbers unlike the Triton ones: the page must show both

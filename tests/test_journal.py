@@ -17,12 +17,13 @@ from pathlib import Path
 
 import pytest
 
+from seqcls.contract.names import ModelName
 from seqcls.errors import LeaseError, ResourceError, SeqclsError
 from seqcls.release.intake import open_release
 from seqcls.settings import Settings
 from tests.helpers.drills import Drill, timed_sync, when, write_record
 
-MODEL = "seqcls"
+MODEL = ModelName("seqcls")
 
 
 def registry(settings: Settings, model: str = MODEL) -> dict | None:
@@ -192,6 +193,7 @@ _SIGTERM_CHILD = """
 import os, signal, sys, time
 from pathlib import Path
 from seqcls.steps import Terminated, sigterm_aborts
+from seqcls.contract.names import ModelName
 
 class Release:
     class config:

@@ -14,18 +14,20 @@ from pathlib import Path
 
 import pytest
 
+from seqcls.contract.names import ModelName
 from seqcls.serving.lease import LeaseError, LeaseHolder, ReleaseLease
 
-NAME = "seqcls"
+NAME = ModelName("seqcls")
 
 HOLDER = textwrap.dedent(
     """
     import sys, time
     from pathlib import Path
     from seqcls.serving.lease import LeaseError, ReleaseLease
+    from seqcls.contract.names import ModelName
     repo, owner, kind, timeout, ttl, done = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4]), \\
         float(sys.argv[5]), Path(sys.argv[6])
-    lease = ReleaseLease(Path(repo), "seqcls")
+    lease = ReleaseLease(Path(repo), ModelName("seqcls"))
     try:
         h = lease.acquire(owner, kind=kind, run="run-" + owner, step="publish", timeout=timeout, ttl=ttl, poll=0.05)
     except LeaseError as exc:

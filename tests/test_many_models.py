@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from seqcls.config import ReleaseConfig
-from seqcls.contract.names import CLASSIC, names_for
+from seqcls.contract.names import CLASSIC, ModelName
 from seqcls.errors import InputError
 from seqcls.localtriton import LocalTriton
 from seqcls.ops.status import status
@@ -61,14 +61,14 @@ def _ready(triton: LocalTriton) -> dict[str, list[int]]:
 
 
 def _of(ready: dict[str, list[int]], model: str) -> dict[str, list[int]]:
-    return {k: v for k, v in ready.items() if k in names_for(model).all}
+    return {k: v for k, v in ready.items() if k in ModelName(model).names.all}
 
 
 def _answers(settings: Settings, model: str, texts: list[str]) -> list[list[str]]:
     ops = TritonOps(endpoints_from_settings(settings)[0])
     out = []
     for start in range(0, len(texts), 16):
-        preds, _ = ops.infer(texts[start : start + 16], model=names_for(model).ensemble)
+        preds, _ = ops.infer(texts[start : start + 16], model=ModelName(model).names.ensemble)
         out += [sorted(p["label"] for p in pred) for pred in preds]
     return out
 
@@ -88,10 +88,10 @@ def _expected(settings: Settings, ckpt: Path, model: str) -> tuple[list[str], li
 
 
 def test_names_are_per_model_and_collisions_are_refused() -> None:
-    alpha = names_for("alpha")
+    alpha = ModelName("alpha").names
     assert alpha.models == ("alpha_tokenizer", "alpha_model", "alpha_postprocess", "alpha")
     assert alpha.candidate == "alpha_candidate" and alpha.source("alpha_model") == CLASSIC.model
-    assert names_for("seqcls") == CLASSIC and CLASSIC.tokenizer == "tokenizer"  # the classic layout, unchanged
+    assert ModelName("seqcls").names == CLASSIC and CLASSIC.tokenizer == "tokenizer"  # the classic layout, unchanged
     for bad in ("intent_model", "tokenizer", "x_candidate", "a/b", ".hidden", "alpha\n"):
         with pytest.raises(InputError):
             ReleaseConfig(model_name=bad)
@@ -122,7 +122,7 @@ def test_two_models_release_concurrently_and_roll_back_alone(
     settings = Settings.from_env()
     ready = _ready(triton)
     for model in ("alpha", "beta"):
-        n = names_for(model)
+        n = ModelName(model).names
         assert _of(ready, model) == {n.tokenizer: [1], n.model: [1], n.postprocess: [1], n.ensemble: [1]}, ready
     assert not set(ready) & set(CLASSIC.all), "nothing is served under the classic names"
     _record(triton_rss_mb_nothing_loaded=rss_before, triton_rss_mb_alpha_and_beta_loaded=_rss_mb(triton))
@@ -207,7 +207,9 @@ def test_the_readme_curl_call_answers_what_grpc_answers(
         "nv_inference_count": 2 * 65,
     }, counted
 
-    assert Repository.from_settings(settings, "seqcls").release_info(1)["max_text_bytes"] == 65536  # served limit
+    assert (
+        Repository.from_settings(settings, ModelName("seqcls")).release_info(1)["max_text_bytes"] == 65536
+    )  # served limit
     command = _readme_curl().replace("127.0.0.1:8000", triton.config.http_url)
     out = subprocess.run(["bash", "-c", command], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from seqcls.contract.names import ModelName
 from seqcls.localtriton import LocalTriton, TritonServerConfig, free_ports
 from seqcls.release.intake import open_release
 from seqcls.serving.client import ControlRefused, Endpoint, TritonOps, endpoints_from_settings
@@ -282,7 +283,7 @@ def test_reload_with_a_wrong_key_fails_naming_the_setting_and_changes_nothing(
 
     published = _cli(settings, "release", "--checkpoint", str(tiny_checkpoint_b_src), "--until", "publish")
     assert published.returncode == 0, published.stderr[-3000:]  # the CLI found the local key by itself
-    before = (_ready(triton), current_state(settings.triton_repository, "seqcls"))
+    before = (_ready(triton), current_state(settings.triton_repository, ModelName("seqcls")))
     answer = infer(_op(settings), ["公司宣布裁员一千人"])[0]
 
     refused = _cli(settings, "reload", "--checkpoint", str(tiny_checkpoint_b_src), **{ENV_TRITON_CONTROL_KEY: WRONG})
@@ -291,7 +292,7 @@ def test_reload_with_a_wrong_key_fails_naming_the_setting_and_changes_nothing(
     assert error.startswith("error: ") and "refused model control" in error, refused.stderr[-3000:]
     assert ENV_TRITON_CONTROL_KEY in error and "Triton Connection's password" in error
     assert WRONG not in refused.stdout + refused.stderr and triton.control_key not in refused.stdout + refused.stderr
-    after = (_ready(triton), current_state(settings.triton_repository, "seqcls"))
+    after = (_ready(triton), current_state(settings.triton_repository, ModelName("seqcls")))
     assert after == before, "a refused reload changed what is served or recorded"
     assert infer(_op(settings), ["公司宣布裁员一千人"])[0] == answer
 

@@ -22,6 +22,7 @@ import pytest
 
 from seqcls.cli import main
 from seqcls.contract import shipped
+from seqcls.contract.names import ModelName
 from seqcls.errors import InputError, ServingError
 from seqcls.monitoring import drift, live
 from seqcls.monitoring.drift import Counts, Thresholds, compare
@@ -45,7 +46,7 @@ REFERENCE = Reference(
     confidence_buckets=BOUNDS,
     confidence_counts=list(np.cumsum(REF_CELLS).tolist()),
 )
-MODEL = "seqcls"
+MODEL = ModelName("seqcls")
 
 
 def cumulative(cells: list[int]) -> dict[float, int]:

@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 
 from seqcls.contract import shipped
+from seqcls.contract.names import ModelName
 from seqcls.localtriton.server import LocalTriton
 from seqcls.serving import metrics as triton_metrics
 from tests.helpers.demo_models import quick_demo_model
@@ -149,13 +150,13 @@ def test_a_steady_stream_reports_no_drift_and_a_shifted_one_names_the_drifted_la
     from seqcls.monitoring.live import monitor
 
     settings = replace(monitored.settings, triton_metrics=(monitored.server.config.metrics_url,))
-    monitor(settings, "seqcls")  # a first reading: the windows below start at the readings
+    monitor(settings, ModelName("seqcls"))  # a first reading: the windows below start at the readings
     time.sleep(1.2)
     steady = fresh_texts(23, 400)  # the eval set's distribution, other texts
     classify(monitored, [r["text"] for r in steady])
     time.sleep(shipped.contract().METRICS_FLUSH_SECONDS + 0.5)
     start = time.time()
-    report = monitor(settings, "seqcls", since=timedelta(seconds=1.0))
+    report = monitor(settings, ModelName("seqcls"), since=timedelta(seconds=1.0))
     assert report.state == NO_DRIFT, report.summary()
     assert report.texts == 400 and report.version == 1
 

@@ -20,6 +20,7 @@ AIRFLOW_HOME = private_airflow_home()  # before anything imports airflow
 from fastapi.testclient import TestClient  # noqa: E402
 
 from seqcls.airflow.pages.app import authorized, create_app  # noqa: E402
+from seqcls.contract.names import ModelName  # noqa: E402
 from seqcls.errors import GateError  # noqa: E402
 from seqcls.release.intake import open_release  # noqa: E402
 from seqcls.release.records import OUT_DIRS  # noqa: E402
@@ -31,7 +32,7 @@ from seqcls.steps.validate import validate  # noqa: E402
 DAG, RUN = "seqcls_release", "manual__2026-01-01T00:00:00+00:00"
 QRUN = "manual__2026-01-01T00%3A00%3A00%2B00%3A00"
 PAGE = f"http://airflow.example/sub/seqcls/parity/{DAG}/{QRUN}"  # where a browser has the page
-MODEL, FINGERPRINT = "news", "fedcba9876543210" * 4
+MODEL, FINGERPRINT = ModelName("news"), "fedcba9876543210" * 4
 EVIL = "<script>alert(1)</script>"
 LABELS = ["组织关系", "组织关系##裁员", "组织关系##加盟", "财经", "财经##融资", EVIL]
 PNG = b"\x89PNG\r\n\x1a\n" + b"\0" * 16

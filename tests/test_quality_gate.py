@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from seqcls.config import ReleaseConfig
+from seqcls.contract.names import ModelName
 from seqcls.errors import GateError, InputError
 from seqcls.release.intake import open_release
 from seqcls.release.kept import locate_eval_set
@@ -175,7 +176,7 @@ def test_evaluate_cli_json_exit_codes_and_a_reduced_precision_profile(
 
 def test_the_champion_is_scored_from_its_published_files_or_refused(drill: Drill, good: Path, tmp_path: Path) -> None:
     drill.release(good)
-    repo = Repository.from_settings(drill.settings, "seqcls")
+    repo = Repository.from_settings(drill.settings, ModelName("seqcls"))
     graph = served_graph(repo, 1, tmp_path / "scratch")
     assert graph.labels == (good / "label.txt").read_text(encoding="utf-8").split() and graph.version == 1
     onnx = repo.root / repo.names.model / "1" / "model.onnx"

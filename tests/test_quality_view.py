@@ -20,6 +20,7 @@ AIRFLOW_HOME = private_airflow_home()  # before anything imports airflow
 from fastapi.testclient import TestClient  # noqa: E402
 
 from seqcls.airflow.pages.app import authorized, create_app  # noqa: E402
+from seqcls.contract.names import ModelName  # noqa: E402
 from seqcls.gates.evalset import EvalSet  # noqa: E402
 from seqcls.gates.metrics import score  # noqa: E402
 from seqcls.gates.rules import QualityRules, judge  # noqa: E402
@@ -30,7 +31,7 @@ from seqcls.settings import Settings  # noqa: E402
 from seqcls.steps.evaluate import write_evidence  # noqa: E402
 
 DAG, RUN = "seqcls_release", "manual__2026-01-01T00:00:00+00:00"
-MODEL, FINGERPRINT = "news", "0123456789abcdef" * 4
+MODEL, FINGERPRINT = ModelName("news"), "0123456789abcdef" * 4
 EVIL = "<script>alert(1)</script>"
 LABELS = ["体育", "财经", "科技", "科技##手机", EVIL]
 GOLD = [["体育"], ["财经"], ["科技", "科技##手机"], ["科技"], ["体育"], ["财经"], [EVIL], ["科技", "科技##手机"]]
@@ -66,7 +67,10 @@ def _gate(home: Path, *, rules: QualityRules, champion: int | None = 3, status: 
     )
     evaluation = write_evidence(release, es, answers, scores, verdict, champion, out)  # type: ignore[arg-type]
     error = f"GateError: Quality gate refused model 'news': {verdict.summary()} {EVIL}"
-    ws.record("evaluate", {"status": status, "mlflow_run_id": "run1"} | ({"error": error} if status != "ok" else {}))
+    ws.record(
+        "evaluate",
+        {"status": status, "mlflow_run_id": "run1"} | ({"error": error} if status != "ok" else {}),
+    )
     return evaluation
 
 

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from seqcls.contract.names import ModelName
 from seqcls.errors import SeqclsError
 from seqcls.localtriton import LocalTriton, TritonServerConfig, free_ports
 from seqcls.ops.status import status
@@ -125,7 +126,7 @@ def test_release_reaches_every_replica_and_a_replica_killed_mid_reload_converges
         nonlocal killed
         while not stop.is_set() and not killed:
             with contextlib.suppress(Exception):  # the state file being replaced: look again
-                if current_state(repo, "seqcls").candidate == 2:
+                if current_state(repo, ModelName("seqcls")).candidate == 2:
                     os.kill(pid, signal.SIGKILL)
                     killed = True
             time.sleep(0.02)
@@ -137,7 +138,7 @@ def test_release_reaches_every_replica_and_a_replica_killed_mid_reload_converges
     stop.set()
     watcher.join(timeout=30)
     assert killed, "the replica was never killed: the drill proved nothing"
-    state = current_state(repo, "seqcls")
+    state = current_state(repo, ModelName("seqcls"))
     assert state.serving == 1 and state.candidate in (None, 2)
     live = [s for s in replicas if s is not victim]
     for s in live:  # the survivors still serve A
@@ -152,7 +153,7 @@ def test_release_reaches_every_replica_and_a_replica_killed_mid_reload_converges
     _served_everywhere(settings, 1)
     report = status(settings)[0]
     assert report.agree and len(report.endpoints) == 3, report.lines()
-    assert current_state(repo, "seqcls").candidate is None
+    assert current_state(repo, ModelName("seqcls")).candidate is None
     again = sync(settings)
     assert again[0].actions == [], again[0].actions
 

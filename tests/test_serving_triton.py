@@ -13,7 +13,7 @@ from typing import TypeVar
 import numpy as np
 import pytest
 
-from seqcls.contract.names import CLASSIC, COMPOSING, ENSEMBLE, MODELS
+from seqcls.contract.names import CLASSIC, COMPOSING, ENSEMBLE, MODELS, ModelName
 from seqcls.errors import ServingError, SmokeError
 from seqcls.localtriton import LocalTriton
 from seqcls.release.intake import open_release
@@ -50,7 +50,7 @@ def test_publish_reload_smoke_and_rerun(server: LocalTriton, tiny_checkpoint: Pa
     assert by["reload"].summary["previous"] is None
     assert by["smoke"].summary["texts"] == 65 and by["smoke"].summary["p95_ms"] > 0
     assert _ready(server) == {m: ["1"] for m in MODELS}
-    repo = Repository.from_settings(settings, "seqcls")
+    repo = Repository.from_settings(settings, ModelName("seqcls"))
     assert repo.complete_versions() == [1] and repo.serving_version() == 1
     for m in MODELS:
         assert json.loads((repo.root / m / "1" / "release.json").read_text())["fingerprint"]
@@ -205,7 +205,7 @@ def _broken_source(tmp_path: Path, edit) -> Path:
 
 def _assert_v1_serving(server: LocalTriton, settings: Settings) -> None:
     assert _ready(server) == {m: ["1"] for m in MODELS}
-    assert Repository.from_settings(settings, "seqcls").serving_version() == 1
+    assert Repository.from_settings(settings, ModelName("seqcls")).serving_version() == 1
     preds, _ = infer(_client(server), ["公司宣布裁员"])
     assert isinstance(preds[0], list)
 
@@ -265,7 +265,7 @@ def test_broken_versions_fail_clearly_and_v1_keeps_serving(
     release = open_release(
         tiny_checkpoint, settings=settings_for(server, home, _broken_source(tmp_path / "d", comment))
     )
-    repo = Repository.from_settings(good, "seqcls")
+    repo = Repository.from_settings(good, ModelName("seqcls"))
     before = {m: repo.config_text(m) for m in MODELS}
     run_release(release, until="publish")
     v = release.workspace.step("publish")["summary"]["version"]
@@ -353,7 +353,12 @@ def test_int8_profile_release_smokes_on_decision_agreement(
     report = json.loads(release.workspace.path("smoke/smoke.json").read_text())[0]
     assert report["passed"] and report["agreement"] >= 0.995
     assert results["promote"].status == "ok"
-    served = Repository.from_settings(settings_for(server, home), "seqcls").root / "seqcls_model" / "1" / "model.onnx"
+    served = (
+        Repository.from_settings(settings_for(server, home), ModelName("seqcls")).root
+        / "seqcls_model"
+        / "1"
+        / "model.onnx"
+    )
     assert served.stat().st_size < (release.workspace.path("onnx/model.onnx")).stat().st_size  # int8 weights
     # batched answers are the validated (alone) ones: texts of one length never share an int8 run
     texts = ["公司宣布裁员", "球队决赛夺冠", "油价大幅上涨", "新品正式发布"]

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from seqcls.contract.names import ModelName
 from seqcls.errors import ServingError
 from seqcls.serving.state import (
     ServingState,
@@ -19,7 +20,7 @@ from seqcls.serving.state import (
     write_state,
 )
 
-NAME = "seqcls"
+NAME = ModelName("seqcls")
 
 
 def _released(*versions: int) -> ServingState:
@@ -184,10 +185,11 @@ import sys
 from pathlib import Path
 from seqcls.errors import ServingError
 from seqcls.serving.state import read_state, write_state
+from seqcls.contract.names import ModelName
 repo, me, n = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3])
 done = conflicts = 0
 while done < n:
-    s = read_state(repo, "seqcls")
+    s = read_state(repo, ModelName("seqcls"))
     try:
         write_state(repo, s.with_candidate(1, None, me).without_candidate(me), expected_generation=s.generation)
         done += 1

@@ -16,7 +16,7 @@ import pytest
 
 from seqcls.checkpoints.checkpoint import sha256_file
 from seqcls.cli import main
-from seqcls.contract.names import names_for
+from seqcls.contract.names import ModelName
 from seqcls.errors import LeaseError, ServingError
 from seqcls.ops.status import status
 from seqcls.ops.sync import models_in, sync
@@ -26,7 +26,7 @@ from seqcls.serving.state import ServingState, current_state, read_state, state_
 from seqcls.settings import Settings
 from tests.helpers.drills import Drill, timed_sync, write_record
 
-NAME = "seqcls"
+NAME = ModelName("seqcls")
 GARBAGE = {
     "binary": b"\xff\xfe\x00\x81garbage\x9c",
     "wrong JSON": b'{"model_name": "alpha", "serving": ',
@@ -117,7 +117,7 @@ def test_protected_versions_stop_on_a_rollback_cycle() -> None:
 
 def _publish(root: Path, model_name: str, versions: list[int], *, served: int, live: list[int]) -> None:
     """Version directories with release.json (and live configs) as publish + reconcile leave them."""
-    names = names_for(model_name)
+    names = ModelName(model_name).names
 
     def policy(vs: list[int]) -> str:
         return f"version_policy: {{ specific: {{ versions: [ {', '.join(map(str, vs))} ] }} }}"
@@ -162,9 +162,9 @@ def _two_models(settings: Settings, garbage: bytes) -> Path:
     root = _repo(settings)
     write_state(root, _released(1), expected_generation=0)
     _publish(root, NAME, [1], served=1, live=[1])
-    _publish(root, "alpha", [1], served=1, live=[1])
-    state_path(root, "alpha").write_bytes(garbage)
-    return state_path(root, "alpha")
+    _publish(root, ModelName("alpha"), [1], served=1, live=[1])
+    state_path(root, ModelName("alpha")).write_bytes(garbage)
+    return state_path(root, ModelName("alpha"))
 
 
 # ---------------------------------------------------------------------------- scenario 5: a garbage state file
@@ -172,30 +172,30 @@ def _two_models(settings: Settings, garbage: bytes) -> Path:
 
 @pytest.mark.parametrize("kind", sorted(GARBAGE))
 def test_a_garbage_state_file_is_a_clear_error_naming_it(tmp_path: Path, kind: str) -> None:
-    path = state_path(tmp_path, "alpha")
+    path = state_path(tmp_path, ModelName("alpha"))
     path.write_bytes(GARBAGE[kind])
     with pytest.raises(ServingError) as info:
-        read_state(tmp_path, "alpha")
+        read_state(tmp_path, ModelName("alpha"))
     assert str(path) in str(info.value) and "seqcls sync --model-name alpha" in str(info.value)
     with pytest.raises(ServingError):  # no writer writes over it blindly
-        write_state(tmp_path, _released(2, name="alpha"), expected_generation=0)
+        write_state(tmp_path, _released(2, name=ModelName("alpha")), expected_generation=0)
     assert path.read_bytes() == GARBAGE[kind]
 
 
 def test_a_garbage_state_file_falls_back_to_its_backup_and_sync_records_it_again(tmp_path: Path) -> None:
-    w1 = write_state(tmp_path, _released(1, name="alpha"), expected_generation=0)
+    w1 = write_state(tmp_path, _released(1, name=ModelName("alpha")), expected_generation=0)
     write_state(tmp_path, w1.with_candidate(2, "fp2", "run-2"), expected_generation=1)
-    path = state_path(tmp_path, "alpha")
+    path = state_path(tmp_path, ModelName("alpha"))
     path.write_bytes(GARBAGE["binary"])
-    copy = current_state(tmp_path, "alpha")  # the newest readable copy: the log's generation 2
+    copy = current_state(tmp_path, ModelName("alpha"))  # the newest readable copy: the log's generation 2
     assert (copy.serving, copy.candidate, copy.generation) == (1, 2, 2)
-    state_file.log_path(tmp_path, "alpha").unlink()
-    copy = current_state(tmp_path, "alpha")  # without the log: the .bak, generation 1
+    state_file.log_path(tmp_path, ModelName("alpha")).unlink()
+    copy = current_state(tmp_path, ModelName("alpha"))  # without the log: the .bak, generation 1
     assert (copy.serving, copy.candidate, copy.generation) == (1, None, 1)
-    restored = state_file.restore_state(tmp_path, "alpha")
-    assert restored is not None and read_state(tmp_path, "alpha").serving == 1
+    restored = state_file.restore_state(tmp_path, ModelName("alpha"))
+    assert restored is not None and read_state(tmp_path, ModelName("alpha")).serving == 1
     assert path.with_name(path.name + ".damaged").read_bytes() == GARBAGE["binary"]
-    assert state_file.restore_state(tmp_path, "alpha") is None  # not damaged any more
+    assert state_file.restore_state(tmp_path, ModelName("alpha")) is None  # not damaged any more
 
 
 def test_status_reports_the_garbage_state_of_one_model_and_answers_for_the_others(settings: Settings) -> None:
@@ -221,12 +221,12 @@ def test_sync_reports_the_garbage_state_of_one_model_and_converges_the_others(se
 
 def test_a_garbage_lease_is_a_clear_error_and_lease_break_removes_it(settings: Settings) -> None:
     root = _repo(settings)
-    lease = ReleaseLease(root, "alpha")
+    lease = ReleaseLease(root, ModelName("alpha"))
     lease.path.write_bytes(GARBAGE["binary"])
     with pytest.raises(LeaseError, match=r"unreadable.*seqcls lease break --model-name alpha"):
         lease.holder()
-    write_state(root, _released(1, name="alpha"), expected_generation=0)
-    _publish(root, "alpha", [1], served=1, live=[1])
+    write_state(root, _released(1, name=ModelName("alpha")), expected_generation=0)
+    _publish(root, ModelName("alpha"), [1], served=1, live=[1])
     (report,) = status(settings, ["alpha"])
     assert any("seqcls lease break --model-name alpha" in p for p in report.problems), report.problems
     assert main(["lease", "break", "--model-name", "alpha"]) == 0
@@ -253,16 +253,16 @@ def test_failed_attempts_never_push_the_served_fingerprint_out_of_the_history() 
 
 
 def test_every_recorded_change_is_appended_to_the_log(tmp_path: Path) -> None:
-    s = write_state(tmp_path, _released(1, name="alpha"), expected_generation=0)
+    s = write_state(tmp_path, _released(1, name=ModelName("alpha")), expected_generation=0)
     for _ in range(30):
         s = write_state(tmp_path, _failed_attempts(s, 2, 1), expected_generation=s.generation)
-    lines = state_file.log_path(tmp_path, "alpha").read_text().splitlines()
+    lines = state_file.log_path(tmp_path, ModelName("alpha")).read_text().splitlines()
     assert len(lines) == 31 and json.loads(lines[-1])["generation"] == 31
     entries = [e for line in lines for e in json.loads(line)["entries"]]
     assert len(entries) == 2 + 30 * 2  # candidate + release, then candidate + abandon per attempt
-    logged = state_file.read_log(tmp_path, "alpha")
+    logged = state_file.read_log(tmp_path, ModelName("alpha"))
     assert logged is not None and logged.serving == 1 and logged.fingerprint_of(1) == "fp1"
-    assert not tmp_path.joinpath(state_file.log_path(tmp_path, "alpha").name).is_dir()  # a plain file
+    assert not tmp_path.joinpath(state_file.log_path(tmp_path, ModelName("alpha")).name).is_dir()  # a plain file
     assert models_in(tmp_path) == ["alpha"]  # the log is not a state file of a model "alpha.log"
 
 
@@ -271,12 +271,12 @@ def test_every_recorded_change_is_appended_to_the_log(tmp_path: Path) -> None:
 
 def test_a_lost_state_of_a_non_default_model_is_reconstructed_from_its_configs(settings: Settings) -> None:
     root = _repo(settings)
-    _publish(root, "alpha", [1, 2], served=2, live=[1, 2])
-    write_state(root, _released(1, 2, name="alpha"), expected_generation=0)
-    state_path(root, "alpha").unlink()
+    _publish(root, ModelName("alpha"), [1, 2], served=2, live=[1, 2])
+    write_state(root, _released(1, 2, name=ModelName("alpha")), expected_generation=0)
+    state_path(root, ModelName("alpha")).unlink()
     root.joinpath(".seqcls-state.alpha.log.jsonl").unlink(missing_ok=True)
     assert models_in(root) == ["alpha"]
-    s = current_state(root, "alpha")
+    s = current_state(root, ModelName("alpha"))
     assert (s.serving, s.previous, s.generation) == (2, 1, 0) and s.fingerprint_of(2) == "fp2"
     (report,) = status(settings)
     assert any("is missing" in p and "seqcls sync --model-name alpha" in p for p in report.problems)
@@ -284,18 +284,18 @@ def test_a_lost_state_of_a_non_default_model_is_reconstructed_from_its_configs(s
 
 def test_a_lost_state_is_reconstructed_from_the_log_keeping_the_version_counter(settings: Settings) -> None:
     root = _repo(settings)
-    _publish(root, "alpha", [1, 2], served=2, live=[1, 2])
-    write_state(root, _released(1, 2, name="alpha").allocated(5), expected_generation=0)
-    state_path(root, "alpha").unlink()
-    s = current_state(root, "alpha")
+    _publish(root, ModelName("alpha"), [1, 2], served=2, live=[1, 2])
+    write_state(root, _released(1, 2, name=ModelName("alpha")).allocated(5), expected_generation=0)
+    state_path(root, ModelName("alpha")).unlink()
+    s = current_state(root, ModelName("alpha"))
     assert (s.serving, s.previous, s.published, s.generation) == (2, 1, 5, 0)
     assert write_state(root, s, expected_generation=0).published == 5
 
 
 def test_sync_changes_nothing_for_a_lost_state_nothing_reconstructs(settings: Settings) -> None:
     root = _repo(settings)
-    _publish(root, "alpha", [1], served=1, live=[1])
-    for model in names_for("alpha").models:
+    _publish(root, ModelName("alpha"), [1], served=1, live=[1])
+    for model in ModelName("alpha").names.models:
         (root / model / "config.pbtxt").unlink()
     assert models_in(root) == []  # nothing of it is served: not one of the repository's models
     (result,) = sync(settings, ["alpha"])
@@ -304,10 +304,10 @@ def test_sync_changes_nothing_for_a_lost_state_nothing_reconstructs(settings: Se
 
 
 def test_corrupt_state_advice_is_true_for_a_non_default_model(tmp_path: Path) -> None:
-    path = state_path(tmp_path, "alpha")
+    path = state_path(tmp_path, ModelName("alpha"))
     path.write_bytes(GARBAGE["binary"])
     with pytest.raises(ServingError) as info:
-        read_state(tmp_path, "alpha")
+        read_state(tmp_path, ModelName("alpha"))
     assert "reconstructs the state from what the repository's config.pbtxt files serve" in str(info.value)
     assert "adopts" not in str(info.value)
 
@@ -317,8 +317,8 @@ def test_corrupt_state_advice_is_true_for_a_non_default_model(tmp_path: Path) ->
 
 def test_status_and_sync_report_a_missing_previous_version_with_its_fix(settings: Settings) -> None:
     root = _repo(settings)
-    _publish(root, "alpha", [1, 2], served=2, live=[1, 2])
-    write_state(root, _released(1, 2, name="alpha"), expected_generation=0)
+    _publish(root, ModelName("alpha"), [1, 2], served=2, live=[1, 2])
+    write_state(root, _released(1, 2, name=ModelName("alpha")), expected_generation=0)
     shutil.rmtree(root / "alpha_model" / "1")
     (report,) = status(settings)
     problem = [p for p in report.problems if "previous version 1" in p]
@@ -330,8 +330,8 @@ def test_status_and_sync_report_a_missing_previous_version_with_its_fix(settings
 
 def test_sync_restores_a_changed_file_of_the_served_version_from_its_workspace(settings: Settings) -> None:
     root = _repo(settings)
-    _publish(root, "alpha", [1, 2], served=2, live=[1, 2])
-    write_state(root, _released(1, 2, name="alpha"), expected_generation=0)
+    _publish(root, ModelName("alpha"), [1, 2], served=2, live=[1, 2])
+    write_state(root, _released(1, 2, name=ModelName("alpha")), expected_generation=0)
     weights = root / "alpha_model" / "2" / "weights.bin"
     weights.write_bytes(b"changed by hand")
     (root / "alpha_tokenizer" / "1" / "weights.bin").unlink()
@@ -347,8 +347,8 @@ def test_sync_restores_a_changed_file_of_the_served_version_from_its_workspace(s
 
 def test_sync_does_not_restore_what_no_copy_matches(settings: Settings) -> None:
     root = _repo(settings)
-    _publish(root, "alpha", [1], served=1, live=[1])
-    write_state(root, _released(1, name="alpha"), expected_generation=0)
+    _publish(root, ModelName("alpha"), [1], served=1, live=[1])
+    write_state(root, _released(1, name=ModelName("alpha")), expected_generation=0)
     shutil.rmtree(root.parent / "releases")  # the workspace is gone too
     (root / "alpha_model" / "1" / "weights.bin").write_bytes(b"changed by hand")
     (result,) = sync(settings)
@@ -373,7 +373,9 @@ def drill_test(test):
 def _answers(d: Drill, model_name: str = NAME) -> list:
     from seqcls.serving.client import TritonOps, endpoints_from_settings
 
-    preds, probs = TritonOps(endpoints_from_settings(d.settings)[0]).infer(TEXTS, model=names_for(model_name).ensemble)
+    preds, probs = TritonOps(endpoints_from_settings(d.settings)[0]).infer(
+        TEXTS, model=ModelName(model_name).names.ensemble
+    )
     return [preds, [[round(float(p), 5) for p in row] for row in probs]]
 
 
@@ -408,7 +410,7 @@ def test_drill_lost_state_of_a_non_default_model_keeps_it_served(drill: Drill, t
     d.release(tiny_checkpoint_src)
     d.release(tiny_checkpoint_src, model_name="alpha")
     before = {m: _answers(d, m) for m in (NAME, "alpha")}
-    state_path(d.repo, "alpha").unlink()
+    state_path(d.repo, ModelName("alpha")).unlink()
     out = d.cli("status")
     _no_traceback(out)
     assert out.returncode == 1 and "alpha" in out.stdout and "is missing" in out.stdout, out.stdout[-3000:]
@@ -417,7 +419,7 @@ def test_drill_lost_state_of_a_non_default_model_keeps_it_served(drill: Drill, t
         _no_traceback(out)
         assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
         assert {m: _answers(d, m) for m in (NAME, "alpha")} == before
-    assert state_path(d.repo, "alpha").is_file() and d.state("alpha").serving == 1
+    assert state_path(d.repo, ModelName("alpha")).is_file() and d.state(ModelName("alpha")).serving == 1
     d.assert_invariant(served=1)
 
 
@@ -428,7 +430,7 @@ def test_drill_garbage_state_of_one_model_leaves_the_others_served(drill: Drill,
     d.release(tiny_checkpoint_src)
     d.release(tiny_checkpoint_src, model_name="alpha")
     before = {m: _answers(d, m) for m in (NAME, "alpha")}
-    path = state_path(d.repo, "alpha")
+    path = state_path(d.repo, ModelName("alpha"))
     path.write_bytes(GARBAGE["binary"])
     # with a readable copy (.bak / log): a restart serves both models and records the copy again
     out = _restart_with_cli(d)
@@ -436,7 +438,7 @@ def test_drill_garbage_state_of_one_model_leaves_the_others_served(drill: Drill,
         _no_traceback(out)
         assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
         assert {m: _answers(d, m) for m in (NAME, "alpha")} == before
-        assert read_state(d.repo, "alpha").serving == 1  # recorded again
+        assert read_state(d.repo, ModelName("alpha")).serving == 1  # recorded again
     finally:
         _back_to_the_drill_server(d)
     assert all(r.ok for r in timed_sync(d.settings, "5: garbage state of one model", "others served", module=MODULE))
@@ -497,10 +499,10 @@ def test_drill_damaged_served_and_missing_previous_versions(drill: Drill, tiny_c
     d.release(tiny_checkpoint_src, threshold=0.4)  # version 2, no new export
     assert (d.state().serving, d.state().previous) == (2, 1)
     before = _answers(d)
-    served_onnx = d.repo / names_for(NAME).model / "2" / "model.onnx"
+    served_onnx = d.repo / ModelName(NAME).names.model / "2" / "model.onnx"
     digest = sha256_file(served_onnx)
     served_onnx.write_bytes(b"damaged by hand")  # restorable: the workspace holds the bytes publish shipped
-    shutil.rmtree(d.repo / names_for(NAME).model / "1")  # not restorable: its release.json is gone too
+    shutil.rmtree(d.repo / ModelName(NAME).names.model / "1")  # not restorable: its release.json is gone too
     fix = f"seqcls release --checkpoint {tiny_checkpoint_src}"
     out = d.cli("status")
     _no_traceback(out)

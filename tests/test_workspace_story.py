@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from seqcls.contract.names import ModelName
 from seqcls.release.workspace import Workspace
 
 
@@ -62,7 +63,9 @@ def test_status_cuts_a_long_error_at_a_word_and_names_versions_both_ways(
         home=tmp_path / "home", triton_repository=tmp_path / "repo", triton_grpc=("127.0.0.1:9",)
     )
     write_state(
-        settings.triton_repository, ServingState.empty("seqcls").with_candidate(3, "a" * 64, "x"), expected_generation=0
+        settings.triton_repository,
+        ServingState.empty(ModelName("seqcls")).with_candidate(3, "a" * 64, "x"),
+        expected_generation=0,
     )
 
     def down(_settings):

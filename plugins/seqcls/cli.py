@@ -25,6 +25,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from seqcls import __version__, config
+from seqcls.contract.names import ModelName
 from seqcls.errors import InputError, SeqclsError
 from seqcls.localtriton import LocalTriton, TritonServerConfig
 from seqcls.monitoring.drift import DRIFT, NOT_ENOUGH, DriftReport, Thresholds
@@ -187,7 +188,8 @@ def _cmd_rollback(args: argparse.Namespace) -> tuple[int, Printer]:
         return _cmd_step(args)
     if not args.model_name:
         raise InputError("rollback needs --model-name NAME (serve its previous version) or --checkpoint DIR")
-    result = rollback_model(_ops_settings(args), args.model_name, reason=args.reason or "requested from the CLI")
+    model = ModelName(args.model_name)  # the release flags' --model-name: checked here, where it enters
+    result = rollback_model(_ops_settings(args), model, reason=args.reason or "requested from the CLI")
     return 0, lambda: print(
         json.dumps(result, indent=2, default=str)
         if args.json
@@ -325,7 +327,8 @@ def _cmd_monitor(args: argparse.Namespace) -> tuple[int, Printer]:
         metrics = tuple(args.metrics) if args.metrics else None
         settings = Settings.from_env(home=args.home, triton_metrics=metrics)
         thresholds = Thresholds(psi=args.psi, alpha=args.alpha, min_texts=args.min_texts)
-        report = monitor(settings, args.model_name, args.since, thresholds=thresholds, prometheus=args.prometheus)
+        model = ModelName(args.model_name)  # a bad name is bad input here: exit 2, as below
+        report = monitor(settings, model, args.since, thresholds=thresholds, prometheus=args.prometheus)
     except SeqclsError as exc:
         message = f"error: {exc}"
         return 2, lambda: print(message, file=sys.stderr)
@@ -454,6 +457,23 @@ def _add_history_parser(sub) -> None:
     p.set_defaults(func=_cmd_history)
 
 
+def _add_status_sync_parsers(sub) -> None:
+    for name, func, text in (
+        (
+            "status",
+            _cmd_status,
+            "recorded serving state vs every endpoint vs MLflow, lease holder; exit 1 if they differ",
+        ),
+        ("sync", _cmd_sync, "make every endpoint (and MLflow's champion) match the recorded state; safe any time"),
+    ):
+        p = sub.add_parser(name, help=text)
+        p.add_argument(
+            "--model-name", type=ModelName, default=None, help="one model (default: every model with a recorded state)"
+        )
+        _add_ops_args(p)
+        p.set_defaults(func=func)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="seqcls", description=__doc__.splitlines()[0])
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
@@ -465,22 +485,11 @@ def build_parser() -> argparse.ArgumentParser:
         p.set_defaults(func={"rollback": _cmd_rollback, "evaluate": _cmd_evaluate}.get(s.name, _cmd_step))
         if s.name == "rollback":
             p.add_argument("--reason", default=None, help="why (recorded in the serving history)")
-    for name, func, text in (
-        (
-            "status",
-            _cmd_status,
-            "recorded serving state vs every endpoint vs MLflow, lease holder; exit 1 if they differ",
-        ),
-        ("sync", _cmd_sync, "make every endpoint (and MLflow's champion) match the recorded state; safe any time"),
-    ):
-        p = sub.add_parser(name, help=text)
-        p.add_argument("--model-name", default=None, help="one model (default: every model with a recorded state)")
-        _add_ops_args(p)
-        p.set_defaults(func=func)
+    _add_status_sync_parsers(sub)
     _add_history_parser(sub)
     p = sub.add_parser("lease", help="the per-model release lease: `lease break` removes a stuck one")
     p.add_argument("action", choices=["break"])
-    p.add_argument("--model-name", required=True)
+    p.add_argument("--model-name", type=ModelName, required=True)
     p.add_argument("--reason", default="broken by an operator")
     _add_ops_args(p)
     p.set_defaults(func=_cmd_lease)
@@ -489,7 +498,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="time each instances x threads layout of a model's candidate (else served) version on the target "
         "Triton, as a throwaway model no client is routed to; prints the SEQCLS_SERVING_LAYOUT to set",
     )
-    p.add_argument("--model-name", default="seqcls")
+    p.add_argument("--model-name", type=ModelName, default=DEFAULT_MODEL_NAME)
     p.add_argument("--layouts", default=None, help="comma-separated IxT (default: every split of --cores)")
     p.add_argument("--cores", type=int, default=None, help="the Triton host's cores (default: this host's)")
     p.add_argument("--clients", type=int, default=8, help="concurrent single-text clients (default 8)")
@@ -538,7 +547,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args, extras = parser.parse_known_args(argv)
+    try:  # a flag's own type may refuse its value (a model name: InputError, exit 1 like any bad input)
+        args, extras = parser.parse_known_args(argv)
+    except SeqclsError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
     if extras:  # argparse's own message, with the closest option of the command that was typed
         sub = _subparser(parser, getattr(args, "command", None))
         sub.error(f"unrecognized arguments: {' '.join(extras)}{_did_you_mean(sub, extras)}")

@@ -24,9 +24,9 @@ from typing import Any
 
 import seqcls_engine
 
-from seqcls.contract.names import names_for
+from seqcls.contract.names import MODEL_NAME_PATTERN, ModelName
 from seqcls.errors import InputError
-from seqcls.settings import DEFAULT_MODEL_NAME, MODEL_NAME_PATTERN, validate_model_name
+from seqcls.settings import DEFAULT_MODEL_NAME
 
 #: The serving profiles, each one graph (what is served and gated); ``fp16`` is for GPUs (the CUDA provider),
 #: ``bf16`` for CPUs with bf16 arithmetic (``fp32``'s graph run by OpenVINO at bf16: ``seqcls_engine``).
@@ -444,8 +444,8 @@ class ReleaseConfig:
     allow_unsafe_pickle: bool = False
 
     def __post_init__(self) -> None:
-        validate_model_name(self.model_name)
-        names_for(self.model_name)  # its Triton names must not collide with another model's
+        # the edge where a release's model name enters: checked once into the value inner floors take
+        object.__setattr__(self, "model_name", ModelName(self.model_name))
         for spec in FIELDS:
             spec.check(getattr(self, spec.name))
         if self.min_decision_agreement <= 0:

@@ -60,21 +60,9 @@ DEVICES = ("cpu", "gpu")
 #: models, or ``direct`` — one python model running the same three steps in one stub (python runtime only).
 PIPELINES = ("ensemble", "direct")
 
-MODEL_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
-_NAME_RE = re.compile(MODEL_NAME_PATTERN.strip("^$"))
 
 #: Project root when running from a checkout / editable install (model_repository/ lives there).
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
-
-
-def validate_model_name(name: str) -> str:
-    """Reject names that could escape the release home or break Triton/MLflow naming."""
-    if not isinstance(name, str) or not _NAME_RE.fullmatch(name) or ".." in name:
-        raise InputError(
-            f"model name {name!r} is not allowed: use 1-64 characters from letters, digits, "
-            "'_', '.', '-', starting with a letter or digit (no '/', no '..')."
-        )
-    return name
 
 
 def _split_endpoints(value: str) -> tuple[str, ...]:
@@ -358,8 +346,8 @@ class Settings:
 
 
 def dag_model_name() -> str:
-    """The model the DAG file releases (``SEQCLS_MODEL_NAME``, validated at parse time)."""
-    return validate_model_name(os.environ.get(ENV_MODEL_NAME) or DEFAULT_MODEL_NAME)
+    """The model the DAG file releases (``SEQCLS_MODEL_NAME``; the models file checks it at parse time)."""
+    return os.environ.get(ENV_MODEL_NAME) or DEFAULT_MODEL_NAME
 
 
 def dag_schedule() -> str:

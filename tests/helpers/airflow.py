@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 
 from seqcls.airflow.context import TASK_ORDER
+from seqcls.contract.names import ModelName
 
 ROOT = Path(__file__).resolve().parents[2]
 DAGS = ROOT / "dags"
@@ -225,7 +226,7 @@ def champion_events(uri: str) -> list[dict]:
         return [{"extra": e.extra, "dag_id": e.source_dag_id, "run_id": e.source_run_id, "id": e.id} for e in rows]
 
 
-def champion_version(model: str = "seqcls"):
+def champion_version(model: str = ModelName("seqcls")):
     """MLflow's champion version of ``model`` (None if there is none)."""
     from seqcls.registry.ledger import CHAMPION, aliased_version, client
     from seqcls.settings import Settings

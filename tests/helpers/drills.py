@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from seqcls.config import ReleaseConfig
+from seqcls.contract.names import ModelName
 from seqcls.localtriton import LocalTriton
 from seqcls.ops.status import status
 from seqcls.ops.sync import incomplete_versions, stale_temporaries, sync
@@ -76,7 +77,7 @@ def reset(server: LocalTriton) -> None:
             shutil.rmtree(p) if p.is_dir() else p.unlink()
 
 
-def repo_of(settings: Settings, model_name: str = "seqcls") -> Repository:
+def repo_of(settings: Settings, model_name: str = ModelName("seqcls")) -> Repository:
     return Repository.from_settings(settings, model_name)
 
 
@@ -102,7 +103,7 @@ class Drill:
             timeout=timeout,
         )
 
-    def state(self, model_name: str = "seqcls"):
+    def state(self, model_name: str = ModelName("seqcls")):
         return current_state(self.repo, model_name)
 
     def assert_invariant(self, *, served: int | None = None) -> None:
@@ -155,7 +156,7 @@ def when(condition, action, *, timeout: float = 300.0) -> threading.Thread:
     return thread
 
 
-def champion(settings: Settings, model_name: str = "seqcls") -> int | None:
+def champion(settings: Settings, model_name: str = ModelName("seqcls")) -> int | None:
     from seqcls.registry.ledger import CHAMPION, alias_version
 
     return alias_version(settings, model_name, CHAMPION)

@@ -53,7 +53,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from seqcls.config import ReleaseConfig
-from seqcls.contract.names import names_for
+from seqcls.contract.names import ModelName
 from seqcls.errors import InputError
 from seqcls.notify import check_urls
 from seqcls.settings import (
@@ -67,7 +67,6 @@ from seqcls.settings import (
     dag_models_file,
     dag_schedule,
     notify_urls,
-    validate_model_name,
 )
 
 MODELS_FILE_NAME = "seqcls-models.yaml"
@@ -102,7 +101,7 @@ APPROVALS = (APPROVAL_NONE, APPROVAL_REQUIRED)
 class ModelSpec:
     """One release DAG: the model it releases and its parse-time configuration."""
 
-    name: str
+    name: ModelName
     schedule: str | None = None  # None = manual, "asset", or a cron expression / preset
     checkpoints_root: str = ""  # "" = SEQCLS_CHECKPOINTS_ROOT; relative = under it
     params: dict[str, Any] = field(default_factory=dict)  # DAG param defaults (validated)
@@ -126,6 +125,13 @@ class ModelSpec:
         return f"{self.source}: model {self.name!r}" if self.source else f"{ENV_MODEL_NAME}={self.name!r}"
 
 
+def _checked_name(text: str, where: str) -> ModelName:
+    try:
+        return ModelName(text)
+    except InputError as exc:
+        raise InputError(f"{where}: {exc}") from exc
+
+
 def dag_id_for(model_name: str) -> str:
     """``seqcls_release`` for the default model, ``seqcls_release__<model>`` for the others."""
     return DAG_ID if model_name == DEFAULT_MODEL_NAME else f"{DAG_ID}__{model_name}"
@@ -137,7 +143,8 @@ def release_models(dag_folder: Path) -> tuple[ModelSpec, ...]:
     if path is None:
         schedule = _schedule(dag_schedule(), f"{ENV_SCHEDULE}")
         notify = check_urls(notify_urls(), ENV_NOTIFY_URLS)
-        return (ModelSpec(dag_model_name(), schedule=schedule, notify=notify),)
+        name = _checked_name(dag_model_name(), f"{ENV_MODEL_NAME}")
+        return (ModelSpec(name, schedule=schedule, notify=notify),)
     if dag_schedule().strip() or dag_model_name() != DEFAULT_MODEL_NAME:
         raise InputError(
             f"{path}: this models file defines the release DAGs, but {ENV_SCHEDULE}/{ENV_MODEL_NAME} are set too "
@@ -213,10 +220,7 @@ def _model(path: Path, index: int, entry: Any, defaults: Mapping[str, Any]) -> M
         raise InputError(f"{path}: models[{index}] needs a `name` (a string), got {name!r}")
     where = f"{path}: model {name!r}"
     _known(entry, MODEL_KEYS, where)
-    try:
-        names_for(validate_model_name(name))
-    except InputError as exc:
-        raise InputError(f"{where}: name: {exc}") from exc
+    name = _checked_name(name, f"{where}: name")
     for label, params in (("defaults.params", defaults.get("params")), ("params", entry.get("params"))):
         if params is not None and not isinstance(params, Mapping):
             raise InputError(f"{where}: {label} must be a mapping param -> default, got {params!r}")

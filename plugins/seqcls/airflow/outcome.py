@@ -36,6 +36,7 @@ from airflow.sdk.log import mask_secret
 
 from seqcls.airflow.context import RESOLVE_TASK, ROLLBACK_TASK, TASK_STEPS
 from seqcls.airflow.tasks import APPROVAL_TASK, task_settings
+from seqcls.contract.names import ModelName
 from seqcls.notify import NotifyResult, Outcome, classify, render, send, split_urls, url_secrets
 from seqcls.notify.outcome import (
     APPROVAL,
@@ -185,6 +186,7 @@ def report_run(
 
 def task_outcome(model: str, fingerprint: str, params: Any, ti: Any, *, checkpoints_root: str) -> Outcome | None:
     """:func:`run_outcome` of this task's DAG run, filled from the workspace and the serving state."""
+    model = ModelName(model)  # from the DAG's op_kwargs: where it enters this task
     upstream = sorted(ti.task.upstream_task_ids)
     states = ti.get_task_states(dag_id=ti.dag_id, run_ids=[ti.run_id], task_ids=upstream).get(ti.run_id, {})
     states = {t: str(getattr(s, "value", s)) for t, s in states.items()}

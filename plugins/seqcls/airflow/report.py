@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from seqcls.contract.names import names_for
+from seqcls.contract.names import ModelName
 from seqcls.registry.ledger import model_version_url
 from seqcls.settings import DEFAULT_MODEL_NAME, Settings
 
@@ -102,7 +102,7 @@ def triton_model_url(settings: Settings, model_name: str, version: int | None) -
     """Triton's HTTP metadata URL for ``model_name``'s ensemble at ``version`` (first endpoint), if known."""
     if not version or not settings.triton_http:
         return None
-    model = names_for(model_name).ensemble
+    model = ModelName(model_name).names.ensemble
     host = settings.triton_http[0]
     base = host if host.startswith(("http://", "https://")) else f"http://{host}"
     return f"{base.rstrip('/')}/v2/models/{model}/versions/{version}"

@@ -41,7 +41,7 @@ from seqcls.airflow.hooks import MlflowHook, TritonHook
 from seqcls.airflow.models_file import dag_id_for
 from seqcls.airflow.report import report
 from seqcls.airflow.roots import LATEST, locate_checkpoint
-from seqcls.contract.names import names_for
+from seqcls.contract.names import ModelName
 from seqcls.errors import InputError, ServingError, StepOrderError
 from seqcls.ops.sync import sync
 from seqcls.registry import journal
@@ -352,14 +352,15 @@ def approval_summary(release: Release) -> dict[str, Any]:
 
 def approval_text(summary: Mapping[str, Any]) -> tuple[str, str]:
     """:func:`approval_summary` as the request's subject and Markdown body (what the UI shows)."""
-    q, smoke, model, version = summary["quality"], summary["smoke"], summary["model_name"], summary["version"]
+    q, smoke, version = summary["quality"], summary["smoke"], summary["version"]
+    model = ModelName(summary["model_name"])  # from XCom: where it enters this task
     gate = "did not run" if q["candidate"] is None else "passed" if q["passed"] else "refused"
     fingerprint = summary["fingerprint"]
     subject = f"Release {model} (Triton v{version}, fingerprint {fingerprint[:12]})? Quality gate {gate}"
-    route = smoke.get("route") or names_for(model).candidate
+    route = smoke.get("route") or model.names.candidate
     lines = [
         f"**{model}**: checkpoint `{summary['checkpoint']}` (fingerprint `{fingerprint[:16]}`) as Triton "
-        f"version **{version}**, loaded as the candidate on `{route}`; the public `{names_for(model).ensemble}` "
+        f"version **{version}**, loaded as the candidate on `{route}`; the public `{model.names.ensemble}` "
         "does not serve it yet.",
         "",
         f"### Quality gate — {q['verdict']}",
@@ -385,7 +386,7 @@ def approval_text(summary: Mapping[str, Any]) -> tuple[str, str]:
         f"Evidence: `{summary['workspace']}/quality/` (evaluation.json, bad_cases.tsv, labels.png) and the release's "
         "MLflow run.",
         "",
-        f"**Approve**: `{names_for(model).ensemble}` serves version {version}, which becomes the MLflow champion. "
+        f"**Approve**: `{model.names.ensemble}` serves version {version}, which becomes the MLflow champion. "
         "**Reject**: the candidate is withdrawn (rollback); what is served and the champion stay as they are.",
     ]
     return subject, "\n".join(lines)

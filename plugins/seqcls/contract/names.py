@@ -20,6 +20,11 @@ Model names ending in a role suffix (``_model``…) or named ``tokenizer`` are r
 collide with another model's composing names. Composing models load before the ensembles that pin
 them and unload after them. The candidate route is the ensemble pinned to a release's candidate
 version, so unpinned clients of ``<m>`` never reach an un-smoked model.
+
+A name is checked once, where it enters (a CLI flag, a DAG param, the models file, a file name found in
+the repository): :class:`ModelName` is that check, and the value it makes carries every derived name
+(:attr:`ModelName.names`). Inner floors take the value; what builds a path from a name requires it
+(:func:`require_name`), so an unchecked string can never name a file.
 """
 
 from __future__ import annotations
@@ -30,6 +35,10 @@ from dataclasses import dataclass
 from seqcls.errors import InputError
 from seqcls.settings import DEFAULT_MODEL_NAME
 
+#: A seqcls model name: the MLflow registered model, the release workspace's directory, the Triton
+#: ensemble — so no path separator, no ``..``, at most 64 characters.
+MODEL_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
+_MODEL_NAME = re.compile(MODEL_NAME_PATTERN.strip("^$"))
 #: Triton's rules for a model name as seqcls uses it: a plain directory name of the repository
 #: (no separators, no leading dot — Triton skips hidden directories), safe in the KServe-v2 URL
 #: path ``/v2/models/<name>`` and in the python backend's shared-memory region names.
@@ -80,41 +89,75 @@ class ServingNames:
         return getattr(CLASSIC, "ensemble" if role == "candidate" else role)
 
 
-CLASSIC = ServingNames(
-    DEFAULT_MODEL_NAME, "seqcls", "tokenizer", "seqcls_model", "seqcls_postprocess", "seqcls_candidate"
-)
+class ModelName(str):
+    """A model name checked once, where it enters; the value carries every Triton name derived from it.
+
+    ``ModelName(text)`` refuses (InputError) a name that could escape the release home or break
+    Triton/MLflow naming, or whose derived Triton names would collide with another model's; a
+    ModelName passed again is returned as it is, never re-checked. It *is* the string (JSON, MLflow,
+    log lines and paths take it unchanged).
+    """
+
+    __slots__ = ()
+
+    def __new__(cls, value: object) -> ModelName:
+        if isinstance(value, ModelName):
+            return value
+        _check(value)
+        return super().__new__(cls, value)
+
+    def __reduce__(self) -> tuple[type[ModelName], tuple[str]]:
+        return (ModelName, (str(self),))
+
+    @property
+    def names(self) -> ServingNames:
+        """The Triton names of this model's ensemble (the classic ones for the default model)."""
+        return CLASSIC if self.is_default else _derive(self)
+
+    @property
+    def is_default(self) -> bool:
+        return self == DEFAULT_MODEL_NAME
 
 
-def names_for(model_name: str) -> ServingNames:
-    """The Triton names of ``model_name``'s ensemble; refuses names that would collide or break Triton."""
-    if model_name == DEFAULT_MODEL_NAME:
-        return CLASSIC
-    if not _TRITON_NAME.fullmatch(model_name):
+def _check(name: object) -> None:
+    if not isinstance(name, str) or not _MODEL_NAME.fullmatch(name) or ".." in name:
         raise InputError(
-            f"model name {model_name!r} is not a valid Triton model name (letters, digits, '_', '.', '-'; "
-            "starting with a letter or digit)"
+            f"model name {name!r} is not allowed: use 1-64 characters from letters, digits, "
+            "'_', '.', '-', starting with a letter or digit (no '/', no '..')."
         )
-    clash = [s for s in ROLE_SUFFIXES.values() if model_name.endswith(s)] or (
-        ["tokenizer"] if model_name in CLASSIC.all else []
-    )
+    if name == DEFAULT_MODEL_NAME:
+        return
+    clash = [s for s in ROLE_SUFFIXES.values() if name.endswith(s)] or (["tokenizer"] if name in CLASSIC.all else [])
     if clash:
         raise InputError(
-            f"model name {model_name!r} would collide with the Triton models seqcls derives for other models "
+            f"model name {name!r} would collide with the Triton models seqcls derives for other models "
             f"(names ending in {', '.join(ROLE_SUFFIXES.values())} are reserved, and so are "
             f"{', '.join(CLASSIC.all)}); choose another --model-name"
         )
-    names = ServingNames(
-        model_name,
-        model_name,
-        *(model_name + ROLE_SUFFIXES[r] for r in ("tokenizer", "model", "postprocess", "candidate")),
-    )
-    for name in names.all:
-        if not _TRITON_NAME.fullmatch(name):
-            raise InputError(f"model name {model_name!r}: derived Triton name {name!r} is too long (max 80)")
-    return names
+    for derived in _derive(name).all:
+        if not _TRITON_NAME.fullmatch(derived):
+            raise InputError(f"model name {name!r}: derived Triton name {derived!r} is too long (max 80)")
 
 
-# The default model's names, for code and tests that mean the classic ensemble.
+def _derive(name: str) -> ServingNames:
+    roles = ("tokenizer", "model", "postprocess", "candidate")
+    return ServingNames(name, name, *(name + ROLE_SUFFIXES[r] for r in roles))
+
+
+def require_name(value: object) -> ModelName:
+    """``value`` if it was checked at an edge (a :class:`ModelName`); a TypeError for anything else.
+
+    What builds a path or a lock from a model name calls this: an unchecked string is a programming
+    error there, not an input to check again.
+    """
+    if not isinstance(value, ModelName):
+        raise TypeError(f"{value!r} is an unchecked {type(value).__name__}: make it a ModelName where it enters")
+    return value
+
+
+#: The default model, for code and tests that mean the classic ensemble.
+DEFAULT_MODEL = ModelName(DEFAULT_MODEL_NAME)
+CLASSIC = ServingNames(DEFAULT_MODEL, "seqcls", "tokenizer", "seqcls_model", "seqcls_postprocess", "seqcls_candidate")
 ENSEMBLE = CLASSIC.ensemble
 TOKENIZER = CLASSIC.tokenizer
 MODEL = CLASSIC.model

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from seqcls.contract import shipped
+from seqcls.contract.names import ModelName, require_name
 from seqcls.errors import InputError, ServingError
 from seqcls.files import atomic_write
 from seqcls.monitoring.drift import Counts, DriftReport, Thresholds, compare
@@ -34,7 +35,7 @@ from seqcls.monitoring.reference import Reference
 from seqcls.serving import metrics
 from seqcls.serving.repository import Repository
 from seqcls.serving.state import current_state
-from seqcls.settings import ENV_TRITON_METRICS, Settings, prometheus_url, validate_model_name
+from seqcls.settings import ENV_TRITON_METRICS, Settings, prometheus_url
 
 log = logging.getLogger(__name__)
 
@@ -146,8 +147,8 @@ class SnapshotStore:
     path: Path
 
     @classmethod
-    def for_model(cls, settings: Settings, model_name: str) -> SnapshotStore:
-        return cls(settings.home / SNAPSHOT_DIR / f"{validate_model_name(model_name)}.jsonl")
+    def for_model(cls, settings: Settings, model: ModelName) -> SnapshotStore:
+        return cls(settings.home / SNAPSHOT_DIR / f"{require_name(model)}.jsonl")
 
     def load(self) -> list[Reading]:
         try:

@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from seqcls.contract.names import ModelName
 from seqcls.ops.history import read_entries, version_label
 from seqcls.registry.ledger import model_version_url
 from seqcls.release.workspace import MANIFEST, workspace_dir
@@ -190,7 +191,9 @@ def release_facts(
     return facts
 
 
-def workspace_facts(settings: Settings, model: str, fingerprint: str | None, **kwargs: Any) -> ReleaseFacts | None:
+def workspace_facts(
+    settings: Settings, model: ModelName, fingerprint: str | None, **kwargs: Any
+) -> ReleaseFacts | None:
     """:func:`release_facts` of ``model``'s workspace for ``fingerprint`` (None without one)."""
     if not fingerprint:
         return None

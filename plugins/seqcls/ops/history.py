@@ -14,12 +14,12 @@ from __future__ import annotations
 import json
 import logging
 import textwrap
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from seqcls.contract.names import names_for
-from seqcls.ops.sync import models_in
+from seqcls.ops.sync import models_in, operator_models
 from seqcls.registry.ledger import client, find_version
 from seqcls.registry.ledger import version_label as ledger_version_label
 from seqcls.registry.runs import PARITY_TAG, QUALITY_TAG
@@ -302,13 +302,11 @@ def _join(settings: Settings, model_name: str, entries: list[HistoryEntry], regi
             e.gates = gates.get(e.to_version, {})
 
 
-def history(settings: Settings, model_names: list[str] | None = None) -> History:
+def history(settings: Settings, model_names: Sequence[str] | None = None) -> History:
     """Every recorded serving change of the named models (default: every model with a state or log), oldest
     first, with the MLflow version of each Triton version. Never fails for MLflow or a damaged line."""
-    for name in model_names or []:  # a name the operator typed: a bad one is their error (InputError)
-        names_for(name)
     root = Path(str(settings.triton_repository))
-    names = model_names or models_in(root)
+    names = operator_models(model_names) or models_in(root)
     registry = _Registry(settings)
     entries: list[HistoryEntry] = []
     notes: list[str] = []

@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import logging
 import textwrap
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from seqcls.contract.names import names_for
+from seqcls.contract.names import ModelName
 from seqcls.errors import SeqclsError, ServingError
-from seqcls.ops.sync import models_in, version_problems
+from seqcls.ops.sync import models_in, operator_models, version_problems
 from seqcls.registry.ledger import CANDIDATE, CHAMPION, aliased_version, client, find_version, version_label
 from seqcls.release import control
 from seqcls.release.keys import served_release_key
@@ -34,7 +35,7 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class ModelStatus:
-    model_name: str
+    model_name: ModelName
     recorded: dict[str, Any]
     endpoints: dict[str, Any]
     registry: dict[str, Any]
@@ -61,7 +62,7 @@ class ModelStatus:
             + (f", fingerprint {str(r['fingerprint'])[:16]}" if r["fingerprint"] else "")
             + f"; previous {named(r['previous'])}; candidate {named(r['candidate'])}"
         ]
-        names = names_for(self.model_name) if self.endpoints else None
+        names = self.model_name.names if self.endpoints else None
         for ep, seen in self.endpoints.items():
             if isinstance(seen, str):
                 out.append(f"  {ep}: {seen}")
@@ -162,7 +163,7 @@ def _pipeline(repo: Repository, version: int | None) -> str | None:
     return (info.get("serving") or {}).get("pipeline", "ensemble") if info else None
 
 
-def model_status(settings: Settings, model_name: str) -> ModelStatus:
+def model_status(settings: Settings, model_name: ModelName) -> ModelStatus:
     repo = Repository.from_settings(settings, model_name)
     state: ServingState = current_state(repo.root, model_name)
     fp = state.fingerprint_of(state.serving)
@@ -231,10 +232,8 @@ def _failed(model_name: str, exc: Exception) -> ModelStatus:
     return ModelStatus(model_name, recorded, {}, {"error": "not asked"}, lease, [problem[:1000]])
 
 
-def status(settings: Settings, model_names: list[str] | None = None) -> list[ModelStatus]:
-    for name in model_names or []:  # a name the operator typed: a bad one is their error, not a model's
-        names_for(name)
-    names = model_names or models_in(Path(str(settings.triton_repository)))
+def status(settings: Settings, model_names: Sequence[str] | None = None) -> list[ModelStatus]:
+    names = operator_models(model_names) or models_in(Path(str(settings.triton_repository)))
     out = []
     for name in names:
         try:

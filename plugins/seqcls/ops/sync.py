@@ -25,13 +25,13 @@ import re
 import shutil
 import socket
 import textwrap
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from seqcls.checkpoints.checkpoint import sha256_file
-from seqcls.contract.names import CLASSIC, names_for
+from seqcls.contract.names import CLASSIC, DEFAULT_MODEL, ModelName
 from seqcls.errors import SeqclsError, ServingError
 from seqcls.files import copy_hashed, replace_file
 from seqcls.registry import journal
@@ -51,26 +51,28 @@ from seqcls.serving.state import (
     state_path,
     write_state,
 )
-from seqcls.settings import DEFAULT_MODEL_NAME, Settings, validate_model_name
+from seqcls.settings import Settings
 
 log = logging.getLogger(__name__)
 
 
-def models_in(root: Path) -> list[str]:
+def models_in(root: Path) -> list[ModelName]:
     """Models with a recorded state (or its log) in the repository, plus every model that has published
-    versions — one whose state file was lost, and the default one in a legacy layout (no state file)."""
+    versions — one whose state file was lost, and the default one in a legacy layout (no state file).
+
+    Names found in file names are an edge: each is checked here (a file no model name fits is ignored)."""
     root = Path(root)
     names = {p.name[len(STATE_PREFIX) : -len(".json")] for p in root.glob(f"{STATE_PREFIX}*.json")}
     names |= {p.name[len(STATE_PREFIX) : -len(".log.jsonl")] for p in root.glob(f"{STATE_PREFIX}*.log.jsonl")}
     names |= set(_published_models(root))
     if Repository(root, root).serving_version() is not None:
-        names.add(DEFAULT_MODEL_NAME)
-    return sorted(n for n in names if _valid(n))
+        names.add(DEFAULT_MODEL)
+    return sorted(ModelName(n) for n in names if _valid(n))
 
 
 def _valid(name: str) -> bool:
     try:
-        validate_model_name(name)
+        ModelName(name)
     except SeqclsError:
         return False
     return True
@@ -384,14 +386,18 @@ def _record_again(repo: Repository, model: str, state: ServingState, damaged: st
     return f"state file was missing: recorded what is served again ({state.describe()})"
 
 
-def sync(settings: Settings, model_names: list[str] | None = None) -> list[SyncResult]:
+def operator_models(model_names: Sequence[str] | None) -> list[ModelName]:
+    """The models an operator named (this library's edge for ``status``/``sync``/``history``): each checked,
+    a bad one their error (InputError), not a model's; a ModelName passes unchanged."""
+    return [ModelName(name) for name in model_names or ()]
+
+
+def sync(settings: Settings, model_names: Sequence[str] | None = None) -> list[SyncResult]:
     """Recover every (or the named) model of the repository; see the module docstring."""
     root = Path(str(settings.triton_repository))
     endpoints = endpoints_from_settings(settings)
-    for model in model_names or []:  # a name the operator typed: a bad one is their error, not a model's
-        names_for(model)
     results = []
-    for model in model_names or models_in(root):
+    for model in operator_models(model_names) or models_in(root):
         try:
             result = _sync_model(settings, model, endpoints)
         except Exception as exc:  # one model's damage is its own: report it, converge the others

@@ -32,6 +32,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from seqcls.contract.names import ModelName, require_name
 from seqcls.errors import LeaseError, SeqclsError
 from seqcls.files import atomic_write, held
 from seqcls.registry.ledger import CHAMPION, aliased_version, client, history, version_exists
@@ -39,7 +40,7 @@ from seqcls.release.keys import served_release_key
 from seqcls.serving.lease import ReleaseLease, pid_alive
 from seqcls.serving.repository import Repository
 from seqcls.serving.state import current_state
-from seqcls.settings import Settings, validate_model_name
+from seqcls.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -128,9 +129,9 @@ def standalone(settings: Settings, model_name: str, owner: str, workspace: str) 
     end(settings, model_name, attempt.id, "completed")
 
 
-def journal_path(settings: Settings, model_name: str) -> Path:
+def journal_path(settings: Settings, model: ModelName) -> Path:
     """Beside the release workspaces (shared by every worker of an Airflow deployment), one file per model."""
-    return Path(settings.home) / JOURNAL_DIR / f"{validate_model_name(model_name)}.jsonl"
+    return Path(settings.home) / JOURNAL_DIR / f"{require_name(model)}.jsonl"
 
 
 @contextlib.contextmanager
@@ -296,8 +297,9 @@ def undo_attempt(settings: Settings, model_name: str, attempt_id: str, *, reason
     return {"changed": bool(actions), "actions": actions}
 
 
-def dead_reason(settings: Settings, attempt: Attempt) -> str | None:
-    """Why ``attempt`` is over without having ended (None while it may still be running)."""
+def dead_reason(settings: Settings, attempt: Attempt, model: ModelName) -> str | None:
+    """Why ``attempt`` (an attempt of ``model``, read from its journal) is over without having ended
+    (None while it may still be running)."""
     mine = current_attempt()
     if mine is not None and mine.id == attempt.id:
         return None
@@ -306,7 +308,7 @@ def dead_reason(settings: Settings, attempt: Attempt) -> str | None:
             return f"its process {attempt.pid} on {attempt.host} is gone"
         if attempt.pid == os.getpid():
             return None
-    lease = ReleaseLease(Path(str(settings.triton_repository)), attempt.model_name)
+    lease = ReleaseLease(Path(str(settings.triton_repository)), model)
     try:
         holder = lease.holder()
     except LeaseError:
@@ -320,7 +322,7 @@ def dead_reason(settings: Settings, attempt: Attempt) -> str | None:
     return f"its release lease ({attempt.owner}, run {attempt.run or '-'}) is not held live"
 
 
-def undo_dead_attempts(settings: Settings, model_name: str, *, reason: str = "") -> dict[str, Any]:
+def undo_dead_attempts(settings: Settings, model_name: ModelName, *, reason: str = "") -> dict[str, Any]:
     """Undo the registry changes of ``model_name``'s dead attempts (see the module doc).
 
     Returns ``{"undone": {attempt: actions}, "open": [attempts still alive]}``, or ``{"error": ...}``
@@ -332,7 +334,7 @@ def undo_dead_attempts(settings: Settings, model_name: str, *, reason: str = "")
         undone: dict[str, list[str]] = {}
         alive: list[str] = []
         for aid, found in attempts.items():
-            why = dead_reason(settings, found["who"])
+            why = dead_reason(settings, found["who"], model_name)
             if why is None:
                 alive.append(aid)
                 continue

@@ -29,7 +29,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from seqcls import faults
-from seqcls.contract.names import names_for
+from seqcls.contract.names import ModelName
 from seqcls.errors import ServingError
 from seqcls.release.keys import release_key
 from seqcls.release.workspace import Release
@@ -202,9 +202,9 @@ def reconcile_recorded(
     return state, report
 
 
-def observe_all(endpoints: Sequence[Endpoint], model_name: str) -> dict[str, dict[str, list[int]] | str]:
+def observe_all(endpoints: Sequence[Endpoint], model_name: ModelName) -> dict[str, dict[str, list[int]] | str]:
     """Endpoint → Triton model of ``model_name`` → READY versions (or the reason it could not be asked)."""
-    names = names_for(model_name)
+    names = model_name.names
     out: dict[str, dict[str, list[int]] | str] = {}
     for op in [TritonOps(e) for e in endpoints]:
         try:

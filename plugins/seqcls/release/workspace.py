@@ -28,6 +28,7 @@ from typing import Any
 
 from seqcls.checkpoints.checkpoint import Checkpoint, sha256_file
 from seqcls.config import ReleaseConfig
+from seqcls.contract.names import ModelName, require_name
 from seqcls.errors import SeqclsError, StepOrderError
 from seqcls.files import atomic_write, held, out_of_space, replace_dir, resource_error
 from seqcls.settings import Settings
@@ -344,5 +345,5 @@ def _why_redo(rec: dict[str, Any], inputs: dict[str, Any], key: str, ws: Workspa
     return f"outputs missing or changed ({shown})"
 
 
-def workspace_dir(settings: Settings, model_name: str, fingerprint: str) -> Path:
-    return settings.releases_dir / model_name / fingerprint[:16]
+def workspace_dir(settings: Settings, model: ModelName, fingerprint: str) -> Path:
+    return settings.releases_dir / require_name(model) / fingerprint[:16]

@@ -28,7 +28,6 @@ from typing import Any
 import numpy as np
 
 from seqcls.contract import shipped
-from seqcls.contract.names import names_for
 from seqcls.errors import InputError, ServingError
 from seqcls.serving.client import TritonOps, endpoints_from_settings, retrying
 from seqcls.serving.repository import SNAPSHOT, parse_config
@@ -257,7 +256,7 @@ def calibrate_layout(
     p95_slack: float = 1.25,
 ) -> LayoutCalibration:
     """Measure each layout on the first endpoint with the candidate version (else the served one)."""
-    names = names_for(model_name)
+    names = model_name.names
     repo = Path(str(settings.triton_repository))
     state = current_state(repo, model_name)
     version = state.candidate if state.candidate is not None else state.serving

@@ -28,9 +28,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
 
+from seqcls.contract.names import ModelName, require_name
 from seqcls.errors import LeaseError
 from seqcls.files import atomic_write
-from seqcls.settings import validate_model_name
 
 log = logging.getLogger(__name__)
 
@@ -137,11 +137,11 @@ class LeaseHolder:
 class ReleaseLease:
     """The release lease of one model in one shared repository."""
 
-    def __init__(self, repository: Path, model_name: str) -> None:
+    def __init__(self, repository: Path, model: ModelName) -> None:
         self.repository = Path(repository)
-        self.model_name = validate_model_name(model_name)
-        self.path = self.repository / f"{LEASE_PREFIX}{model_name}.json"
-        self.lock_path = self.repository / f"{LEASE_PREFIX}{model_name}.lock"
+        self.model_name = require_name(model)
+        self.path = self.repository / f"{LEASE_PREFIX}{model}.json"
+        self.lock_path = self.repository / f"{LEASE_PREFIX}{model}.lock"
 
     # ------------------------------------------------------------------ internals
 

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from seqcls import faults
-from seqcls.contract.names import CLASSIC, ServingNames, names_for
+from seqcls.contract.names import CLASSIC, ServingNames, require_name
 from seqcls.errors import ServingError
 from seqcls.serving.client import TritonOps
 from seqcls.serving.repository import Repository
@@ -47,7 +47,7 @@ def desired_versions(
 ) -> dict[str, list[int]]:
     """Triton model → the versions that must be READY (empty = not loaded at all); ``direct``: versions
     of the direct pipeline (:meth:`Repository.direct_versions`), whose composing models are not loaded."""
-    names = names_for(state.model_name)
+    names = require_name(state.model_name).names
     composing = {state.serving, state.candidate}
     if keep_previous and state.candidate is None:
         composing.add(state.previous)

@@ -25,7 +25,7 @@ from typing import Any
 
 from seqcls.checkpoints.checkpoint import sha256_file
 from seqcls.contract import shipped
-from seqcls.contract.names import CLASSIC, ServingNames, names_for
+from seqcls.contract.names import CLASSIC, ModelName, ServingNames, require_name
 from seqcls.errors import InputError, ServingError
 from seqcls.files import atomic_write, held, replace_dir
 from seqcls.settings import DEVICES, PIPELINES, RUNTIMES, Settings, parse_layout
@@ -340,16 +340,16 @@ class Repository:
     _versions_cache: dict[str, list[int]] = field(default_factory=dict, repr=False)
 
     @classmethod
-    def from_settings(cls, settings: Settings, model_name: str) -> Repository:
+    def from_settings(cls, settings: Settings, model: ModelName) -> Repository:
         """The repository as seen by model ``model_name`` (its Triton names: :mod:`seqcls.contract.names`)."""
         assert settings.triton_repository is not None and settings.model_repository_source is not None
-        return cls(Path(settings.triton_repository), Path(settings.model_repository_source), names_for(model_name))
+        return cls(Path(settings.triton_repository), Path(settings.model_repository_source), require_name(model).names)
 
-    def for_model(self, model_name: str) -> Repository:
-        return Repository(self.root, self.source, names_for(model_name))
+    def for_model(self, model: ModelName) -> Repository:
+        return Repository(self.root, self.source, require_name(model).names)
 
     @property
-    def model_name(self) -> str:
+    def model_name(self) -> ModelName:
         return self.names.model_name
 
     def lock(self, *, timeout: float = 600.0, what: str = "publish/reconcile"):

@@ -25,12 +25,11 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from seqcls.contract.names import names_for
+from seqcls.contract.names import ModelName, require_name
 from seqcls.errors import ServingError
 from seqcls.files import atomic_write
 from seqcls.serving.repository import Repository
 from seqcls.serving.statelog import EVENTS, STATE_PREFIX, actor, append_event, append_line, log_path, now_iso
-from seqcls.settings import validate_model_name
 
 log = logging.getLogger(__name__)
 
@@ -41,9 +40,9 @@ ACTIONS = ("release", "rollback", "candidate", "abandon", "adopt")
 _SERVING_ACTIONS = ("release", "rollback", "adopt")
 
 
-def state_path(repository: Path, model_name: str) -> Path:
-    """Where ``model_name``'s state lives: a dot file at the repository root (Triton ignores files)."""
-    return Path(repository) / f"{STATE_PREFIX}{validate_model_name(model_name)}.json"
+def state_path(repository: Path, model: ModelName) -> Path:
+    """Where ``model``'s state lives: a dot file at the repository root (Triton ignores files)."""
+    return Path(repository) / f"{STATE_PREFIX}{require_name(model)}.json"
 
 
 def backup_path(path: Path) -> Path:
@@ -109,7 +108,7 @@ class HistoryEntry:
 class ServingState:
     """What ``model_name`` should serve; changed only under its release lease, then reconciled."""
 
-    model_name: str
+    model_name: ModelName
     serving: int | None = None
     previous: int | None = None
     candidate: int | None = None
@@ -123,8 +122,8 @@ class ServingState:
     appended: int = field(default=0, compare=False, repr=False)
 
     @classmethod
-    def empty(cls, model_name: str) -> ServingState:
-        return cls(model_name=validate_model_name(model_name))
+    def empty(cls, model: ModelName) -> ServingState:
+        return cls(model_name=require_name(model))
 
     def live_versions(self) -> list[int]:
         """Versions the composing models must have loaded (serving, previous, candidate)."""
@@ -336,7 +335,7 @@ def _parse(raw: bytes, model_name: str) -> ServingState:
         raise ValueError(str(exc)[:200] or "empty file") from exc
     if state.model_name != model_name:
         raise ValueError(f"it describes model {state.model_name!r}")
-    return state
+    return replace(state, model_name=model_name)  # the name the file was found by: checked at the edge
 
 
 def _readable(path: Path, model_name: str) -> ServingState | None:
@@ -367,7 +366,7 @@ def read_log(repository: Path, model_name: str) -> ServingState | None:
     if last is None:
         return None
     try:
-        state = ServingState.from_dict({**last, "history": []})
+        state = replace(ServingState.from_dict({**last, "history": []}), model_name=model_name)
     except ValueError:
         return None
     return replace(state, history=bounded_history(history, state.live_versions()))
@@ -481,7 +480,7 @@ def infer_legacy_state(repository: Path, model_name: str) -> ServingState:
     before state files (the default model's classic names), and any model whose state file was
     lost, are read the same way: what its configs serve keeps being served.
     """
-    names = names_for(validate_model_name(model_name))
+    names = model_name.names
     repo = Repository(Path(repository), Path(repository), names)
     serving = repo.serving_version()
     if serving is None:

@@ -17,7 +17,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from seqcls.settings import airflow_task_context, validate_model_name
+from seqcls.contract.names import ModelName, require_name
+from seqcls.settings import airflow_task_context
 
 log = logging.getLogger(__name__)
 
@@ -28,7 +29,7 @@ def now_iso() -> str:
     return datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
 
 
-def log_path(repository: Path, model_name: str) -> Path:
+def log_path(repository: Path, model: ModelName) -> Path:
     """The append-only log of every recorded change, one JSON line each (a plain file, like the state).
 
     A state line: ``{"generation", "at", "state", "entries", "before", "who"}`` — the state written,
@@ -36,7 +37,7 @@ def log_path(repository: Path, model_name: str) -> Path:
     (:func:`actor`; lines written before ``before``/``who`` existed lack them). An event line changes
     no state: ``{"event": "refused"|"promote"|"repair", "at", "who", ...}`` (:func:`append_event`).
     """
-    return Path(repository) / f"{STATE_PREFIX}{validate_model_name(model_name)}.log.jsonl"
+    return Path(repository) / f"{STATE_PREFIX}{require_name(model)}.log.jsonl"
 
 
 #: Event lines of the log (see :func:`log_path`); ``repair`` also carries the state it recorded.

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from seqcls.contract import shipped
-from seqcls.contract.names import ENSEMBLE, names_for
+from seqcls.contract.names import ENSEMBLE
 from seqcls.errors import SmokeError, StepOrderError
 from seqcls.release.records import OUT_DIRS, Expected, ExpectedItem, Shadow, published_version
 from seqcls.release.workspace import Release, StepResult
@@ -205,7 +205,7 @@ def shadow_of(release: Release, endpoint: Endpoint, route: str, version: int) ->
     if sample is None or not sample.texts:
         return None
     try:
-        return shadow_compare(endpoint, sample, route, version, names_for(release.config.model_name).ensemble)
+        return shadow_compare(endpoint, sample, route, version, release.config.model_name.names.ensemble)
     except Exception as exc:  # evidence only: the golden texts are the gate
         log.warning("smoke: shadow comparison not made (%s: %s)", type(exc).__name__, exc)
         return None
@@ -214,7 +214,7 @@ def shadow_of(release: Release, endpoint: Endpoint, route: str, version: int) ->
 def smoke_route(release: Release, version: int) -> str:
     """Where version N answers: the candidate route while in flight, the public ensemble once served."""
     state = current_state(Path(str(release.settings.triton_repository)), release.config.model_name)
-    names = names_for(release.config.model_name)
+    names = release.config.model_name.names
     if state.candidate == version:
         return names.candidate
     if state.serving == version:

@@ -183,13 +183,12 @@ def compare_layouts(
     blocks alternating with the same work in process (:func:`seqcls_tools.bench.lone.served_and_in_process`);
     then ``clients`` concurrent single-text clients for ``seconds`` per layout (:func:`_load`). Speeds are
     served / in process (≥ 1: as fast as the in-process limit; :func:`_summary`)."""
-    from seqcls.contract.names import names_for
     from seqcls.serving.client import endpoints_from_settings
     from seqcls.serving.state import current_state
     from seqcls_tools.bench import lone, measure
     from seqcls_tools.bench.serving import inprocess_steps
 
-    names = names_for(release.config.model_name)
+    names = release.config.model_name.names
     repo = Path(str(release.settings.triton_repository))
     version = current_state(repo, names.model_name).serving
     if version is None:

@@ -131,9 +131,8 @@ def lone_request(server, release, options: ServingOptions, texts: list[str], req
     """A lone request's time per part (:mod:`.lone`): ``requests`` sequential single-text requests on
     ``server``, split by Triton's statistics, beside the same work in process (:func:`inprocess_steps`)
     run in alternating blocks, so the machine's other load drifts over both alike."""
-    from seqcls.contract.names import names_for
 
-    names = names_for(release.config.model_name)
+    names = release.config.model_name.names
     steps = inprocess_steps(release, options)
     result: dict[str, Any] = {"clients": 1, "texts_per_request": 1}
     result.update(

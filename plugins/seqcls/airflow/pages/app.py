@@ -51,6 +51,7 @@ from seqcls.airflow.pages.kit import PAGE_CSP, Link
 from seqcls.airflow.pages.parity import evidence, render
 from seqcls.airflow.pages.quality import quality_evidence, render_quality
 from seqcls.airflow.report import pushed_value
+from seqcls.contract.names import MODEL_NAME_PATTERN, ModelName
 from seqcls.errors import InputError
 from seqcls.ops.history import history, read_entries
 from seqcls.ops.sync import models_in
@@ -62,7 +63,7 @@ log = logging.getLogger("seqcls.airflow")
 
 URL_PREFIX = "/seqcls"
 _FINGERPRINT = re.compile(r"^[0-9a-f]{16,128}$")
-_MODEL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+_MODEL = re.compile(MODEL_NAME_PATTERN)
 HEADERS = {"Content-Security-Policy": PAGE_CSP, "X-Content-Type-Options": "nosniff"}
 
 #: (dag_id, run_id) → what resolve_checkpoint returned (model_name, fingerprint, ...) or None.
@@ -255,8 +256,12 @@ class _Pages:
 
 def workspace_of(ref: dict[str, Any], settings: Settings) -> Path | None:
     """The release's workspace, from the resolved model + fingerprint, confined to the releases dir."""
-    model, fingerprint = str(ref.get("model_name") or ""), str(ref.get("fingerprint") or "")
-    if not _MODEL.match(model) or not _FINGERPRINT.match(fingerprint):
+    text, fingerprint = str(ref.get("model_name") or ""), str(ref.get("fingerprint") or "")
+    if not _MODEL.match(text) or not _FINGERPRINT.match(fingerprint):
+        return None
+    try:
+        model = ModelName(text)  # from XCom: where it enters this page
+    except InputError:
         return None
     releases = Path(settings.releases_dir).resolve()
     root = workspace_dir(settings, model, fingerprint).resolve()
@@ -320,6 +325,17 @@ def _quality_routes(app: FastAPI, pages: _Pages) -> None:
         return PlainTextResponse(text, headers=HEADERS | {"Content-Disposition": 'inline; filename="bad_cases.tsv"'})
 
 
+def _model_names(dags: dict[str, dict[str, Any]]) -> list[ModelName]:
+    """The model names Airflow's release DAGs carry (their ``model_name`` param), checked where they enter."""
+    out = []
+    for name in dags:
+        try:
+            out.append(ModelName(name))
+        except InputError:
+            log.warning("a release DAG's model_name %r is not a model name: not listed", name)
+    return out
+
+
 def _history_routes(app: FastAPI, pages: _Pages) -> None:
     """``/history`` (every model: Airflow's release DAGs and the repository's logs) and ``/history/{model}``
     (its changes joined with MLflow); pages at ``/seqcls/history[/<model>]``."""
@@ -329,7 +345,7 @@ def _history_routes(app: FastAPI, pages: _Pages) -> None:
         dags = pages.dags()
         base, notes, _ = connected_settings(pages.base(), {})
         repository = Path(str(base.triton_repository))
-        names = set(dags) | (set(models_in(repository)) if repository.is_dir() else set())
+        names = set(_model_names(dags)) | (set(models_in(repository)) if repository.is_dir() else set())
         rows = []
         for name in sorted(names):
             settings, model_notes, dag_id = pages.model(name)
