@@ -148,9 +148,9 @@ def test_hooks_read_connections_and_fall_back_to_settings(monkeypatch: pytest.Mo
     assert all(e.control_key == key for e in keyed) and key not in repr(keyed)
     settings = task_settings({"triton_conn_id": "nope", "mlflow_conn_id": "nope"})
     assert settings.triton_grpc == ("127.0.0.1:8001",) and str(settings.mlflow_tracking_uri).startswith("sqlite:///")
-    settings = task_settings({"runtime": "onnxruntime"})
+    settings = task_settings({"runtime": "onnxruntime"})  # a serving-spec param: not the task's settings
     assert settings.triton_grpc == ("a:1", "b:2") and settings.mlflow_tracking_uri == "http://ml:5000"
-    assert settings.runtime == "onnxruntime"
+    assert settings.runtime == "python-onnxruntime"
 
 
 def test_mlflow_credentials_come_from_connection_fields_masked_and_scoped(monkeypatch: pytest.MonkeyPatch) -> None:

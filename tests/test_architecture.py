@@ -133,6 +133,35 @@ def test_environment_is_read_only_in_settings() -> None:
     assert not found, f"environment read outside settings.py (add a Settings field instead): {found}"
 
 
+#: The environment's serving defaults (Settings fields); only the serving spec reads them (spec.py).
+SERVING_SETTINGS = ("runtime", "device", "serving_layout", "serving_metrics", "serving_pipeline")
+SPEC_HOME = "spec.py"
+
+
+def _serving_setting_reads(path: Path) -> list[int]:
+    """Lines reading a serving default off settings: ``settings.runtime``, ``release.settings.device``..."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    hits = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and node.attr in SERVING_SETTINGS:
+            owner = node.value
+            name = owner.attr if isinstance(owner, ast.Attribute) else getattr(owner, "id", "")
+            if "settings" in name:
+                hits.add(node.lineno)
+    return sorted(hits)
+
+
+def test_serving_settings_are_read_only_by_the_serving_spec() -> None:
+    """How a release is served comes from its recorded spec, never from a worker's settings at publish time."""
+    found = {}
+    for path in _modules():
+        rel = _rel(path)
+        if rel not in ("settings.py", SPEC_HOME) and (lines := _serving_setting_reads(path)):
+            found[rel] = lines
+    assert _serving_setting_reads(PACKAGE / SPEC_HOME), "spec.py resolves the defaults; the scan must see it"
+    assert not found, f"serving settings read outside the serving spec (use release.serving): {found}"
+
+
 def test_the_environment_check_sees_reads(tmp_path: Path) -> None:
     """The AST scan above has teeth: it flags every spelling of an environment read."""
     assert _environ_reads(PACKAGE / "settings.py"), "settings.py reads the environment, the scan must see it"

@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from seqcls.config import ReleaseConfig, serving_spec
 from seqcls.contract.names import CLASSIC, ModelName
 from seqcls.errors import InputError, ServingError
 from seqcls.serving.repository import ServingOptions, check_configs, render_config
@@ -32,8 +33,8 @@ def test_pipeline_from_the_environment_renders_a_python_model_with_the_ensembles
 ) -> None:
     from seqcls.serving.repository import parse_config
 
-    monkeypatch.setenv("SEQCLS_SERVING_PIPELINE", "direct")
-    options = ServingOptions.from_settings(Settings.from_env())
+    monkeypatch.setenv("SEQCLS_SERVING_PIPELINE", "direct")  # the spec's default, when the release sets none
+    options = ServingOptions.from_spec(serving_spec(ReleaseConfig(), Settings.from_env()))
     assert options.pipeline == "direct"
     direct, classic = _configs(options), _configs(replace(options, pipeline="ensemble"))
     public = parse_config(direct[CLASSIC.ensemble])
@@ -56,7 +57,9 @@ def test_pipeline_from_the_environment_renders_a_python_model_with_the_ensembles
     with pytest.raises(ServingError, match="steps"):
         check_configs(direct, 3, CLASSIC, "ensemble")
     monkeypatch.delenv("SEQCLS_SERVING_PIPELINE")
-    assert ServingOptions.from_settings(Settings.from_env()).pipeline == "ensemble"
+    assert ServingOptions.from_spec(serving_spec(ReleaseConfig(), Settings.from_env())).pipeline == "ensemble"
+    release_set = serving_spec(ReleaseConfig(pipeline="ensemble"), Settings.from_env(serving_pipeline="direct"))
+    assert release_set.pipeline == "ensemble"  # the release's param wins over the environment's default
 
 
 def test_direct_io_that_differs_from_its_steps_is_refused() -> None:
@@ -121,8 +124,8 @@ def test_direct_release_serves_the_ensembles_answers_in_one_model_and_rolls_back
     texts = [item["text"] for item in expected["items"]]
     classic = [_infer(client, [t]) for t in texts]
 
-    direct_settings = replace(settings, serving_pipeline="direct")
-    second = {r.step: r for r in run_release(open_release(tiny_checkpoint, settings=direct_settings))}
+    direct = ReleaseConfig(pipeline="direct")  # the release's serving spec, not the worker's environment
+    second = {r.step: r for r in run_release(open_release(tiny_checkpoint, direct, settings))}
     assert second["publish"].summary["version"] == 2 and not second["publish"].summary["reused"]
     assert second["smoke"].summary["texts"] == len(texts)  # the smoke gate ran through the direct model
     config = client.get_model_config("seqcls", "2").config
@@ -136,6 +139,7 @@ def test_direct_release_serves_the_ensembles_answers_in_one_model_and_rolls_back
     assert ready == {"seqcls": "2", **dict.fromkeys(CLASSIC.composing, "1")}, ready
     status = model_status(settings, ModelName("seqcls"))
     assert "serving Triton v2" in status.lines()[0] and "through the direct pipeline" in status.lines()[0]
+    assert "serving spec: fp32 · python-onnxruntime · direct · cpu 1x2 · metrics on" in status.lines()[1]
     assert status.agree, status.lines()
 
     composing_before = {m: _successes(client, m) for m in CLASSIC.composing}
@@ -158,6 +162,14 @@ def test_direct_release_serves_the_ensembles_answers_in_one_model_and_rolls_back
         info["files"]
     )
     assert info["serving"]["pipeline"] == "direct"
+    assert info["spec"] == {
+        "profile": "fp32",
+        "runtime": "python-onnxruntime",
+        "pipeline": "direct",
+        "device": "cpu",
+        "layout": None,
+        "metrics": True,
+    }
     assert not repo.damaged_files(2)
     step_file = repo.root / "seqcls" / "2" / "postprocess" / "release.json"
     original = step_file.read_bytes()
@@ -261,9 +273,10 @@ def test_preflight_refuses_the_direct_pipeline_on_the_native_runtime_before_expo
     from seqcls.steps.preflight import preflight
 
     settings = Settings(home=home, runtime="onnxruntime", serving_pipeline="direct")
-    release = open_release(tiny_checkpoint, settings=settings)
     with pytest.raises(InputError, match="pipeline 'direct' runs the ONNX model in its python step"):
-        preflight(release, servers=())
-    assert not release.workspace.read()["steps"]  # refused before any step ran
+        open_release(tiny_checkpoint, settings=settings)  # the spec cannot be made: refused before any copy
+    assert not (home / "releases").exists() or not any((home / "releases").rglob("manifest.json"))
+    with pytest.raises(InputError, match="pipeline 'direct' runs the ONNX model in its python step"):
+        open_release(tiny_checkpoint, ReleaseConfig(pipeline="direct", runtime="onnxruntime"), Settings(home=home))
     ok = open_release(tiny_checkpoint, settings=replace(settings, serving_pipeline="ensemble"))
     assert all(c.ok for c in preflight(ok, servers=()).checks)

@@ -344,8 +344,8 @@ def test_fusion_left_layernorm_keeps_the_model_valid(tiny_onnx, tmp_path: Path) 
 
 
 def test_fp16_is_refused_on_a_cpu_only_host_before_any_work(tiny_checkpoint: Path) -> None:
-    from seqcls.config import host_refusal
     from seqcls.errors import InputError
+    from seqcls.spec import host_refusal
     from seqcls.steps.preflight import preflight
 
     release = open_release(tiny_checkpoint, ReleaseConfig(profile="fp16"))

@@ -102,7 +102,7 @@ def test_form_sections_everyday_first_then_gates_then_expert() -> None:
     assert names[:4] == ["checkpoint", "model_name", "profile", "skip_if_champion"]
     sections = [form[n].get("section") for n in names]
     order = list(dict.fromkeys(sections))
-    assert order == [None, config.GATE_SECTION, config.EXPERT_SECTION], order  # each section in one block
+    assert order == [None, config.SERVING_SECTION, config.GATE_SECTION, config.EXPERT_SECTION], order  # one block each
     everyday = {n for n in names if form[n].get("section") is None}
     gates = {n for n in names if form[n].get("section") == config.GATE_SECTION}
     assert everyday == {
@@ -115,7 +115,9 @@ def test_form_sections_everyday_first_then_gates_then_expert() -> None:
         "thresholds",
     }
     assert {"atol", "rtol", "prob_atol", "min_decision_agreement", "max_f1_drop", "min_label_support"} <= gates
-    assert {"opset", "runtime", "triton_conn_id", "mlflow_conn_id", "allow_unsafe_pickle"} <= set(names) - gates
+    serving = {n for n in names if form[n].get("section") == config.SERVING_SECTION}
+    assert serving == {"runtime", "pipeline", "device", "layout", "serving_metrics"}  # the serving spec, profile aside
+    assert {"opset", "triton_conn_id", "mlflow_conn_id", "allow_unsafe_pickle"} <= set(names) - gates - serving
     assert all(form[n].get("description") for n in names), [n for n in names if not form[n].get("description")]
 
 

@@ -13,12 +13,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from seqcls.config import PROFILES, ReleaseConfig
+from seqcls.config import ReleaseConfig
 from seqcls.errors import InputError, StepOrderError
 from seqcls.gates.metrics import score
 from seqcls.profiles.auto import AUTO, CANDIDATES, Rules, Trial, choose
 from seqcls.release.intake import open_release
 from seqcls.release.records import effective_profile
+from seqcls.spec import PROFILES
 
 LABELS = ["a", "a##x", "b"]
 THRESHOLDS = np.full(len(LABELS), 0.5, dtype=np.float32)

@@ -6,23 +6,38 @@ import json
 
 import pytest
 
+from seqcls.config import ReleaseConfig, serving_spec
 from seqcls.errors import InputError
 from seqcls.serving.repository import ServingOptions, render_config
 from seqcls.settings import PROJECT_ROOT, Settings
 
 
 def test_layout_from_the_environment_reaches_the_rendered_config(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("SEQCLS_SERVING_LAYOUT", "2x1")
-    options = ServingOptions.from_settings(Settings.from_env())
+    monkeypatch.setenv("SEQCLS_SERVING_LAYOUT", "2x1")  # the spec's default, when the release sets none
+    options = _options()
     assert (options.model_instances, options.intra_op_threads) == (2, 1)
     text = render_config(PROJECT_ROOT / "model_repository", "seqcls_model", options, version=1, num_labels=7)
     assert "count: 2 kind: KIND_CPU" in text and 'key: "intra_op_threads" value: { string_value: "1" }' in text
+    assert (_options(layout="1x2").model_instances, _options(layout="1x2").intra_op_threads) == (1, 2)  # param wins
     monkeypatch.delenv("SEQCLS_SERVING_LAYOUT")
-    default = ServingOptions.from_settings(Settings.from_env())
+    default = _options()
     assert (default.model_instances, default.intra_op_threads) == (1, 2)
-    # an explicit override (the bench's variants) still wins over the host's layout
+    # an explicit override (the bench's variants) still wins over the release's layout
     monkeypatch.setenv("SEQCLS_SERVING_LAYOUT", "2x1")
-    assert ServingOptions.from_settings(Settings.from_env(), model_instances=3).model_instances == 3
+    assert (
+        ServingOptions.from_spec(serving_spec(ReleaseConfig(), Settings.from_env()), model_instances=3).model_instances
+        == 3
+    )
+
+
+def _options(**params: str) -> ServingOptions:
+    return ServingOptions.from_spec(serving_spec(ReleaseConfig(**params), Settings.from_env()))
+
+
+@pytest.mark.parametrize("bad", ["2", "2x", "x1", "0x2", "2x0", "two x one", "2x1x1", "100x1"])
+def test_a_bad_layout_param_names_the_param(bad: str) -> None:
+    with pytest.raises(InputError, match="layout"):
+        ReleaseConfig.from_dict({"layout": bad})
 
 
 @pytest.mark.parametrize("bad", ["2", "2x", "x1", "0x2", "2x0", "two x one", "2x1x1", "100x1"])
@@ -66,7 +81,7 @@ def test_the_choice_is_the_fastest_layout_that_does_not_cost_a_lone_request_its_
 def test_a_trial_config_is_the_version_s_own_renamed_and_re_laid_out() -> None:
     from seqcls.serving.layout import _trial_config
 
-    options = ServingOptions.from_settings(Settings.from_env())
+    options = _options()
     snapshot = render_config(PROJECT_ROOT / "model_repository", "seqcls_model", options, version=3, num_labels=7)
     config = json.loads(_trial_config(snapshot, "seqcls_model.layout-2x1", "2x1"))
     assert config["name"] == "seqcls_model.layout-2x1" and "versionPolicy" not in config

@@ -18,102 +18,35 @@ import argparse
 import json
 import math
 import re
-from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
-import seqcls_engine
-
-from seqcls.contract.names import MODEL_NAME_PATTERN, ModelName
+from seqcls.contract.names import DEFAULT_MODEL, MODEL_NAME_PATTERN, ModelName
 from seqcls.errors import InputError
-from seqcls.settings import DEFAULT_MODEL_NAME
+from seqcls.settings import (
+    DEVICES,
+    ENV_DEVICE,
+    ENV_RUNTIME,
+    ENV_SERVING_LAYOUT,
+    ENV_SERVING_METRICS,
+    ENV_SERVING_PIPELINE,
+    PIPELINES,
+    RUNTIMES,
+    Settings,
+    parse_layout,
+)
+from seqcls.spec import PROFILES, PROVIDERS, ServingSpec, combination_refusal
 
-#: The serving profiles, each one graph (what is served and gated); ``fp16`` is for GPUs (the CUDA provider),
-#: ``bf16`` for CPUs with bf16 arithmetic (``fp32``'s graph run by OpenVINO at bf16: ``seqcls_engine``).
-SERVED_PROFILES = ("fp32", "fp32-fused", "int8", "bf16", "fp16")
-#: Profiles gated on numbers (exact parity) and answering a text the same in any batch; the others (int8)
-#: are gated on decision agreement and served one text at a time.
-EXACT_PROFILES = ("fp32", "fp32-fused")
-#: Profiles that run only on this ONNX Runtime provider (built, checked and served there).
-NEEDS_PROVIDER = {"fp16": "CUDAExecutionProvider"}
-#: Profiles run by another engine than ONNX Runtime (engine, precision), on a CPU with one of these flags.
-ENGINES = seqcls_engine.ENGINES
-NEEDS_CPU = {
-    profile: seqcls_engine.BF16_CPU_FLAGS for profile, (_, precision) in ENGINES.items() if precision == "bf16"
-}
-#: ``profile: auto``: convert measures every served profile on this host and serves the fastest that passes
-#: (:mod:`seqcls.profiles.auto`); ``seqcls.release.records.effective_profile`` names the one chosen.
-AUTO_PROFILE = "auto"
-PROFILES = (*SERVED_PROFILES, AUTO_PROFILE)
-PROVIDERS = ("auto", "cpu", "cuda")
 #: The trigger form's sections after the everyday one (a field without a section is everyday).
+SERVING_SECTION = "Serving: how Triton runs this model"
 GATE_SECTION = "Gates: parity and quality tolerances"
 EXPERT_SECTION = "Expert: export, runtime, connections"
-SECTIONS: tuple[str | None, ...] = (None, GATE_SECTION, EXPERT_SECTION)
+SECTIONS: tuple[str | None, ...] = (None, SERVING_SECTION, GATE_SECTION, EXPERT_SECTION)
+#: ``INSTANCESxTHREADS`` of the ONNX model (CPU), as typed.
+LAYOUT_TEXT = r"^\s*[0-9]+\s*[xX]\s*[0-9]+\s*$"
+METRICS_SWITCH = ("on", "off")
 #: A non-negative decimal or scientific number as typed (no sign, nan, inf or ``_``; ASCII digits).
 NUMBER_TEXT = r"^\s*([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][-+]?[0-9]+)?\s*$"
-
-
-def host_refusal(
-    profile: str,
-    *,
-    providers: Sequence[str] | None = None,
-    device: str | None = None,
-    runtime: str | None = None,
-    cpu_flags: frozenset[str] | None = None,
-) -> str | None:
-    """Why this host cannot build (``providers``: the ORT providers convert runs on; ``cpu_flags``: this CPU's,
-    read when None) or serve (``device``: what serving configs render for; ``runtime``: Triton's backend for
-    ``seqcls_model``) ``profile``; None when it can, or when the profile needs nothing."""
-    if profile in ENGINES:
-        return _engine_refusal(profile, providers=providers, runtime=runtime, cpu_flags=cpu_flags)
-    needed = NEEDS_PROVIDER.get(profile)
-    if not needed:
-        return None
-    if providers is not None and needed not in providers:
-        return (
-            f"profile {profile!r} runs on ONNX Runtime's {needed} only, and this host's convert runs on "
-            f"{', '.join(providers)}: convert on the GPU host (onnxruntime-gpu, requirements-gpu.txt; provider "
-            "'auto' or 'cuda'), or choose fp32-fused or int8 for CPU serving"
-        )
-    if device is not None and device != "gpu":
-        return (
-            f"profile {profile!r} is served by the native ONNX Runtime backend on a GPU, and this host renders "
-            f"serving configs for device {device!r}: publish with SEQCLS_DEVICE=gpu (docker-compose's Airflow "
-            "services set it), or choose fp32-fused or int8 for CPU serving"
-        )
-    return None
-
-
-def _engine_refusal(
-    profile: str, *, providers: Sequence[str] | None, runtime: str | None, cpu_flags: frozenset[str] | None
-) -> str | None:
-    """``bf16``: OpenVINO in the python backend, on a CPU that multiplies bf16 (else OpenVINO would quietly
-    compute f32, and the gates would judge a graph that is not the one served elsewhere)."""
-    engine, precision = ENGINES[profile]
-    if runtime is not None and runtime != "python-onnxruntime":
-        return (
-            f"profile {profile!r} is served by {engine} at {precision} inside Triton's python backend, and this "
-            f"host serves seqcls_model with the {runtime!r} runtime (Triton's native ONNX Runtime backend has no "
-            f"{precision} path): set SEQCLS_RUNTIME=python-onnxruntime, or choose int8 or fp32-fused"
-        )
-    if providers is None:
-        return None
-    flags = seqcls_engine.cpu_flags() if cpu_flags is None else cpu_flags
-    wanted = NEEDS_CPU.get(profile, ())
-    if wanted and not set(wanted) & set(flags):
-        return (
-            f"profile {profile!r} needs a CPU with {' or '.join(wanted)} ({precision} matrix arithmetic), and this "
-            f"host's CPU flags have neither: choose int8 or fp32-fused, or convert and serve on such a CPU"
-        )
-    try:
-        import openvino  # noqa: F401
-    except ImportError as exc:
-        return (
-            f"profile {profile!r} runs on {engine}, which is not importable here ({exc}): install it "
-            "(requirements.txt pins openvino), or choose int8 or fp32-fused"
-        )
-    return None
 
 
 @dataclass(frozen=True)
@@ -159,7 +92,7 @@ class Field:
         if self.maximum is not None:
             out[hi] = self.maximum
         if self.enum:
-            out["enum"] = list(self.enum)
+            out["enum"] = [*self.enum, *([None] if self.nullable else [])]  # unset is a valid choice
         if self.pattern or self.as_text:
             out["pattern"] = self.pattern or NUMBER_TEXT
         if self.as_text:
@@ -327,6 +260,55 @@ FIELDS: tuple[Field, ...] = (
         "min_decision_agreement and max_profile_f1_drop vs fp32.",
         enum=PROFILES,
     ),
+    Field(
+        "runtime",
+        "string",
+        "Triton runtime",
+        f"Triton's backend for the ONNX model: python-onnxruntime (python backend, local Triton) or onnxruntime "
+        f"(native backend, NGC image). Unset = {ENV_RUNTIME}, else python-onnxruntime.",
+        enum=RUNTIMES,
+        nullable=True,
+        section=SERVING_SECTION,
+    ),
+    Field(
+        "pipeline",
+        "string",
+        "Serving pipeline",
+        "ensemble: the public model is Triton's ensemble of tokenizer → model → postprocess; direct: one python "
+        f"model running the same three steps (python runtime only). Unset = {ENV_SERVING_PIPELINE}, else ensemble.",
+        enum=PIPELINES,
+        nullable=True,
+        section=SERVING_SECTION,
+    ),
+    Field(
+        "device",
+        "string",
+        "Serving device",
+        f"cpu, or gpu (GPU instance group, length buckets, the native backend). Unset = {ENV_DEVICE}, else cpu.",
+        enum=DEVICES,
+        nullable=True,
+        section=SERVING_SECTION,
+    ),
+    Field(
+        "layout",
+        "string",
+        "CPU layout",
+        "The ONNX model's INSTANCESxTHREADS on CPU, e.g. 2x1 (`seqcls calibrate-layout` measures which is fastest). "
+        f"Unset = {ENV_SERVING_LAYOUT}, else 1x2.",
+        pattern=LAYOUT_TEXT,
+        nullable=True,
+        section=SERVING_SECTION,
+    ),
+    Field(
+        "serving_metrics",
+        "string",
+        "Serving metrics",
+        f"on: the python models export seqcls_* metrics; off: none (to measure their cost). Unset = "
+        f"{ENV_SERVING_METRICS}, else on.",
+        enum=METRICS_SWITCH,
+        nullable=True,
+        section=SERVING_SECTION,
+    ),
     _gate(
         "min_decision_agreement",
         "Min decision agreement",
@@ -417,7 +399,7 @@ class ReleaseConfig:
     probabilities follow from it (see :mod:`seqcls.gates.parity`); a GPU provider is allowed 10× more.
     """
 
-    model_name: str = DEFAULT_MODEL_NAME
+    model_name: ModelName = DEFAULT_MODEL
     opset: int = 14
     max_length: int = 128
     threshold: float = 0.5
@@ -431,6 +413,12 @@ class ReleaseConfig:
     provider: str = "auto"
     require_gpu: bool = False
     profile: str = "fp32"
+    #: The serving spec's other fields; None: the environment's default (:func:`serving_spec`).
+    runtime: str | None = None
+    pipeline: str | None = None
+    device: str | None = None
+    layout: str | None = None
+    serving_metrics: str | None = None
     min_decision_agreement: float = 0.995
     eval_set: str | None = None
     min_micro_f1: float | None = None
@@ -450,6 +438,12 @@ class ReleaseConfig:
             spec.check(getattr(self, spec.name))
         if self.min_decision_agreement <= 0:
             raise InputError(f"min_decision_agreement must be in (0, 1], got {self.min_decision_agreement!r}")
+        if self.layout is not None:
+            parse_layout(self.layout, source="layout")
+        runtime = self.runtime or ("onnxruntime" if self.device == "gpu" else "python-onnxruntime")
+        refusal = combination_refusal(runtime, self.device or "cpu", self.pipeline or "ensemble")
+        if refusal:  # explicit values that cannot go together: refused with the params, not at publish
+            raise InputError(refusal)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -512,3 +506,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def config_from_args(args: argparse.Namespace) -> ReleaseConfig:
     """The release config from parsed flags (unset flags keep the defaults)."""
     return ReleaseConfig.from_dict({spec.name: getattr(args, spec.name, None) for spec in FIELDS})
+
+
+def serving_spec(config: ReleaseConfig, settings: Settings, recorded: dict[str, Any] | None = None) -> ServingSpec:
+    """The release's serving spec (:meth:`ServingSpec.resolve`): its explicit params over ``recorded`` (what the
+    run's resolve recorded) over the environment's defaults as ``settings`` read them."""
+    explicit = {
+        "runtime": config.runtime,
+        "pipeline": config.pipeline,
+        "device": config.device,
+        "layout": config.layout,
+        "metrics": None if config.serving_metrics is None else config.serving_metrics == "on",
+    }
+    return ServingSpec.resolve(config.profile, explicit, settings, recorded)

@@ -213,19 +213,18 @@ def control_headers(key: str | None, protocol: str = "grpc") -> dict[str, str] |
     return {name: key}
 
 
-def parse_layout(text: str) -> tuple[int, int]:
-    """``"2x1"`` → ``(model instances, ORT intra-op threads per instance)``; anything else names the variable.
+def parse_layout(text: str, *, source: str = ENV_SERVING_LAYOUT) -> tuple[int, int]:
+    """``"2x1"`` → ``(model instances, ORT intra-op threads per instance)``; anything else names ``source``.
 
-    Which layout is fastest depends on the host (cores, what else runs there): the benchmark
-    measures them on the target Triton (``seqcls bench``: the layout with the least CPU per
-    sentence), this setting applies the answer to every release rendered here.
+    Which layout is fastest depends on the host (cores, what else runs there): ``seqcls calibrate-layout``
+    measures them on the target Triton; the release's ``layout`` (default: this setting) applies the answer.
     """
     parts = text.lower().split("x")
     if len(parts) != 2 or not all(p.strip().isdigit() for p in parts):
-        raise InputError(f"{ENV_SERVING_LAYOUT}={text!r}: expected INSTANCESxTHREADS, e.g. 2x1 or 1x2")
+        raise InputError(f"{source}={text!r}: expected INSTANCESxTHREADS, e.g. 2x1 or 1x2")
     instances, threads = (int(p) for p in parts)
     if not (1 <= instances <= 64 and 1 <= threads <= 256):
-        raise InputError(f"{ENV_SERVING_LAYOUT}={text!r}: instances in 1..64 and threads in 1..256")
+        raise InputError(f"{source}={text!r}: instances in 1..64 and threads in 1..256")
     return instances, threads
 
 

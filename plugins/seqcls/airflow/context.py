@@ -37,9 +37,9 @@ TASK_ORDER: tuple[str, ...] = (RESOLVE_TASK, *TASK_STEPS, ROLLBACK_TASK)
 #: Tasks whose failure leaves something to undo on the servers or in the registry.
 ROLLBACK_ON: tuple[str, ...] = tuple(s.task_id for s in STEPS if s.undo_on_failure)
 
-#: DAG params that are not release parameters (they pick a checkpoint, a runtime, connections...).
+#: DAG params that are not release parameters (they pick a checkpoint, connections...).
 #: Not among them: the checkpoints root, which the deployment sets (``seqcls.airflow.roots``).
-NON_RELEASE_PARAMS = frozenset({"checkpoint", "runtime", "triton_conn_id", "mlflow_conn_id", "skip_if_champion"})
+NON_RELEASE_PARAMS = frozenset({"checkpoint", "triton_conn_id", "mlflow_conn_id", "skip_if_champion"})
 RELEASE_PARAMS = frozenset(f.name for f in fields(ReleaseConfig))
 
 
@@ -100,14 +100,15 @@ def confined_eval_set(config: ReleaseConfig, settings: Settings) -> ReleaseConfi
 def settings_from_params(
     params: Mapping[str, Any] | str | None, *, checkpoints_root: str | Path | None = None, **overrides: Any
 ) -> Settings:
-    """Settings from the environment + the ``runtime`` param (no Airflow Connections).
+    """Settings from the environment (no Airflow Connections; how the model is served is the release's
+    serving spec, from its params — the environment only supplies its defaults, at resolve).
 
     ``checkpoints_root``: the model's root as the DAG file got it from the models file (absolute, or
     relative to ``SEQCLS_CHECKPOINTS_ROOT``; empty = that root itself) — never from a param.
     """
     values = as_params(params)
     refuse_root_param(values)
-    settings = Settings.from_env(runtime=values.get("runtime") or None, **overrides)
+    settings = Settings.from_env(**overrides)
     if checkpoints_root is None:
         return settings
     return replace(settings, checkpoints_root=model_root(checkpoints_root, Path(str(settings.checkpoints_root))))

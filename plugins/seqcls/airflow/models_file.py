@@ -16,6 +16,8 @@ no file (or ``SEQCLS_MODELS_FILE=none``) → the single DAG ``seqcls_release`` f
                                        # default <SEQCLS_CHECKPOINTS_ROOT>/<name>; not a run param
         eval_set: eval/alpha-test.txt  # the quality gate's labeled texts, under checkpoints_root (default of
                                        # the eval_set param; PaddleNLP text<TAB>label,label or JSONL)
+        serving: {pipeline: direct, layout: 2x1}  # its serving spec (profile runtime pipeline device layout
+                                                  # metrics): the param defaults; the environment's only below
         params: {threshold: 0.6, thresholds: {"体育##夺冠": 0.7}}
       - name: beta
         mlflow_conn_id: mlflow_beta
@@ -62,7 +64,6 @@ from seqcls.settings import (
     ENV_MODELS_FILE,
     ENV_NOTIFY_URLS,
     ENV_SCHEDULE,
-    RUNTIMES,
     dag_model_name,
     dag_models_file,
     dag_schedule,
@@ -79,6 +80,7 @@ MODEL_KEYS = (
     "schedule",
     "checkpoints_root",
     "eval_set",
+    "serving",
     "params",
     "triton_conn_id",
     "mlflow_conn_id",
@@ -89,7 +91,16 @@ MODEL_KEYS = (
 DEFAULT_KEYS = tuple(k for k in MODEL_KEYS if k not in ("name", "checkpoints_root", "eval_set"))
 TOP_KEYS = ("defaults", "models")
 #: Run-level params a model may default besides the release parameters.
-RUN_PARAMS = ("runtime", "skip_if_champion")
+RUN_PARAMS = ("skip_if_champion",)
+#: The ``serving:`` block: the model's serving spec (:class:`~seqcls.spec.ServingSpec`), key → release param.
+SERVING_KEYS = {
+    "profile": "profile",
+    "runtime": "runtime",
+    "pipeline": "pipeline",
+    "device": "device",
+    "layout": "layout",
+    "metrics": "serving_metrics",
+}
 CONN_DEFAULTS = {"triton_conn_id": "triton_default", "mlflow_conn_id": "mlflow_default"}
 #: ``approval`` values: no human step (default), or a human approves each release before it is exposed.
 APPROVAL_NONE = "none"
@@ -232,6 +243,7 @@ def _model(path: Path, index: int, entry: Any, defaults: Mapping[str, Any]) -> M
         merged[key] = value.strip()
     if "eval_set" in entry:
         merged["params"] = {**merged["params"], "eval_set": _eval_set(entry, f"{where}: eval_set")}
+    merged["params"] = {**merged["params"], **_serving(defaults, entry, merged["params"], where)}
     params = {**_params(where, name, merged["params"]), **{k: merged[k] for k in CONN_DEFAULTS}}
     default_root = "" if name == DEFAULT_MODEL_NAME else name
     return ModelSpec(
@@ -254,8 +266,6 @@ def _params(where: str, name: str, params: Mapping[str, Any]) -> dict[str, Any]:
     _known(params, (*release, *RUN_PARAMS), f"{where}: params")
     for key, value in params.items():
         try:
-            if key == "runtime" and value not in RUNTIMES:
-                raise InputError(f"runtime must be one of {', '.join(RUNTIMES)}, got {value!r}")
             if key == "skip_if_champion" and not isinstance(value, bool):
                 raise InputError(f"skip_if_champion must be true or false, got {value!r}")
             if key in release:
@@ -267,6 +277,29 @@ def _params(where: str, name: str, params: Mapping[str, Any]) -> dict[str, Any]:
     except InputError as exc:
         raise InputError(f"{where}: params: {exc}") from exc
     return dict(params)
+
+
+def _serving(defaults: Mapping[str, Any], entry: Mapping[str, Any], params: Mapping[str, Any], where: str) -> dict:
+    """The ``serving:`` block (``defaults``' under the model's own, key by key) as release-param defaults;
+    each setting once: not also under ``params`` (either's). ``metrics`` may be on/off or true/false."""
+    block: dict[str, Any] = {}
+    for label, source in (("defaults.serving", defaults), ("serving", entry)):
+        value = source.get("serving")
+        if value is None:
+            continue
+        if not isinstance(value, Mapping):
+            raise InputError(f"{where}: {label} must be a mapping ({', '.join(SERVING_KEYS)}), got {value!r}")
+        _known(value, tuple(SERVING_KEYS), f"{where}: {label}")
+        block.update(value)
+    out = {}
+    for key, value in block.items():
+        param = SERVING_KEYS[key]
+        if param in params:
+            raise InputError(f"{where}: serving.{key} is given twice (also as params.{param}); keep one")
+        if key == "metrics" and isinstance(value, bool):
+            value = "on" if value else "off"
+        out[param] = value
+    return out
 
 
 def _eval_set(entry: Mapping[str, Any], where: str) -> str:

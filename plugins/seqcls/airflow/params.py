@@ -2,13 +2,14 @@
 
 Release parameters get their type, range, enum, title, description and form section from the config
 table, so the trigger form validates exactly what :class:`~seqcls.config.ReleaseConfig` accepts; the
-run-level params (which checkpoint, runtime, Connections) are defined here, once. Where checkpoints
+run-level params (which checkpoint, Connections) are defined here, once. Where checkpoints
 come from is not among them: the model's checkpoints root is the deployment's (``seqcls.airflow.roots``),
 named in the ``checkpoint`` param's description only.
 
-The form shows three sections (Airflow 3's Params ``section``; :data:`seqcls.config.SECTIONS`): the
+The form shows four sections (Airflow 3's Params ``section``; :data:`seqcls.config.SECTIONS`): the
 everyday params first, in Airflow's open *Run Parameters* section (:data:`LEAD` at its top), then the
-gates' tolerances, then the expert knobs, both folded. Numbers are text fields there, read exactly
+serving spec (profile aside: runtime, pipeline, device, layout, metrics), then the
+gates' tolerances, then the expert knobs, all folded. Numbers are text fields there, read exactly
 (:meth:`seqcls.config.Field.parse`): what is typed is what the release gets.
 """
 
@@ -20,7 +21,7 @@ from typing import Any
 from airflow.sdk import Param
 
 from seqcls.config import EXPERT_SECTION, FIELDS, SECTIONS, param_schema
-from seqcls.settings import ENV_CHECKPOINTS_ROOT, RUNTIMES, default_runtime
+from seqcls.settings import ENV_CHECKPOINTS_ROOT
 
 #: The params a person sets most, at the top of the form's first section (in this order).
 LEAD = ("checkpoint", "model_name", "profile", "skip_if_champion")
@@ -48,15 +49,6 @@ def run_params(model_name: str, root: str = "") -> dict[str, dict[str, Any]]:
             "symlinks followed, is refused; the root is set by the deployment, not per run); 'latest' = the one "
             "there whose SEQCLS_DONE.json marker (written by the training job) records the newest completed_at. "
             "Scheduled runs use 'latest'.",
-        },
-        "runtime": {
-            "default": default_runtime(),
-            "type": "string",
-            "enum": list(RUNTIMES),
-            "title": "Triton runtime",
-            "description": "python-onnxruntime (python backend, local Triton) or onnxruntime (native backend, "
-            "NGC image).",
-            "section": EXPERT_SECTION,
         },
         "skip_if_champion": {
             "default": True,

@@ -22,8 +22,8 @@ from typing import Any
 
 import numpy as np
 
-from seqcls.config import EXACT_PROFILES
 from seqcls.contract import runtime, shipped
+from seqcls.spec import EXACT_PROFILES
 
 log = logging.getLogger(__name__)
 

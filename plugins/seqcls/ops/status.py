@@ -29,6 +29,7 @@ from seqcls.serving.reconcile import desired_versions
 from seqcls.serving.repository import Repository, ServingOptions
 from seqcls.serving.state import ServingState, current_state, state_damaged, state_path
 from seqcls.settings import Settings
+from seqcls.spec import ServingSpec
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +63,8 @@ class ModelStatus:
             + (f", fingerprint {str(r['fingerprint'])[:16]}" if r["fingerprint"] else "")
             + f"; previous {named(r['previous'])}; candidate {named(r['candidate'])}"
         ]
+        if r.get("spec"):
+            out.append(f"  serving spec: {ServingSpec.from_dict(r['spec']).describe()}")
         names = self.model_name.names if self.endpoints else None
         for ep, seen in self.endpoints.items():
             if isinstance(seen, str):
@@ -154,13 +157,30 @@ def _state_problems(repo: Repository, state: ServingState) -> list[str]:
     return []
 
 
-def _pipeline(repo: Repository, version: int | None) -> str | None:
-    """How the served version runs its steps (``ensemble`` / ``direct``), as published; None: unknown."""
+def _spec(repo: Repository, version: int | None) -> dict[str, Any] | None:
+    """How the served version is served (its :class:`~seqcls.spec.ServingSpec`), as published; None: unknown.
+    A version published before the spec was recorded: read back from its rendered serving options."""
     try:
         info = repo.release_info(version) if version is not None else None
     except ValueError:  # an unreadable release.json: the integrity problems say so
         return None
-    return (info.get("serving") or {}).get("pipeline", "ensemble") if info else None
+    if not info:
+        return None
+    if isinstance(info.get("spec"), dict):
+        return info["spec"]
+    options = info.get("serving") or {}
+    layout = f"{options.get('model_instances', 1)}x{options.get('intra_op_threads', 2)}"
+    try:
+        return ServingSpec(
+            profile=str(info.get("profile") or "fp32"),
+            runtime=options.get("runtime", "python-onnxruntime"),
+            pipeline=options.get("pipeline", "ensemble"),
+            device=options.get("device", "cpu"),
+            layout=layout if options.get("device", "cpu") == "cpu" else None,
+            metrics=bool(options.get("metrics", True)),
+        ).to_dict()
+    except SeqclsError:
+        return None
 
 
 def model_status(settings: Settings, model_name: ModelName) -> ModelStatus:
@@ -169,7 +189,7 @@ def model_status(settings: Settings, model_name: ModelName) -> ModelStatus:
     fp = state.fingerprint_of(state.serving)
     want = desired_versions(
         state,
-        keep_previous=ServingOptions.from_settings(settings).keep_previous_loaded,
+        keep_previous=ServingOptions.keep_previous_loaded,
         direct=repo.direct_versions((state.serving, state.candidate, state.previous)),
     )
     endpoints = control.observe_all(endpoints_from_settings(settings), model_name)
@@ -180,13 +200,15 @@ def model_status(settings: Settings, model_name: ModelName) -> ModelStatus:
     except ServingError as exc:  # an unreadable lease record: say so and how to break it
         holder, lease_problem = None, str(exc)
     dead = lease.dead_reason(holder) if holder else None
+    spec = _spec(repo, state.serving)
     recorded = {
         "serving": state.serving,
         "previous": state.previous,
         "candidate": state.candidate,
         "fingerprint": fp,
         "generation": state.generation,
-        "pipeline": _pipeline(repo, state.serving),
+        "spec": spec,
+        "pipeline": spec.get("pipeline") if spec else None,
     }
     status = ModelStatus(
         model_name,

@@ -28,13 +28,13 @@ from typing import Any
 
 import numpy as np
 
-from seqcls.config import AUTO_PROFILE, SERVED_PROFILES
 from seqcls.contract import runtime, shipped
 from seqcls.gates import parity
 from seqcls.gates.evalset import EvalSet
 from seqcls.gates.metrics import Scores, score
 from seqcls.gates.rules import QualityRules, judge
 from seqcls.gates.scoring import Graph, predict
+from seqcls.spec import AUTO_PROFILE, SERVED_PROFILES
 
 log = logging.getLogger(__name__)
 

@@ -36,7 +36,6 @@ from typing import Any
 import numpy as np
 import seqcls_engine
 
-from seqcls.config import ENGINES, NEEDS_PROVIDER, host_refusal
 from seqcls.errors import ConversionError
 from seqcls.files import replace_file
 from seqcls.profiles.calibration import CALIBRATION_BATCH, Calibration
@@ -62,6 +61,7 @@ from seqcls.profiles.quantize import (
     quantize_checked,
     quantize_int8,
 )
+from seqcls.spec import ENGINES, NEEDS_PROVIDER, host_refusal
 
 __all__ = [
     "CALIBRATION_BATCH",
@@ -145,7 +145,7 @@ def optimize_onnx(
 
 
 def check_engine(src: Path, profile: str, *, cpu_flags: frozenset[str] | None = None) -> dict[str, Any]:
-    """``profile`` (one of :data:`~seqcls.config.ENGINES`) checked on ``src``, the fp32 graph it serves: the
+    """``profile`` (one of :data:`~seqcls.spec.ENGINES`) checked on ``src``, the fp32 graph it serves: the
     engine compiles it at the profile's precision on this CPU and runs the synthetic batches; returns the
     figures (max |Δlogit| vs ONNX Runtime fp32, rows whose decisions at 0.5 moved). Raises
     :class:`ConversionError` when the host cannot (no bf16 CPU, no OpenVINO) or the graph does not run."""

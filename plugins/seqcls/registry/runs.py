@@ -67,7 +67,7 @@ def run_params(release: Release, report: ParityReport) -> dict[str, Any]:
         "prob_atol": cfg.prob_atol,
         "profile": cfg.profile,  # as configured ("auto" included): the release's identity
         "profile_chosen": report.profile,  # what was served and gated (auto: convert's choice)
-        "runtime": release.settings.runtime,
+        **{f"serving.{k}": v for k, v in release.serving.to_dict().items() if k != "profile"},
         "provider": report.provider,
         "num_labels": ckpt.num_labels,
     }

@@ -42,7 +42,7 @@ from seqcls.checkpoints.checkpoint import (
     weights_path,
 )
 from seqcls.checkpoints.snapshot import SNAPSHOT_DIR
-from seqcls.config import ReleaseConfig
+from seqcls.config import ReleaseConfig, serving_spec
 from seqcls.errors import CheckpointError
 from seqcls.files import atomic_write, out_of_space, resource_error
 from seqcls.frameworks import FRAMEWORKS, Framework, detect
@@ -289,9 +289,11 @@ def open_release(
     golden_file: str | Path | None = None,
 ) -> Release:
     """Take the checkpoint into its workspace's snapshot, validated, and open (or create) the workspace;
-    the ``resolve`` step. The release reads the snapshot only (``checkpoint.path``; ``.origin``: ``checkpoint``)."""
+    the ``resolve`` step. The release reads the snapshot only (``checkpoint.path``; ``.origin``: ``checkpoint``).
+    Its serving spec is resolved here, from the config and this environment's defaults, and recorded."""
     config = config or ReleaseConfig()
     settings = settings or Settings.from_env()
+    spec = serving_spec(config, settings)  # settings that cannot go together: refused before any copy
     model_dir = settings.releases_dir / config.model_name
     try:
         with _intake(model_dir) as staging:
@@ -311,13 +313,14 @@ def open_release(
             fingerprint=ckpt.fingerprint,
             checkpoint=ckpt.to_dict(),
             config=config.to_dict(),
+            serving=spec.to_dict(),
         )
     except OSError as exc:
         if out_of_space(exc):
             raise resource_error(model_dir, exc, "taking the checkpoint into its release workspace") from exc
         raise
     log.info("release workspace %s (model %s, fingerprint %s)", ws.root, config.model_name, ckpt.short_fingerprint)
-    return Release(settings, config, ckpt, ws)
+    return Release(settings, config, ckpt, ws, spec)
 
 
 def _source_args(taken: snapshot.Taken) -> dict[str, Any]:
@@ -382,4 +385,6 @@ def reopen_release(
             f"{snap}: its files hash to {ckpt.short_fingerprint}, not to this run's fingerprint {fingerprint[:16]}; "
             "trigger a new run."
         )
-    return Release(settings, config, ckpt, ws)
+    # what resolve recorded: this worker's environment does not change what the run publishes
+    spec = serving_spec(config, settings, recorded=ws.read().get("serving"))
+    return Release(settings, config, ckpt, ws, spec)

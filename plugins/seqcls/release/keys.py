@@ -15,13 +15,13 @@ import json
 from pathlib import Path
 from typing import Any
 
-from seqcls.config import host_refusal
 from seqcls.contract import shipped
 from seqcls.errors import InputError
 from seqcls.monitoring import reference as monitoring_reference
 from seqcls.release.records import REFERENCE, Expected, effective_profile, model_inputs, serving_tokenizer
 from seqcls.release.workspace import Release
 from seqcls.serving.repository import Repository, ServingOptions
+from seqcls.spec import host_refusal
 
 #: Release parameters that change what is served or how its decision is made: in :func:`release_key`.
 SERVING_PARAMS = ("profile", "opset", "max_length", "threshold", "thresholds", "hierarchy")
@@ -152,6 +152,7 @@ def release_values(release: Release, options: ServingOptions) -> dict[str, Any]:
         "profile": profile,  # the graph served (a champion is re-scored as this profile)
         **({"profile_configured": configured} if configured != profile else {}),
         "release_key": release_key(release),  # the MLflow version's key: sync/status find it by this
+        "spec": {**release.serving.to_dict(), "profile": profile},  # the serving spec, as resolved: status shows it
         contract.MAX_TEXT_BYTES_KEY: int(options.max_text_bytes),
         **monitored,
     }

@@ -14,11 +14,11 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, TypeVar
 
-from seqcls.config import AUTO_PROFILE
 from seqcls.contract import shipped
 from seqcls.errors import StepOrderError
 from seqcls.frameworks import ServingTokenizer, for_checkpoint
 from seqcls.release.workspace import Release, Workspace
+from seqcls.spec import AUTO_PROFILE
 
 # --- layout: the directory each step owns, and the files other steps read ---------------------
 OUT_DIRS: dict[str, str] = {

@@ -27,11 +27,12 @@ from pathlib import Path
 from typing import Any
 
 from seqcls.checkpoints.checkpoint import Checkpoint, sha256_file
-from seqcls.config import ReleaseConfig
+from seqcls.config import ReleaseConfig, serving_spec
 from seqcls.contract.names import ModelName, require_name
 from seqcls.errors import SeqclsError, StepOrderError
 from seqcls.files import atomic_write, held, out_of_space, replace_dir, resource_error
 from seqcls.settings import Settings
+from seqcls.spec import ServingSpec
 
 log = logging.getLogger(__name__)
 
@@ -324,12 +325,18 @@ class Workspace:
 
 @dataclass
 class Release:
-    """Everything a step needs: settings, parameters, the validated checkpoint, its workspace."""
+    """Everything a step needs: settings, parameters, the validated checkpoint, its workspace, and how it is
+    served (:class:`~seqcls.spec.ServingSpec`: resolved once by the intake, recorded in the workspace)."""
 
     settings: Settings
     config: ReleaseConfig
     checkpoint: Checkpoint
     workspace: Workspace
+    serving: ServingSpec = None  # type: ignore[assignment]  # None: resolved from config and settings
+
+    def __post_init__(self) -> None:
+        if self.serving is None:
+            self.serving = serving_spec(self.config, self.settings)
 
 
 def _why_redo(rec: dict[str, Any], inputs: dict[str, Any], key: str, ws: Workspace) -> str:

@@ -29,6 +29,7 @@ from seqcls.contract.names import CLASSIC, ModelName, ServingNames, require_name
 from seqcls.errors import InputError, ServingError
 from seqcls.files import atomic_write, held, replace_dir
 from seqcls.settings import DEVICES, PIPELINES, RUNTIMES, Settings, parse_layout
+from seqcls.spec import ServingSpec, combination_refusal
 
 log = logging.getLogger(__name__)
 
@@ -101,13 +102,9 @@ class ServingOptions:
         for name, (value, allowed) in checks.items():
             if value not in allowed:
                 raise InputError(f"serving option {name}={value!r}; expected one of {', '.join(allowed)}")
-        if self.device == "gpu" and self.runtime != "onnxruntime":
-            raise InputError("serving on a GPU needs runtime 'onnxruntime' (Triton's native backend)")
-        if self.pipeline == "direct" and self.runtime != "python-onnxruntime":
-            raise InputError(
-                f"serving pipeline 'direct' runs the ONNX model in its python step, so it needs runtime "
-                f"'python-onnxruntime', not {self.runtime!r}; serve Triton's native backend with pipeline 'ensemble'"
-            )
+        refusal = combination_refusal(self.runtime, self.device, self.pipeline)
+        if refusal:
+            raise InputError(refusal)
         for name in ("max_batch_size", "tokenizer_instances", "model_instances", "max_text_bytes"):
             if int(getattr(self, name)) < 1:
                 raise InputError(f"serving option {name} must be >= 1")
@@ -129,16 +126,16 @@ class ServingOptions:
         return replace(base, **overrides)
 
     @classmethod
-    def from_settings(cls, settings: Settings, **overrides: Any) -> ServingOptions:
-        """The device's options with the host's serving layout (``SEQCLS_SERVING_LAYOUT``) applied."""
-        if settings.serving_layout and settings.device == "cpu":
-            instances, threads = parse_layout(settings.serving_layout)
+    def from_spec(cls, spec: ServingSpec, **overrides: Any) -> ServingOptions:
+        """The device's options with the release's serving spec applied (runtime, pipeline, layout, metrics)."""
+        if spec.layout and spec.device == "cpu":
+            instances, threads = parse_layout(spec.layout, source="layout")
             overrides = {"model_instances": instances, "intra_op_threads": threads, **overrides}
-        if not settings.serving_metrics:
+        if not spec.metrics:
             overrides = {"metrics": False, **overrides}
-        if settings.serving_pipeline != "ensemble":
-            overrides = {"pipeline": settings.serving_pipeline, **overrides}
-        return cls.for_device(settings.device, settings.runtime, **overrides)
+        if spec.pipeline != "ensemble":
+            overrides = {"pipeline": spec.pipeline, **overrides}
+        return cls.for_device(spec.device, spec.runtime, **overrides)
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)

@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import Any
 
 from seqcls.checkpoints.golden import golden_texts
-from seqcls.config import AUTO_PROFILE, ENGINES
 from seqcls.contract import runtime, shipped
 from seqcls.errors import ConversionError
 from seqcls.files import replace_file
@@ -37,6 +36,7 @@ from seqcls.release.kept import kept_eval_set
 from seqcls.release.records import OUT_DIRS, serving_tokenizer, static_dir
 from seqcls.release.workspace import Release, StepResult
 from seqcls.settings import ENV_POLYGRAPHY_AUTOINSTALL, scoped_env
+from seqcls.spec import AUTO_PROFILE, ENGINES
 from seqcls.steps import require
 
 log = logging.getLogger(__name__)

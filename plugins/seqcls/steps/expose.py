@@ -36,7 +36,7 @@ def expose(release: Release, endpoints: Sequence[Endpoint] | None = None) -> Ste
     require(release, STEP)
     version = published_version(release)
     endpoints = list(endpoints or endpoints_from_settings(release.settings))
-    options = ServingOptions.from_settings(release.settings)
+    options = ServingOptions.from_spec(release.serving)
     model, fp = release.config.model_name, release.checkpoint.fingerprint
     inputs = {"version": version, "endpoints": [e.grpc for e in endpoints]}
 

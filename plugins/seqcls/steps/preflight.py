@@ -29,7 +29,6 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from seqcls.config import AUTO_PROFILE, ENGINES, NEEDS_PROVIDER, SERVED_PROFILES, host_refusal
 from seqcls.contract import runtime
 from seqcls.errors import InputError, SeqclsError
 from seqcls.frameworks.output import library_output
@@ -41,6 +40,7 @@ from seqcls.release.workspace import Release
 from seqcls.serving.client import ControlRefused, Endpoint, TritonOps, endpoints_from_settings
 from seqcls.serving.repository import ServingOptions
 from seqcls.settings import ENV_MLFLOW_URI, ENV_TRITON_GRPC, Settings, scoped_environ
+from seqcls.spec import AUTO_PROFILE, ENGINES, NEEDS_PROVIDER, SERVED_PROFILES, host_refusal
 from seqcls.steps import ORDER
 
 log = logging.getLogger(__name__)
@@ -191,12 +191,10 @@ def _params(release: Release) -> tuple[bool, str]:
     profile = cfg.profile
     if profile == AUTO_PROFILE:  # chosen at convert; nothing is measured yet
         profile = f"auto (convert serves the fastest of {', '.join(SERVED_PROFILES)} that passes)"
-    options = ServingOptions.from_settings(release.settings)  # settings that cannot go together (InputError)
+    options = ServingOptions.from_spec(release.serving)  # settings that cannot go together (InputError)
     if cfg.profile in NEEDS_PROVIDER or cfg.profile in ENGINES:  # fp16 on a CPU host, bf16 without bf16 CPU
         providers = runtime.choose_providers(cfg.provider, cfg.require_gpu)
-        refusal = host_refusal(
-            cfg.profile, providers=providers, device=release.settings.device, runtime=options.runtime
-        )
+        refusal = host_refusal(cfg.profile, providers=providers, device=options.device, runtime=options.runtime)
         if refusal:
             raise InputError(refusal)
     return True, f"profile {profile}, {len(cfg.thresholds)} per-label threshold(s), release key {key[:8]}"

@@ -307,7 +307,7 @@ def publish(release: Release, options: ServingOptions | None = None, *, retain: 
     """Write (or reuse) the release's Triton version N; returns it in the summary."""
     ws = release.workspace
     validate_rec = require(release, STEP)["validate"]
-    options = options or ServingOptions.from_settings(release.settings)
+    options = options or ServingOptions.from_spec(release.serving)
     repo = Repository.from_settings(release.settings, release.config.model_name)
     values = release_values(release, options)
     sources = {m: _files_for(release, m, options, repo.names) for m in repo.names.models}

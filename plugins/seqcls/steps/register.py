@@ -163,7 +163,7 @@ def log_pyfunc(release: Release):
     import pandas as pd
 
     contract = shipped.contract(release.settings)
-    values = release_values(release, ServingOptions.from_settings(release.settings))  # as publish writes it
+    values = release_values(release, ServingOptions.from_spec(release.serving))  # as publish writes it
     items = Expected.load(release.workspace).items
     common = shipped.common_dir(release.settings)
     with tempfile.TemporaryDirectory(prefix="seqcls-pyfunc-") as tmp:

@@ -118,7 +118,7 @@ def reload(
     """Load the published version N as the candidate on every endpoint."""
     require(release, STEP)
     endpoints = list(endpoints or endpoints_from_settings(release.settings))
-    options = options or ServingOptions.from_settings(release.settings)
+    options = options or ServingOptions.from_spec(release.serving)
     inputs = {
         "version": published_version(release),
         "endpoints": [e.grpc for e in endpoints],

@@ -118,7 +118,7 @@ def undo_attempt(release: Release, version: int | None, reason: str, endpoints: 
             model,
             drop,
             endpoints,
-            keep_previous=ServingOptions.from_settings(release.settings).keep_previous_loaded,
+            keep_previous=ServingOptions.keep_previous_loaded,
         )
         control.require_converged(report, f"withdrawing candidate {version} of {model}")
         summary.update(rolled_back=True, actions=report.actions)

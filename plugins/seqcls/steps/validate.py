@@ -28,7 +28,6 @@ import numpy as np
 
 from seqcls.checkpoints.checkpoint import sha256_file
 from seqcls.checkpoints.golden import golden_texts
-from seqcls.config import EXACT_PROFILES
 from seqcls.contract import runtime, shipped
 from seqcls.errors import GateError, InputError
 from seqcls.frameworks import for_checkpoint
@@ -49,6 +48,7 @@ from seqcls.release.records import (
     static_dir,
 )
 from seqcls.release.workspace import Release, StepResult
+from seqcls.spec import EXACT_PROFILES
 from seqcls.steps import record_refusal, require
 
 log = logging.getLogger(__name__)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from seqcls.config import EXACT_PROFILES
+from seqcls.spec import EXACT_PROFILES
 
 TARGETS = {
     "exact_vs_classic": 1.5,

@@ -96,7 +96,7 @@ ROWS = (
 
 def host_rows() -> tuple[tuple[Row, ...], dict[str, str]]:
     """The rows this host can serve, and why the others are left out (bf16 without a bf16 CPU)."""
-    from seqcls.config import host_refusal
+    from seqcls.spec import host_refusal
 
     rows, skipped = [], {}
     for row in ROWS:
