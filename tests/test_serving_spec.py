@@ -86,7 +86,7 @@ def test_the_models_file_serving_block_becomes_the_param_defaults(tmp_path: Path
     assert beta.params["serving_metrics"] == "off" and "pipeline" not in beta.params
     twice = tmp_path / "twice.yaml"
     twice.write_text("models:\n  - name: alpha\n    serving: {pipeline: direct}\n    params: {pipeline: ensemble}\n")
-    with pytest.raises(InputError, match="model 'alpha': serving.pipeline is given twice"):
+    with pytest.raises(InputError, match=r"model 'alpha': serving\.pipeline is given twice"):
         load_models(twice)
     bad = tmp_path / "bad.yaml"
     bad.write_text("models:\n  - name: alpha\n    serving: {pipeline: direct, runtime: onnxruntime}\n")
