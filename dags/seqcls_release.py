@@ -107,6 +107,7 @@ from seqcls.airflow.params import dag_params
 from seqcls.airflow.tasks import APPROVAL_TASK, ReleaseApproval
 from seqcls.errors import InputError
 from seqcls.settings import Settings
+from seqcls.steps import STEPS, Step
 
 #: The models this file builds a DAG for (the models file, validated; else the environment's one).
 MODELS = release_models(Path(__file__).resolve().parent)
@@ -121,35 +122,32 @@ FINGERPRINT = f"{{{{ ti.xcom_pull(task_ids='{RESOLVE_TASK}', key='fingerprint') 
 PARAMS_JSON = "{{ params | tojson }}"
 
 
-def heavy_task(fn):
-    """A Paddle step as a task: through @task.external_python in SEQCLS_PADDLE_PYTHON when set,
-    else a plain @task in the worker. The function's source is what runs over there: imports stay
-    inside, params arrive rendered as JSON (no Airflow needed there), and it is wrapped here
-    rather than decorated (the copied source must not name this helper)."""
-    if PADDLE_PYTHON:  # its failure's reason: the step's record in the workspace
-        return task.external_python(python=PADDLE_PYTHON, expect_airflow=False, execution_timeout=HEAVY_TIMEOUT)(fn)
-    return task(execution_timeout=HEAVY_TIMEOUT)(records_failure(fn))
-
-
-def export_static(checkpoint: str, fingerprint: str, params_json: str, checkpoints_root: str) -> dict:
-    """Checkpoint → Paddle static graph (paddle.jit.to_static + jit.save)."""
+def heavy_step(name: str, checkpoint: str, fingerprint: str, params_json: str, checkpoints_root: str) -> dict:
+    """A Paddle step (export, convert, validate) as a task's body. Its source is what runs in
+    SEQCLS_PADDLE_PYTHON (``@task.external_python``): imports stay inside, params arrive rendered as
+    JSON (no Airflow needed there), the step arrives by name."""
     from seqcls.airflow.context import run_heavy_step
 
-    return run_heavy_step("export", checkpoint, fingerprint, params_json, checkpoints_root)
+    return run_heavy_step(name, checkpoint, fingerprint, params_json, checkpoints_root)
 
 
-def convert_onnx(checkpoint: str, fingerprint: str, params_json: str, checkpoints_root: str) -> dict:
-    """Static graph → ONNX (paddle2onnx, checker on), output renamed `logits`."""
-    from seqcls.airflow.context import run_heavy_step
+def serving_step(name: str, checkpoint: str, fingerprint: str, checkpoints_root: str, params=None, ti=None) -> dict:
+    """A step after the Paddle ones as a task's body: settings from the run's Connections, one library step."""
+    from seqcls.airflow.tasks import run_task_step
 
-    return run_heavy_step("convert", checkpoint, fingerprint, params_json, checkpoints_root)
+    return run_task_step(name, checkpoint, fingerprint, params, ti, checkpoints_root=checkpoints_root)
 
 
-def validate_parity(checkpoint: str, fingerprint: str, params_json: str, checkpoints_root: str) -> dict:
-    """The parity gate: Paddle vs ONNX Runtime on the golden texts; the report names the diffs."""
-    from seqcls.airflow.context import run_heavy_step
+def step_task(s: Step):
+    """The task of step ``s`` (id and doc from the step table), called with the step's arguments.
 
-    return run_heavy_step("validate", checkpoint, fingerprint, params_json, checkpoints_root)
+    A heavy (Paddle) step goes through ``@task.external_python`` in SEQCLS_PADDLE_PYTHON when set — its
+    failure's reason is then the step's record in the workspace — else a plain ``@task`` in the worker."""
+    if s.heavy and PADDLE_PYTHON:
+        deco = task.external_python(python=PADDLE_PYTHON, expect_airflow=False, execution_timeout=HEAVY_TIMEOUT)
+        return deco(heavy_step).override(task_id=s.task_id, doc_md=s.help)
+    body, timeout = (heavy_step, HEAVY_TIMEOUT) if s.heavy else (serving_step, SERVING_TIMEOUT)
+    return task(task_id=s.task_id, doc_md=s.help, execution_timeout=timeout)(records_failure(body))
 
 
 def release_dag(spec: ModelSpec) -> DAG:
@@ -222,54 +220,6 @@ def release_tasks(
 
         return resolve_release(model_name, checkpoints_root, params, dag_run, ti)
 
-    @task
-    @records_failure
-    def evaluate_quality(checkpoint: str, fingerprint: str, checkpoints_root: str, params=None, ti=None) -> dict:
-        """The quality gate: the serving graph vs the served champion on the labeled eval set."""
-        from seqcls.airflow.tasks import run_task_step
-
-        return run_task_step("evaluate", checkpoint, fingerprint, params, ti, checkpoints_root=checkpoints_root)
-
-    @task
-    @records_failure
-    def register_model(checkpoint: str, fingerprint: str, checkpoints_root: str, params=None, ti=None) -> dict:
-        """MLflow model version for this fingerprint (idempotent) + alias `candidate`."""
-        from seqcls.airflow.tasks import run_task_step
-
-        return run_task_step("register", checkpoint, fingerprint, params, ti, checkpoints_root=checkpoints_root)
-
-    @task
-    @records_failure
-    def publish_repository(checkpoint: str, fingerprint: str, checkpoints_root: str, params=None, ti=None) -> dict:
-        """Write Triton version N of tokenizer, seqcls_model, seqcls_postprocess and the ensemble."""
-        from seqcls.airflow.tasks import run_task_step
-
-        return run_task_step("publish", checkpoint, fingerprint, params, ti, checkpoints_root=checkpoints_root)
-
-    @task
-    @records_failure
-    def reload_triton(checkpoint: str, fingerprint: str, checkpoints_root: str, params=None, ti=None) -> dict:
-        """Load N beside the served version as the candidate on every endpoint; nothing public changes."""
-        from seqcls.airflow.tasks import run_task_step
-
-        return run_task_step("reload", checkpoint, fingerprint, params, ti, checkpoints_root=checkpoints_root)
-
-    @task
-    @records_failure
-    def smoke_test(checkpoint: str, fingerprint: str, checkpoints_root: str, params=None, ti=None) -> dict:
-        """Golden texts through the candidate route (gRPC) must answer what the gate validated."""
-        from seqcls.airflow.tasks import run_task_step
-
-        return run_task_step("smoke", checkpoint, fingerprint, params, ti, checkpoints_root=checkpoints_root)
-
-    @task
-    @records_failure
-    def expose_version(checkpoint: str, fingerprint: str, checkpoints_root: str, params=None, ti=None) -> dict:
-        """The public ensemble serves N on every endpoint (recorded state first, then reconciled)."""
-        from seqcls.airflow.tasks import run_task_step
-
-        return run_task_step("expose", checkpoint, fingerprint, params, ti, checkpoints_root=checkpoints_root)
-
     @task(outlets=[champion_asset(model_name)])
     @records_failure
     def promote(
@@ -300,33 +250,18 @@ def release_tasks(
         return report_run(model_name, fingerprint, params, ti, **kwargs)
 
     step = {"checkpoint": CHECKPOINT, "fingerprint": FINGERPRINT, "checkpoints_root": checkpoints_root}
-    resolved = resolve_checkpoint(checkpoints_root=checkpoints_root)
-    exported = heavy_task(export_static)(params_json=PARAMS_JSON, **step)
-    converted = heavy_task(convert_onnx)(params_json=PARAMS_JSON, **step)
-    validated = heavy_task(validate_parity)(params_json=PARAMS_JSON, **step)
-    evaluated = evaluate_quality(**step)
-    registered = register_model(**step)
-    published = publish_repository(**step)
-    reloaded = reload_triton(**step)
-    smoked = smoke_test(**step)
-    exposed = expose_version(**step)
-    promoted = promote(**step)
     # A person decides after the smoke test (models file `approval: required`); a rejection fails the task.
     approve = [ReleaseApproval(task_id=APPROVAL_TASK, **step)] if approval else []
-    tasks = [
-        resolved,
-        exported,
-        converted,
-        validated,
-        evaluated,
-        registered,
-        published,
-        reloaded,
-        smoked,
-        *approve,
-        exposed,
-        promoted,
-    ]
+    tasks = [resolve_checkpoint(checkpoints_root=checkpoints_root)]
+    for s in STEPS:  # the checklist is the step table, in its order
+        if s.name == "expose":
+            tasks += approve
+        if s.name == "promote":
+            tasks.append(promote(**step))
+        elif s.heavy:
+            tasks.append(step_task(s)(name=s.name, params_json=PARAMS_JSON, **step))
+        else:
+            tasks.append(step_task(s)(name=s.name, **step))
     chain(*tasks)
     # Rollback after the steps the table marks undo_on_failure (the task checks they really failed), and
     # after a rejected approval: the candidate is withdrawn as after a failed smoke test.

@@ -24,7 +24,7 @@ from seqcls.errors import GateError, RegistryError, StepOrderError
 from seqcls.registry import ledger as registry
 from seqcls.registry.ledger import CHAMPION
 from seqcls.release.intake import open_release
-from seqcls.release.keys import GATE_ONLY_PARAMS, SERVING_PARAMS, key_of, release_key, serving_config
+from seqcls.release.keys import DEPLOYMENT_PARAMS, GATE_ONLY_PARAMS, SERVING_PARAMS, key_of, release_key, serving_config
 from seqcls.release.records import Expected, Registered
 from seqcls.release.workspace import Release, Workspace
 from seqcls.settings import Settings
@@ -230,10 +230,10 @@ def test_against_real_mlflow_server(mlflow_server: str, tiny_checkpoint: Path, h
 
 
 def test_release_key_fields_are_decided_for_every_parameter() -> None:
-    served, gate_only = set(SERVING_PARAMS), set(GATE_ONLY_PARAMS)
-    assert not served & gate_only
+    served, gate_only, deployment = set(SERVING_PARAMS), set(GATE_ONLY_PARAMS), set(DEPLOYMENT_PARAMS)
+    assert not served & gate_only and not deployment & (served | gate_only)
     # a new release parameter must be put on one side (model_name names the registered model itself)
-    assert served | gate_only | {"model_name"} == {f.name for f in FIELDS}
+    assert served | gate_only | deployment | {"model_name"} == {f.name for f in FIELDS}
 
 
 @pytest.mark.parametrize(

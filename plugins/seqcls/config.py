@@ -508,6 +508,10 @@ def config_from_args(args: argparse.Namespace) -> ReleaseConfig:
     return ReleaseConfig.from_dict({spec.name: getattr(args, spec.name, None) for spec in FIELDS})
 
 
+#: The release parameters that make up the serving spec besides ``profile`` (their env names supply defaults).
+SPEC_PARAMS = ("runtime", "pipeline", "device", "layout", "serving_metrics")
+
+
 def serving_spec(config: ReleaseConfig, settings: Settings, recorded: dict[str, Any] | None = None) -> ServingSpec:
     """The release's serving spec (:meth:`ServingSpec.resolve`): its explicit params over ``recorded`` (what the
     run's resolve recorded) over the environment's defaults as ``settings`` read them."""

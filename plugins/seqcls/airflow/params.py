@@ -87,7 +87,7 @@ def schemas(model_name: str, defaults: Mapping[str, Any] | None = None, *, root:
     ``root`` is the model's checkpoints root (:func:`run_params`).
     """
     release = {f.name: param_schema(f.name) for f in FIELDS}
-    release["model_name"]["default"] = model_name
+    release["model_name"]["default"] = str(model_name)  # a plain string: Airflow serializes the DAG strictly
     every = {**release, **run_params(model_name, root)}
 
     def place(name: str) -> tuple[int, int]:

@@ -15,6 +15,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from seqcls.config import SPEC_PARAMS
 from seqcls.contract import shipped
 from seqcls.errors import InputError
 from seqcls.monitoring import reference as monitoring_reference
@@ -37,6 +38,9 @@ QUALITY_PARAMS = (
     "min_label_support",
     "max_profile_f1_drop",
 )
+#: The serving spec's deployment fields (how Triton runs the release, not what it answers): in publish's
+#: content key, not in the release key — the same registry version, another Triton version.
+DEPLOYMENT_PARAMS = SPEC_PARAMS
 #: Release parameters that only decide whether (and where) the parity gate passes: not in it.
 GATE_ONLY_PARAMS = (
     "atol",
@@ -138,7 +142,7 @@ def release_values(release: Release, options: ServingOptions) -> dict[str, Any]:
             contract.METRIC_LABELS_KEY: monitoring_reference.metric_labels(expected.labels, reference),
         }
     return {
-        "model_name": release.config.model_name,
+        "model_name": str(release.config.model_name),  # a plain string: MLflow writes these as YAML too
         "fingerprint": release.checkpoint.fingerprint,
         "framework": release.checkpoint.framework,
         contract.MODEL_INPUTS_KEY: model_inputs(release.workspace),  # what the tokenizer emits, the graph takes
