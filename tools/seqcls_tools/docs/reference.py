@@ -104,8 +104,19 @@ def _type(field: Any) -> str:
     return field.type + (" or null" if field.nullable else "")
 
 
+def _default(name: str) -> Any:
+    """A release parameter's default: the field of :data:`seqcls.config.DEFAULTS`, else what its DAG Param
+    defaults to (a parameter kept in a nested record, such as the serving spec's)."""
+    from seqcls.config import DEFAULTS, param_schema
+
+    try:
+        return getattr(DEFAULTS, name)
+    except AttributeError:
+        return param_schema(name)["default"]
+
+
 def release_parameters() -> list[str]:
-    from seqcls.config import DEFAULTS, FIELDS, SECTIONS
+    from seqcls.config import FIELDS, SECTIONS
 
     lines = [
         "## Release parameters",
@@ -125,7 +136,7 @@ def release_parameters() -> list[str]:
                 f"`{f.name}`",
                 f"`{f.flag}`" + (f" / `--no-{f.flag[2:]}`" if f.type == "boolean" else ""),
                 _type(f),
-                _code(getattr(DEFAULTS, f.name)),
+                _code(_default(f.name)),
                 _range(f),
                 _cell(f"**{f.title}.** {f.description}"),
             )
