@@ -25,7 +25,7 @@ PERF_DIR := $(VENV)/perf-analyzer
 PERF_STAMP := $(PERF_DIR)/.installed-$(shell cat $(PERF_LOCK) 2>/dev/null | sha256sum | cut -c1-12)
 PYTEST_ARGS ?=
 
-.PHONY: setup setup-torch setup-perf system-deps lock demo test lint clean-demo airflow-ui bench
+.PHONY: setup setup-torch setup-perf system-deps lock demo test lint docs clean-demo airflow-ui bench
 
 setup: $(STAMP)
 
@@ -99,11 +99,12 @@ demo: setup
 airflow-ui: setup
 	.venv/bin/seqcls airflow-ui
 
-# The serving benchmark (see README: Performance); QUICK=1 for the seconds-long harness check.
+# The serving benchmark (see docs/performance.md); QUICK=1 for the seconds-long harness check.
 bench: setup-perf
 	.venv/bin/seqcls bench $(if $(QUICK),--quick,)
 
-# The test suite CI runs (.ci/run calls exactly this): lint, then every test tier, on PYTEST_WORKERS
+# The test suite CI runs (.ci/run calls exactly this): lint, the layers contract (pyproject's
+# [tool.importlinter]), the manual (mkdocs build --strict: a broken link fails), then every test tier, on PYTEST_WORKERS
 # pytest-xdist workers (0: one process). A test spends most of its time in one single-threaded Python
 # process (a CLI, an Airflow task, a Triton stub), so one worker leaves the second core idle. Each
 # worker takes whole files (module-scoped servers stay shared), longest first (tests/conftest.py).
@@ -112,11 +113,17 @@ bench: setup-perf
 PYTEST_WORKERS ?= 2
 test: setup-torch setup-perf
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/lint-imports
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet --site-dir build/site
 	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder --max-worker-restart=0 --durations=40 $(PYTEST_ARGS)
 
 lint: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check plugins tools tests dags model_repository
+
+# The manual under docs/ (MkDocs Material) into build/site; `.venv/bin/mkdocs serve` to browse it live.
+docs: setup
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir build/site
 
 clean-demo:
 	rm -rf var/demo

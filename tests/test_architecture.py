@@ -284,12 +284,14 @@ def test_no_literal_step_lists_in_the_tasks_test_script() -> None:
     assert not copied, f"task ids written out in the script: {copied}"
 
 
-# ----------------------------------------------------------------------------- README from the tables
+# ----------------------------------------------------------------------------- the manual from the tables
 
 
-def _readme_architecture() -> str:
-    text = (ROOT / "README.md").read_text(encoding="utf-8")
-    return text.split("## Architecture\n", 1)[1].split("\n## ", 1)[0]
+ARCHITECTURE_PAGE = ROOT / "docs" / "architecture.md"
+
+
+def _architecture_page() -> str:
+    return ARCHITECTURE_PAGE.read_text(encoding="utf-8")
 
 
 def _table_rows(section: str, header: str) -> list[list[str]]:
@@ -304,19 +306,22 @@ def _table_rows(section: str, header: str) -> list[list[str]]:
     return rows
 
 
-def test_readme_step_list_and_module_tables_follow_the_code() -> None:
+def test_the_architecture_page_s_step_list_and_module_tables_follow_the_code() -> None:
     from seqcls.steps import EXTRA_STEPS, STEPS
 
     names = [s.name for s in (*STEPS, *EXTRA_STEPS)]
-    section = _readme_architecture()
+    section = _architecture_page()
     steps = _table_rows(section, "| step | what it does | module |")
-    assert [row[0] for row in steps] == ["resolve", *names], "README's step table is not the step table"
-    cli_steps = re.search(r"Steps: `([^`]+)`", (ROOT / "README.md").read_text(encoding="utf-8")).group(1)
-    assert cli_steps.split() == names, "README's `Steps:` list is not the step table"
+    assert [row[0] for row in steps] == ["resolve", *names], "docs/architecture.md's step table is not the step table"
+    cli_steps = re.search(r"Steps: `([^`]+)`", section).group(1)
+    assert cli_steps.split() == names, "docs/architecture.md's `Steps:` list is not the step table"
     modules = [cell for row in steps for cell in row[-1].split(", ")]
     modules += [cell for row in _table_rows(section, "| module | owns |") for cell in row[0].split(", ")]
     missing = [m for m in modules if not (PACKAGE / m.strip("`")).exists()]
-    assert not missing, f"README names modules that do not exist under plugins/seqcls: {missing}"
+    assert not missing, f"docs/architecture.md names modules that do not exist under plugins/seqcls: {missing}"
+    floors = {name for floor in _floors() for name in floor}
+    listed = {cell.strip("`").rstrip("/").removesuffix(".py").split("/")[0] for cell in modules}
+    assert floors <= listed, f"floors the architecture page does not describe: {sorted(floors - listed)}"
 
 
 # ----------------------------------------------------------------------------- the house by concept

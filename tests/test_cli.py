@@ -35,16 +35,17 @@ def test_a_bad_model_name_is_a_clear_error_with_exit_1(home: Path, capsys: pytes
     assert "collide" in capsys.readouterr().err
 
 
-def test_readme_names_every_release_flag() -> None:
-    """README's flag list cannot drift from the parser (it once lacked --prob-atol and --hierarchy)."""
+def test_the_configuration_reference_names_every_release_flag() -> None:
+    """The documented flag list cannot drift from the parser (README's hand-written one once lacked --prob-atol
+    and --hierarchy): docs/configuration.md's reference is generated, and must name every flag of `release`."""
     from seqcls.cli import build_parser
-    from seqcls.settings import PROJECT_ROOT
+    from seqcls_tools.docs.reference import render
 
     release = build_parser()._subparsers._group_actions[0].choices["release"]  # argparse has no public API for it
     flags = {opt for action in release._actions for opt in action.option_strings if opt.startswith("--")}
-    readme = (PROJECT_ROOT / "README.md").read_text(encoding="utf-8")
-    missing = sorted(f for f in flags - {"--help"} if f not in readme)
-    assert not missing, f"README does not mention {missing}"
+    reference = render()
+    missing = sorted(f for f in flags - {"--help"} if f"`{f}`" not in reference)
+    assert not missing, f"the configuration reference does not mention {missing}"
 
 
 def test_a_mistyped_option_or_command_gets_the_closest_one(capsys: pytest.CaptureFixture[str]) -> None:

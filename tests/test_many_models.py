@@ -184,8 +184,9 @@ def test_same_checkpoint_with_another_threshold_is_another_registry_version(
 
 
 def _readme_curl() -> str:
-    """The KServe-v2 curl command README shows, exactly (the test only points it at its own port)."""
-    text = (PROJECT_ROOT / "README.md").read_text(encoding="utf-8")
+    """The KServe-v2 curl command the manual shows (docs/serving-contract.md), exactly (the test only points it
+    at its own port)."""
+    text = (PROJECT_ROOT / "docs" / "serving-contract.md").read_text(encoding="utf-8")
     block = text.split("```bash\ncurl -s -X POST http://127.0.0.1:8000/v2/models/seqcls/infer", 1)[1].split("```", 1)[0]
     return "curl -s -X POST http://127.0.0.1:8000/v2/models/seqcls/infer" + block.rstrip()
 

@@ -1,4 +1,5 @@
-"""The README's promises that code can check: its tritonclient example runs as written."""
+"""The README's promises that code can check, and the manual's tritonclient example (docs/serving-contract.md)
+runs as written."""
 
 from __future__ import annotations
 
@@ -17,6 +18,8 @@ from seqcls.settings import PROJECT_ROOT
 from tests.helpers.triton import cli_env
 
 README = (PROJECT_ROOT / "README.md").read_text(encoding="utf-8")
+#: The page holding the request/response contract and its tritonclient example.
+SERVING_CONTRACT = (PROJECT_ROOT / "docs" / "serving-contract.md").read_text(encoding="utf-8")
 #: A labeled eval set for the tiny (random-weight) model: the first release judges it on floors alone.
 TEXTS = [
     ("凌云航空确认优化研发部门人员，裁员比例约为3%。", "组织关系,组织关系##裁员"),
@@ -63,12 +66,12 @@ def test_readme_first_screen_release_and_client_example_run(
     assert outputs[0].strip().splitlines()[-1].startswith("seqcls: serving Triton v1 (MLflow v1) at "), outputs[0]
     assert outputs[1].startswith("seqcls: serving Triton v1 (MLflow v1)") and "✓ served == recorded" in outputs[1]
     assert "nothing → Triton v1 (MLflow v1)" in outputs[2]
-    section = README.split("## The served model: request / response contract", 1)[1]
+    section = SERVING_CONTRACT.split("## Request and response", 1)[1]
     code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
     code = code.replace('"127.0.0.1:8001"', repr(server.config.grpc_url))
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
-        exec(compile(code, "README.md", "exec"), {})
+        exec(compile(code, "docs/serving-contract.md", "exec"), {})
     lines = out.getvalue().strip().splitlines()
     assert len(lines) == 2
     for line in lines:

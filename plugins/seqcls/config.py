@@ -40,7 +40,7 @@ from seqcls.spec import PROFILES, PROVIDERS, ServingSpec, combination_refusal
 #: The trigger form's sections after the everyday one (a field without a section is everyday).
 SERVING_SECTION = "Serving: how Triton runs this model"
 GATE_SECTION = "Gates: parity and quality tolerances"
-EXPERT_SECTION = "Expert: export, runtime, connections"
+EXPERT_SECTION = "Expert: export, gate provider, connections"
 SECTIONS: tuple[str | None, ...] = (None, SERVING_SECTION, GATE_SECTION, EXPERT_SECTION)
 #: ``INSTANCESxTHREADS`` of the ONNX model (CPU), as typed.
 LAYOUT_TEXT = r"^\s*[0-9]+\s*[xX]\s*[0-9]+\s*$"

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from seqcls.errors import InputError
 
-#: Environment variables seqcls reads (documented in README's configuration table).
+#: Environment variables seqcls reads (each has a row in ENVIRONMENT below: docs/configuration.md is generated from it).
 ENV_HOME = "SEQCLS_HOME"
 ENV_TRITON_REPOSITORY = "SEQCLS_TRITON_REPOSITORY"
 ENV_TRITON_GRPC = "SEQCLS_TRITON_GRPC"  # comma-separated host:port, one per replica

@@ -106,7 +106,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
         "--password", default=None, help="password of user admin (default: generated once per Airflow home, printed)"
     )
     p.set_defaults(func=_cmd_airflow_ui)
-    p = sub.add_parser("bench", help="benchmark every serving profile on a real local Triton (see README)")
+    p = sub.add_parser("bench", help="benchmark every serving profile on a real local Triton (see docs/performance.md)")
     p.add_argument("--home", type=Path, default=None)
     p.set_defaults(func=_cmd_bench, bench_parser=p)
     bench.add_arguments(p)

@@ -7,7 +7,7 @@ recipes also take their activation ranges from them): when its label decisions a
 fused fp32 model less than the gate's ``min_decision_agreement`` + :data:`INT8_MARGIN`, the next
 recipe of :data:`INT8_FALLBACKS` (more layers in fp32) replaces it. Every attempt is reported;
 the validate step gates the result on decision agreement. The recipes were chosen by a one-off
-study of the candidates side by side (agreement, changed label sets, speed vs fp32; README: Performance).
+study of the candidates side by side (agreement, changed label sets, speed vs fp32; docs/performance.md).
 """
 
 from __future__ import annotations

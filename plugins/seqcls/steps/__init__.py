@@ -2,7 +2,7 @@
 
 Everything that knows the step order derives it from :data:`STEPS` — ``run_release`` below, the
 CLI's subcommands and help, the Airflow task ids (``seqcls.airflow``), the tasks-test script and
-README's step list (a test asserts the DAG's chain equals this table). Each step is a function
+the manual's step list (tests assert the DAG's chain and docs/architecture.md equal this table). Each step is a function
 ``(Release) -> StepResult`` in the module named after it, imported only when it runs so that
 importing this table stays cheap (DAG parsing imports it).
 
