@@ -190,6 +190,22 @@ def test_damaged_lines_and_old_lines(tmp_path: Path, monkeypatch: pytest.MonkeyP
     assert result.notes == [f"{log_path(repo, MODEL)}: 2 damaged line(s) skipped (line 2, 4)"]
 
 
+def test_a_record_written_after_a_torn_line_is_read_back(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A writer killed mid-line leaves no newline: the next record must start a line of its own, not be
+    glued onto the torn one and lost with it (what the registry journal already guards against)."""
+    settings = _settings(tmp_path)
+    repo = Path(str(settings.triton_repository))
+    _released(repo)
+    with log_path(repo, MODEL).open("ab") as fh:
+        fh.write(b'{"event": "refused", "gate": "parity", "reas')  # torn: a kill in the middle of a write
+    assert append_event(repo, MODEL, "refused", gate="quality", reason="micro-F1 0.888 < 0.990", fingerprint=FP_A)
+    _fake_registry(monkeypatch, {FP_A: 4})
+    result = history(settings, [MODEL])
+    refused = [e for e in result.entries if e.kind == "refused"]
+    assert [(e.gate, e.reason) for e in refused] == [("quality", "micro-F1 0.888 < 0.990")], result.entries
+    assert any("1 damaged line(s) skipped" in n for n in result.notes), result.notes
+
+
 def test_mlflow_unreachable_gives_the_triton_numbers_and_one_note(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -8,6 +8,7 @@ never interleave a line, and a line that cannot be written is a warning, never a
 
 from __future__ import annotations
 
+import fcntl
 import getpass
 import json
 import logging
@@ -56,15 +57,21 @@ def actor() -> dict[str, Any]:
 
 
 def append_line(path: Path, record: dict[str, Any]) -> bool:
-    """Append one JSON line with a single O_APPEND write (concurrent writers never interleave a line);
-    False (with a warning) when it could not be written."""
+    """Append one JSON line with a single O_APPEND write, under an exclusive ``flock`` of the log itself
+    (concurrent writers never interleave a line); after a torn last line (a writer killed mid-write) the
+    record starts a line of its own instead of being glued onto it and lost with it. False (with a
+    warning) when it could not be written."""
     data = (json.dumps(record, ensure_ascii=False, default=str) + "\n").encode("utf-8")
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
         try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            size = os.fstat(fd).st_size
+            if size and os.pread(fd, 1, size - 1) != b"\n":
+                data = b"\n" + data
             os.write(fd, data)
         finally:
-            os.close(fd)
+            os.close(fd)  # releases the lock
     except OSError as exc:
         log.warning("%s: could not append to the state log: %s", path, exc)
         return False
