@@ -141,7 +141,7 @@ def test_auto_release_chooses_measures_and_gates_the_chosen_profile(tiny_checkpo
         ("球队在决赛中夺冠。", ["体育", "体育##夺冠"]),
         ("初创企业完成新一轮融资。", ["财经", "财经##融资"]),
         ("知名主持人加盟新的电视台。", ["组织关系", "组织关系##加盟"]),
-    ] * 3
+    ] * 13  # 52 texts: at least the 50 a quality verdict is taken on
     eval_set.write_text(
         "".join(json.dumps({"text": t, "labels": ls}, ensure_ascii=False) + "\n" for t, ls in rows), encoding="utf-8"
     )

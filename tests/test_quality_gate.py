@@ -212,10 +212,11 @@ def test_evaluate_scores_the_bytes_resolve_checked_not_the_file_again(
     shutil.copy(eval_set, mine)
     release = open_release(good, ReleaseConfig(eval_set=str(mine)))
     checked = preflight_eval_set(release)
-    mine.write_text("央行宣布降息。\t财经\n", encoding="utf-8")  # changed after it was checked
+    changed = "".join(eval_set.read_text(encoding="utf-8").splitlines(keepends=True)[:55])
+    mine.write_text(changed, encoding="utf-8")  # changed after it was checked
     kept = kept_eval_set(release)
     assert kept.sha256 == checked.sha256 == hashlib.sha256(eval_set.read_bytes()).hexdigest()
     assert len(kept.texts) == 240 and kept.path == mine
-    copy = next(release.workspace.path("evalset").iterdir())
+    (copy,) = release.settings.eval_sets_dir.iterdir()  # kept once per home, by content
     copy.write_bytes(copy.read_bytes() + b"x")  # the kept copy damaged: the file as it is now, checked again
-    assert len(kept_eval_set(release).texts) == 1
+    assert len(kept_eval_set(release).texts) == 55

@@ -361,6 +361,15 @@ FIELDS: tuple[Field, ...] = (
         "0.3",
     ),
     Field(
+        "min_eval_texts",
+        "integer",
+        "Min eval texts",
+        "The fewest labeled texts the quality gate takes a verdict on: a smaller eval set is refused at resolve.",
+        1,
+        1_000_000,
+        section=GATE_SECTION,
+    ),
+    Field(
         "min_label_support",
         "integer",
         "Min label support",
@@ -427,6 +436,7 @@ class ReleaseConfig:
     max_f1_drop_relative: float | None = None
     max_level_f1_drop: float | None = 0.03
     max_label_f1_drop: float | None = 0.15
+    min_eval_texts: int = 50
     min_label_support: int = 20
     max_profile_f1_drop: float | None = 0.005
     allow_unsafe_pickle: bool = False

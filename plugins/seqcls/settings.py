@@ -41,6 +41,10 @@ ENV_SERVING_LAYOUT = "SEQCLS_SERVING_LAYOUT"  # INSTANCESxTHREADS of the ONNX mo
 ENV_SERVING_METRICS = "SEQCLS_SERVING_METRICS"  # on (default) | off: the python models' seqcls_* metrics
 ENV_SERVING_PIPELINE = "SEQCLS_SERVING_PIPELINE"  # ensemble (default) | direct: how <m> runs the three steps
 ENV_MODELS_FILE = "SEQCLS_MODELS_FILE"  # the release DAGs' models file (parse time): a path, or "none"
+ENV_EVAL_SET_MAX_MB = "SEQCLS_EVAL_SET_MAX_MB"  # the largest eval set a release reads (MB, default 50)
+ENV_EVAL_SET_MAX_TEXTS = "SEQCLS_EVAL_SET_MAX_TEXTS"  # the most labeled texts a release scores (default 200000)
+DEFAULT_EVAL_SET_MAX_MB = 50
+DEFAULT_EVAL_SET_MAX_TEXTS = 200_000
 #: Set (not read) around paddle2onnx: ``"0"`` forbids polygraphy from pip-installing at conversion.
 ENV_POLYGRAPHY_AUTOINSTALL = "POLYGRAPHY_AUTOINSTALL_DEPS"
 
@@ -153,6 +157,16 @@ def check_tracking_uri(uri: str, fix: str) -> str:
 ENV_PROMETHEUS_URL = "SEQCLS_PROMETHEUS_URL"  # `seqcls monitor --since`: ask this Prometheus instead of snapshots
 
 
+def _number(env: Mapping[str, str], name: str, kind: type, default: float) -> float:
+    text = env.get(name, "").strip()
+    if not text:
+        return default
+    try:
+        return kind(text)
+    except ValueError:
+        raise InputError(f"{name}={text!r}: expected a {kind.__name__}, e.g. {default}") from None
+
+
 def _on_off(name: str, text: str) -> bool:
     value = text.strip().lower() or "on"
     if value not in ("on", "off"):
@@ -251,6 +265,9 @@ class Settings:
     serving_metrics: bool = True
     #: How ``<m>`` runs the three steps (SEQCLS_SERVING_PIPELINE): "ensemble" or "direct" (see PIPELINES).
     serving_pipeline: str = "ensemble"
+    #: The largest eval set a release reads and the most texts it scores (SEQCLS_EVAL_SET_MAX_MB / _TEXTS).
+    eval_set_max_mb: float = DEFAULT_EVAL_SET_MAX_MB
+    eval_set_max_texts: int = DEFAULT_EVAL_SET_MAX_TEXTS
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "home", Path(self.home).expanduser().resolve())
@@ -281,6 +298,8 @@ class Settings:
             object.__setattr__(self, "serving_layout", str(self.serving_layout).strip() or None)
             if self.serving_layout is not None:
                 parse_layout(self.serving_layout)
+        if not (self.eval_set_max_mb > 0 and self.eval_set_max_texts > 0):
+            raise InputError(f"{ENV_EVAL_SET_MAX_MB} and {ENV_EVAL_SET_MAX_TEXTS} must be positive")
         if self.triton_control_key is not None:
             key = str(self.triton_control_key).strip()
             source = f"{ENV_TRITON_CONTROL_KEY} / the Triton Connection's password"
@@ -308,6 +327,8 @@ class Settings:
             "serving_layout": env.get(ENV_SERVING_LAYOUT) or None,
             "serving_metrics": _on_off(ENV_SERVING_METRICS, env.get(ENV_SERVING_METRICS, "on")),
             "serving_pipeline": (env.get(ENV_SERVING_PIPELINE) or "ensemble").strip().lower(),
+            "eval_set_max_mb": _number(env, ENV_EVAL_SET_MAX_MB, float, DEFAULT_EVAL_SET_MAX_MB),
+            "eval_set_max_texts": _number(env, ENV_EVAL_SET_MAX_TEXTS, int, DEFAULT_EVAL_SET_MAX_TEXTS),
         }
         for key, value in overrides.items():
             if key not in values:
@@ -324,6 +345,11 @@ class Settings:
     @property
     def releases_dir(self) -> Path:
         return self.home / "releases"
+
+    @property
+    def eval_sets_dir(self) -> Path:
+        """The eval sets releases were judged on, kept once per home by content (``<sha256><suffix>``)."""
+        return self.home / "evalsets"
 
     @property
     def mlflow_artifacts_dir(self) -> Path:
@@ -455,6 +481,16 @@ ENVIRONMENT: tuple[EnvVar, ...] = (
         "on",
         "Serving spec default: off publishes python models without seqcls_* metrics (to measure their cost).",
         "--serving-metrics / param serving_metrics / models file serving.metrics",
+    ),
+    EnvVar(
+        ENV_EVAL_SET_MAX_MB,
+        str(DEFAULT_EVAL_SET_MAX_MB),
+        "The largest eval set a release reads, in MB: a larger one is refused in seconds, before it is parsed.",
+    ),
+    EnvVar(
+        ENV_EVAL_SET_MAX_TEXTS,
+        str(DEFAULT_EVAL_SET_MAX_TEXTS),
+        "The most labeled texts a release scores (each is run through the candidate and the champion).",
     ),
     EnvVar(
         ENV_PADDLE_PYTHON, "the same interpreter", "Interpreter for the heavy Paddle tasks (@task.external_python)."

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from seqcls.errors import InputError
+from seqcls.settings import ENV_EVAL_SET_MAX_MB, ENV_EVAL_SET_MAX_TEXTS
 
 log = logging.getLogger(__name__)
 
@@ -177,6 +178,17 @@ def _jsonl_row(line: str, number: int, where: Path, checker: _LabelChecker) -> t
     return text.strip(), checker.labels([v.strip() for v in labels], number)
 
 
+@dataclass(frozen=True)
+class Limits:
+    """How much evidence a release's eval set may and must hold: the bytes and texts a worker parses and
+    scores (the deployment's: ``SEQCLS_EVAL_SET_MAX_*``), and the fewest texts a verdict is taken on
+    (the release's ``min_eval_texts``). Checked before the texts are scored: in seconds, in bounded memory."""
+
+    max_bytes: int | None = None
+    max_texts: int | None = None
+    min_texts: int = 1
+
+
 def parse_eval_set(
     data: bytes,
     where: Path,
@@ -184,6 +196,7 @@ def parse_eval_set(
     *,
     source: str = "configured",
     max_text_bytes: int | None = None,
+    limits: Limits = Limits(),
 ) -> EvalSet:
     """The eval set in ``data`` (the bytes of the file ``where``; its suffix picks the format).
 
@@ -197,17 +210,30 @@ def parse_eval_set(
     texts: list[str] = []
     labels: list[tuple[str, ...]] = []
     for number, line in _lines(_decode(data, where)):
+        if limits.max_texts is not None and len(texts) >= limits.max_texts:
+            raise InputError(
+                f"{where}: more than {limits.max_texts} labeled texts (line {number} is one too many), the most a "
+                f"release scores ({ENV_EVAL_SET_MAX_TEXTS}): evaluate on a sample of it, or raise the limit where "
+                "the workers have the memory and time for it."
+            )
         text, gold = row(line, number, where, checker)
         texts.append(_check_text(text, where, number, max_text_bytes))
         labels.append(gold)
     if not texts:
         expected = JSONL_EXPECTED if fmt == "jsonl" else TSV_EXPECTED
         raise InputError(f"{where}: has no texts ({len(data)} bytes); {expected}.")
+    if len(texts) < limits.min_texts:
+        raise InputError(
+            f"{where}: {len(texts)} labeled text(s), fewer than the {limits.min_texts} a quality verdict is taken on "
+            "(min_eval_texts): a set this small cannot tell a worse model from noise. Add labeled texts; lowering "
+            "min_eval_texts loosens the gate."
+        )
     return EvalSet(where, hashlib.sha256(data).hexdigest(), fmt, source, tuple(texts), tuple(labels))
 
 
-def read_once(path: Path) -> bytes:
-    """The bytes of the regular file ``path``, from one open (no symlink as its last component)."""
+def read_once(path: Path, max_bytes: int | None = None) -> bytes:
+    """The bytes of the regular file ``path``, from one open (no symlink as its last component); refused
+    before reading when it is larger than ``max_bytes`` (``SEQCLS_EVAL_SET_MAX_MB``)."""
     what = "the labeled evaluation set (eval_set)"
     try:
         # O_NONBLOCK: opening a FIFO must not hang the step; it has no effect on a regular file
@@ -220,14 +246,27 @@ def read_once(path: Path) -> bytes:
                 f"{path}: is a symbolic link; {what} is read only from the file itself — give its real path."
             ) from exc
         raise InputError(f"{path}: cannot be opened ({exc.strerror}) — {what}; fix its permissions.") from exc
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode):
         os.close(fd)
         raise InputError(f"{path}: is not a regular file — {what} must be a plain file.")
     with open(fd, "rb") as fh:
+        if max_bytes is not None and info.st_size > max_bytes:
+            raise InputError(_too_big(path, info.st_size, max_bytes))
         try:
-            return fh.read()
+            data = fh.read() if max_bytes is None else fh.read(max_bytes + 1)
         except OSError as exc:
             raise InputError(f"{path}: cannot be read ({exc.strerror}) — {what}.") from exc
+    if max_bytes is not None and len(data) > max_bytes:  # it grew while being read
+        raise InputError(_too_big(path, len(data), max_bytes))
+    return data
+
+
+def _too_big(path: Path, size: int, max_bytes: int) -> str:
+    return (
+        f"{path}: {size / 1e6:.1f} MB, over the {max_bytes / 1e6:.0f} MB an eval set may have ({ENV_EVAL_SET_MAX_MB}): "
+        "evaluate on a sample of it, or raise the limit where the workers have the memory and time for it."
+    )
 
 
 def read_eval_set(

@@ -35,6 +35,7 @@ QUALITY_PARAMS = (
     "max_f1_drop_relative",
     "max_level_f1_drop",
     "max_label_f1_drop",
+    "min_eval_texts",
     "min_label_support",
     "max_profile_f1_drop",
 )

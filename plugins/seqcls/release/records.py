@@ -45,8 +45,6 @@ BAD_CASES = f"{OUT_DIRS['evaluate']}/bad_cases.tsv"
 SHADOW = f"{OUT_DIRS['evaluate']}/shadow.json"
 QUALITY_PLOT = f"{OUT_DIRS['evaluate']}/labels.png"
 REFERENCE = f"{OUT_DIRS['evaluate']}/reference.json"
-#: Where resolve keeps the eval set's bytes it checked (``<sha16><suffix>``), for evaluate to score.
-EVAL_SET_DIR = "evalset"
 
 R = TypeVar("R")
 
@@ -285,7 +283,6 @@ def published_version(release: Release) -> int:
 __all__ = [
     "BAD_CASES",
     "EVALUATION",
-    "EVAL_SET_DIR",
     "MODEL_ONNX",
     "OUT_DIRS",
     "PARITY_EXPECTED",
