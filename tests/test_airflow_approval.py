@@ -34,7 +34,22 @@ DAG_ID = f"seqcls_release__{MODEL}"
 APPROVE_TASK = "approve_release"
 #: The quality rules that compare with the champion, off (a drop of at most 1 always passes): two random tiny
 #: checkpoints differ arbitrarily, and the subject here is the human decision after a passed gate, not the gate.
-RULES_OFF = {"max_f1_drop": 1.0, "max_level_f1_drop": 1.0, "max_label_f1_drop": 1.0}
+#: Loosening a rule is an override of its gate, given with its reason.
+RULES_OFF = {
+    "max_f1_drop": 1.0,
+    "max_level_f1_drop": 1.0,
+    "max_label_f1_drop": 1.0,
+    "override": "quality",
+    "override_reason": "two random tiny checkpoints: the subject is the approval, not the gate",
+}
+#: The drop rules back at their defaults, and no override of the quality gate (a DAG run's conf).
+RULES_DEFAULT = {
+    "max_f1_drop": 0.025,
+    "max_level_f1_drop": 0.03,
+    "max_label_f1_drop": 0.15,
+    "override": "parity",
+    "override_reason": "a run that means the quality gate to judge",
+}
 
 
 def _models_file(path: Path, text: str) -> Path:
@@ -236,7 +251,7 @@ def _eval_set(path: Path) -> Path:
     leaves = [label for label in TINY_LABELS if "##" in label]
     rows = [
         {"text": t, "labels": [leaves[i % len(leaves)].split("##")[0], leaves[i % len(leaves)]]}
-        for i, t in enumerate(TINY_CORPUS)
+        for i, t in enumerate(TINY_CORPUS * 6)  # 60 texts: at least the 50 a quality verdict is taken on
     ]
     path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
     return path
@@ -378,7 +393,7 @@ def test_a_candidate_below_the_floor_is_refused_by_the_quality_gate_over_rest(st
     ``evaluate_quality`` refuses it before anything is registered or loaded, and names the rule."""
     before = stack.status()
     assert before.recorded["serving"] is not None, before.lines()  # a champion to compare with
-    conf = {"checkpoint": "run-b", "min_micro_f1": 0.99}
+    conf = {"checkpoint": "run-b", "min_micro_f1": 0.99, **RULES_DEFAULT}
     run_id = stack.rest("POST", f"/api/v2/dags/{DAG_ID}/dagRuns", {"logical_date": None, "conf": conf})["dag_run_id"]
 
     def finished() -> str | None:
@@ -394,7 +409,7 @@ def test_a_candidate_below_the_floor_is_refused_by_the_quality_gate_over_rest(st
     failed = Path(stack.workspaces["run-b"]) / "failed" / "evaluate" / "evaluation.json"
     evaluation = json.loads(failed.read_text(encoding="utf-8"))
     assert not evaluation["passed"] and evaluation["champion_version"] == before.recorded["serving"], evaluation
-    assert [f["rule"] for f in evaluation["failures"]] == ["min_micro_f1"], evaluation["failures"]
+    assert "min_micro_f1" in [f["rule"] for f in evaluation["failures"]], evaluation["failures"]
     after = stack.status()
     assert after.agree, after.lines()
     assert after.recorded["serving"] == before.recorded["serving"] and after.recorded["candidate"] is None

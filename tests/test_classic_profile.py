@@ -41,7 +41,7 @@ def test_classic_ships_the_paddlenlp_tokenizer_and_the_default_the_fast_one(
     repo = tmp_path / "triton-repo"
     settings = Settings(home=home, triton_repository=repo, model_repository_source=SOURCE)
     release = open_release(tiny_checkpoint, settings=settings)
-    run_release(release, until="validate")
+    run_release(release, until="evaluate")
 
     classic = publish(release, ServingOptions(tokenizer_impl="paddlenlp"))
     version = classic.summary["version"]

@@ -130,6 +130,14 @@ def test_release_facts_come_from_the_workspace_records() -> None:
     facts = release_facts(manifest, reached=("export", "convert", "validate", "evaluate"), since=t1)
     assert facts.gates == {"parity": "passed", "quality": "refused"} and facts.failed_step == "evaluate"
     assert facts.triton_version is None and facts.mlflow_version is None  # not reached in this attempt
+    override = {"gate": "quality", "by": "alice@ops", "reason": "retired labels (OPS-42)", "verdict": "refused: …"}
+    manifest["steps"]["evaluate"] = _record(
+        "ok", t1, summary={"passed": False, "overridden": True, "override": override}
+    )
+    facts = release_facts(manifest, since=t1)
+    assert facts.gates["quality"] == "OVERRIDDEN by alice@ops: retired labels (OPS-42)"  # loud in the message
+    _, body = render(Outcome("alpha", PROMOTED, triton_version=6, gates=facts.gates))
+    assert "gates: parity passed, quality OVERRIDDEN by alice@ops: retired labels (OPS-42)" in body
 
 
 # ----------------------------------------------------------------------------- URLs: checked, masked

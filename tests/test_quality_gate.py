@@ -24,13 +24,10 @@ from seqcls.release.intake import open_release
 from seqcls.release.kept import locate_eval_set
 from seqcls.serving.published import served_graph
 from seqcls.serving.repository import Repository
-from tests.helpers.demo_models import quick_demo_model
+from tests.helpers.demo_models import DEMO_TEST, SWITCHED_OFF, demo_eval_file, quick_demo_model, worse_retrain
 from tests.helpers.drills import Drill, champion
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
-
-DEMO_TEST = Path(__file__).resolve().parents[1] / "tools" / "seqcls_tools" / "demo" / "data" / "test.jsonl"
-SWITCHED_OFF = ("组织关系##退出", "财经##亏损", "体育##受伤", "司法##判决")
 
 
 @pytest.fixture(scope="module")
@@ -40,18 +37,7 @@ def good(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def worse(good: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    import paddle
-
-    out = tmp_path_factory.mktemp("quality") / "worse"
-    shutil.copytree(good, out)
-    state = paddle.load(str(out / "model_state.pdparams"))
-    labels = (out / "label.txt").read_text(encoding="utf-8").split()
-    bias = state["classifier.bias"].numpy()
-    for label in SWITCHED_OFF:
-        bias[labels.index(label)] = -30.0
-    state["classifier.bias"] = paddle.to_tensor(bias)
-    paddle.save(state, str(out / "model_state.pdparams"))
-    return out
+    return worse_retrain(good, tmp_path_factory.mktemp("quality") / "worse")
 
 
 @pytest.fixture(scope="module")
@@ -66,10 +52,7 @@ def equal(good: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def eval_set(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The demo's held-out split as PaddleNLP's text<TAB>label,label file (the other format is JSONL)."""
-    out = tmp_path_factory.mktemp("eval") / "test.txt"
-    rows = [json.loads(line) for line in DEMO_TEST.read_text(encoding="utf-8").splitlines()]
-    out.write_text("".join(f"{r['text']}\t{','.join(r['labels'])}\n" for r in rows), encoding="utf-8")
-    return out
+    return demo_eval_file(tmp_path_factory.mktemp("eval") / "test.txt")
 
 
 def _mlflow_runs(drill: Drill, quality: str) -> list:

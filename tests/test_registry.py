@@ -245,7 +245,13 @@ def test_release_key_fields_are_decided_for_every_parameter() -> None:
         ({"opset": 13}, False),
         ({"max_length": 64}, False),
         ({"hierarchy": False}, False),
-        ({"atol": 1e-3, "rtol": 1e-2, "prob_atol": 0.01, "provider": "cpu", "min_decision_agreement": 0.9}, True),
+        (
+            {
+                **{"atol": 1e-3, "rtol": 1e-2, "prob_atol": 0.01, "provider": "cpu", "min_decision_agreement": 0.9},
+                **{"override": "parity", "override_reason": "looser tolerances, taken knowingly"},
+            },
+            True,
+        ),
         ({"thresholds": {"体育": 0.5}}, True),  # spelled differently, served the same
     ],
 )

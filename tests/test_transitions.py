@@ -150,7 +150,7 @@ def test_publish_refuses_a_file_changed_since_it_was_hashed(
     repo = tmp_path / "triton-repo"
     settings = Settings(home=home, triton_repository=repo, model_repository_source=SOURCE)
     release = open_release(tiny_checkpoint, settings=settings)
-    run_release(release, until="validate")
+    run_release(release, until="evaluate")
     target = served_onnx(release.workspace) if which == "onnx" else serving_tokenizer(release).file
     data = target.read_bytes()
     target.unlink()

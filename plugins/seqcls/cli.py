@@ -58,7 +58,7 @@ def _add_ops_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print JSON")
 
 
-def _add_release_args(p: argparse.ArgumentParser, *, checkpoint_required: bool = True) -> None:
+def _add_release_args(p: argparse.ArgumentParser, *, checkpoint_required: bool = True, reason: bool = True) -> None:
     p.add_argument(
         "--checkpoint",
         required=checkpoint_required,
@@ -68,6 +68,8 @@ def _add_release_args(p: argparse.ArgumentParser, *, checkpoint_required: bool =
     p.add_argument("--label-file", type=Path, default=None, help="label file (default: <checkpoint>/label.txt)")
     p.add_argument("--golden-file", type=Path, default=None, help="golden texts (default: <checkpoint>/golden.txt)")
     config.add_arguments(p)
+    if reason:  # rollback's own --reason is why it rolls back
+        p.add_argument("--reason", dest="override_reason", default=None, help="the same as --override-reason")
     p.add_argument(
         "--grpc",
         action="append",
@@ -481,7 +483,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     for s in (*STEPS, *EXTRA_STEPS):
         p = sub.add_parser(s.name, help=s.help)
-        _add_release_args(p, checkpoint_required=s.name != "rollback")
+        _add_release_args(p, checkpoint_required=s.name != "rollback", reason=s.name != "rollback")
         p.set_defaults(func={"rollback": _cmd_rollback, "evaluate": _cmd_evaluate}.get(s.name, _cmd_step))
         if s.name == "rollback":
             p.add_argument("--reason", default=None, help="why (recorded in the serving history)")

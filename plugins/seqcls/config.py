@@ -16,13 +16,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
-import re
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from seqcls.contract.names import DEFAULT_MODEL, MODEL_NAME_PATTERN, ModelName
 from seqcls.errors import InputError
+from seqcls.fields import Field
 from seqcls.settings import (
     DEVICES,
     ENV_DEVICE,
@@ -45,115 +44,24 @@ SECTIONS: tuple[str | None, ...] = (None, SERVING_SECTION, GATE_SECTION, EXPERT_
 #: ``INSTANCESxTHREADS`` of the ONNX model (CPU), as typed.
 LAYOUT_TEXT = r"^\s*[0-9]+\s*[xX]\s*[0-9]+\s*$"
 METRICS_SWITCH = ("on", "off")
-#: A non-negative decimal or scientific number as typed (no sign, nan, inf or ``_``; ASCII digits).
-NUMBER_TEXT = r"^\s*([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][-+]?[0-9]+)?\s*$"
-
-
-@dataclass(frozen=True)
-class Field:
-    """One release parameter's contract (JSON-schema words, so Params can use it as it is)."""
-
-    name: str
-    type: str  # integer | number | boolean | string | object
-    title: str
-    description: str = ""
-    minimum: float | None = None
-    maximum: float | None = None
-    exclusive: bool = False  # bounds are exclusive (probabilities)
-    enum: tuple[str, ...] | None = None
-    pattern: str | None = None
-    nullable: bool = False
-    section: str | None = None  # the trigger form's section (None: everyday, the first one)
-    examples: tuple[str, ...] = ()  # a number's typical values, as the form suggests them
-
-    @property
-    def as_text(self) -> bool:
-        """Entered as text in the trigger form (a number: Airflow's number widget is not exact)."""
-        return self.type == "number"
-
-    @property
-    def flag(self) -> str:
-        return "--" + self.name.replace("_", "-")
-
-    def schema(self) -> dict[str, Any]:
-        """JSON schema of the value (what Airflow's Param validates at trigger time).
-
-        A number may come as text (the form's, checked by ``pattern``; its range is checked when parsed)
-        or as a JSON number (a REST conf, a models-file default; ranged here). ``string`` first, with
-        ``examples``: Airflow 3's form then renders its plain text input.
-        """
-        kind: str | list[str] = ["string", "number"] if self.as_text else self.type
-        if self.nullable:
-            kind = [*([kind] if isinstance(kind, str) else kind), "null"]
-        out: dict[str, Any] = {"type": kind}
-        lo, hi = ("exclusiveMinimum", "exclusiveMaximum") if self.exclusive else ("minimum", "maximum")
-        if self.minimum is not None:
-            out[lo] = self.minimum
-        if self.maximum is not None:
-            out[hi] = self.maximum
-        if self.enum:
-            out["enum"] = [*self.enum, *([None] if self.nullable else [])]  # unset is a valid choice
-        if self.pattern or self.as_text:
-            out["pattern"] = self.pattern or NUMBER_TEXT
-        if self.as_text:
-            out["examples"] = list(self.examples)
-        if self.name == "thresholds":
-            out["additionalProperties"] = PROBABILITY
-        return out
-
-    def check(self, value: Any, name: str | None = None) -> None:
-        name = name or self.name
-        if value is None and self.nullable:
-            return
-        numeric = self.type in ("integer", "number")
-        if self.type == "integer" and (isinstance(value, bool) or not isinstance(value, int)):
-            raise InputError(f"{name} must be an integer{self._range()}, got {value!r}")
-        if self.type == "number" and (isinstance(value, bool) or not isinstance(value, int | float)):
-            raise InputError(f"{name} must be a number{self._range()}, got {value!r}")
-        if numeric and not self._in_range(value):
-            raise InputError(f"{name} must be {self.type_word()}{self._range()}, got {value!r}")
-        if self.type == "boolean" and not isinstance(value, bool):
-            raise InputError(f"{name} must be true or false, got {value!r}")
-        if self.enum and value not in self.enum:
-            raise InputError(f"{name} must be one of {', '.join(self.enum)}, got {value!r}")
-        if self.type == "object":
-            if not isinstance(value, dict):
-                raise InputError(f"{name} must be a mapping label -> threshold, got {value!r}")
-            for key, item in value.items():
-                _PROB_FIELD.check(item, f"{name}[{key!r}]")
-
-    def parse(self, value: Any, name: str | None = None) -> Any:
-        """``value`` as the field's type: a number typed as text → ``float`` (exactly what ``float()`` reads
-        from it); anything else as given (:meth:`check` judges it)."""
-        if not (self.as_text and isinstance(value, str)):
-            return value
-        if not re.fullmatch(NUMBER_TEXT, value):
-            raise InputError(
-                f"{name or self.name} must be {self.type_word()}{self._range()} written like 1e-4 or 0.0001, "
-                f"got {value!r}"
-            )
-        return float(value)
-
-    def type_word(self) -> str:
-        return "an integer" if self.type == "integer" else "a number"
-
-    def _in_range(self, value: float) -> bool:
-        if not math.isfinite(value):
-            return False
-        if self.exclusive:
-            return (self.minimum is None or value > self.minimum) and (self.maximum is None or value < self.maximum)
-        return (self.minimum is None or value >= self.minimum) and (self.maximum is None or value <= self.maximum)
-
-    def _range(self) -> str:
-        if self.minimum is None and self.maximum is None:
-            return ""
-        if self.exclusive:
-            return f" strictly between {self.minimum:g} and {self.maximum:g}"
-        return f" in [{self.minimum:g}, {self.maximum:g}]"
-
-
-PROBABILITY = {"type": "number", "exclusiveMinimum": 0, "exclusiveMaximum": 1}
-_PROB_FIELD = Field("threshold", "number", "Threshold", minimum=0, maximum=1, exclusive=True)
+#: The gates an override may name (``seqcls.release.verdicts.GATES``), as typed: comma-separated.
+OVERRIDABLE = ("parity", "quality")
+OVERRIDE_TEXT = r"^\s*[a-z]+(\s*,\s*[a-z]+)*\s*$"
+#: A rule is loosened when it lets more through than its default: larger (tolerances, drops, the labels'
+#: support floor) or smaller (agreement, the eval set's size), or unset where the default sets it.
+LOOSER_WHEN_LARGER = {
+    "atol": "parity",
+    "rtol": "parity",
+    "near_margin": "parity",
+    "gpu_tolerance_factor": "parity",
+    "max_f1_drop": "quality",
+    "max_f1_drop_relative": "quality",
+    "max_level_f1_drop": "quality",
+    "max_label_f1_drop": "quality",
+    "max_profile_f1_drop": "quality",
+    "min_label_support": "quality",
+}
+LOOSER_WHEN_SMALLER = {"min_decision_agreement": "parity", "min_eval_texts": "quality"}
 
 
 def _gate(name: str, title: str, description: str, *examples: str, nullable: bool = False) -> Field:
@@ -387,6 +295,25 @@ FIELDS: tuple[Field, ...] = (
         "0.01",
     ),
     Field(
+        "override",
+        "string",
+        "Override gates",
+        "Gates whose refusal this release overrides (parity, quality; comma-separated). The gate still judges; "
+        "its refusal is recorded as overridden — history, MLflow, status, the notification — with the reason. "
+        "Also needed to loosen a gate's rule beyond its default.",
+        pattern=OVERRIDE_TEXT,
+        nullable=True,
+        section=GATE_SECTION,
+    ),
+    Field(
+        "override_reason",
+        "string",
+        "Override reason",
+        "Why the gates in Override gates are overridden (required with them; recorded wherever the override is).",
+        nullable=True,
+        section=GATE_SECTION,
+    ),
+    Field(
         "allow_unsafe_pickle",
         "boolean",
         "Allow unsafe pickle",
@@ -439,6 +366,8 @@ class ReleaseConfig:
     min_eval_texts: int = 50
     min_label_support: int = 20
     max_profile_f1_drop: float | None = 0.005
+    override: str | None = None
+    override_reason: str | None = None
     allow_unsafe_pickle: bool = False
 
     def __post_init__(self) -> None:
@@ -450,10 +379,53 @@ class ReleaseConfig:
             raise InputError(f"min_decision_agreement must be in (0, 1], got {self.min_decision_agreement!r}")
         if self.layout is not None:
             parse_layout(self.layout, source="layout")
+        self._check_overrides()
         runtime = self.runtime or ("onnxruntime" if self.device == "gpu" else "python-onnxruntime")
         refusal = combination_refusal(runtime, self.device or "cpu", self.pipeline or "ensemble")
         if refusal:  # explicit values that cannot go together: refused with the params, not at publish
             raise InputError(refusal)
+
+    @property
+    def overrides(self) -> tuple[str, ...]:
+        """The gates this release overrides (``override``, split and checked)."""
+        return tuple(dict.fromkeys(g.strip() for g in (self.override or "").split(",") if g.strip()))
+
+    def loosened(self) -> dict[str, str]:
+        """Rule → gate, for each rule set looser than its default (an override of that gate)."""
+        out = {}
+        defaults = {f.name: f.default for f in fields(self)}
+        for name, gate in (*LOOSER_WHEN_LARGER.items(), *LOOSER_WHEN_SMALLER.items()):
+            value, default = getattr(self, name), defaults[name]
+            if default is None:
+                continue
+            larger = name in LOOSER_WHEN_LARGER
+            if value is None or (value > default if larger else value < default):
+                out[name] = gate
+        return out
+
+    def _check_overrides(self) -> None:
+        def defaults_of(name: str) -> Any:
+            return next(f.default for f in fields(self) if f.name == name)
+
+        for gate in self.overrides:
+            if gate not in OVERRIDABLE:
+                raise InputError(f"override: {gate!r} is not a gate; the gates are {', '.join(OVERRIDABLE)}")
+        reason = (self.override_reason or "").strip()
+        if self.overrides and not reason:
+            raise InputError(
+                f"override {', '.join(self.overrides)} needs override_reason (--reason / the override_reason param): "
+                "an override is recorded with why it was given"
+            )
+        if reason and not self.overrides:
+            raise InputError("override_reason is given without an override (--override GATE / the override param)")
+        for name, gate in self.loosened().items():
+            if gate not in self.overrides:
+                value = getattr(self, name)
+                raise InputError(
+                    f"{name} {'unset' if value is None else value} loosens the {gate} gate (default "
+                    f'{defaults_of(name)}): that is an override — give --override {gate} --reason "…" (the '
+                    "override and override_reason params), or keep the rule at its default or stricter"
+                )
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

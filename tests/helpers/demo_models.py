@@ -49,3 +49,32 @@ def quick_demo_model(factory: pytest.TempPathFactory, *, seed: int = 0, epochs: 
                 done.write_text(json.dumps({**asdict(result), "path": str(result.path)}), encoding="utf-8")
                 _TRAINED[key] = result
     return _TRAINED[key]
+
+
+#: The labels a "worse retrain" never predicts (their classifier bias at -30): a certain, known regression.
+SWITCHED_OFF = ("组织关系##退出", "财经##亏损", "体育##受伤", "司法##判决")
+DEMO_TEST = Path(__file__).resolve().parents[2] / "tools" / "seqcls_tools" / "demo" / "data" / "test.jsonl"
+
+
+def worse_retrain(good: Path, out: Path) -> Path:
+    """``good`` with :data:`SWITCHED_OFF` never predicted, under another fingerprint (a copy at ``out``)."""
+    import shutil
+
+    import paddle
+
+    shutil.copytree(good, out)
+    state = paddle.load(str(out / "model_state.pdparams"))
+    labels = (out / "label.txt").read_text(encoding="utf-8").split()
+    bias = state["classifier.bias"].numpy()
+    for label in SWITCHED_OFF:
+        bias[labels.index(label)] = -30.0
+    state["classifier.bias"] = paddle.to_tensor(bias)
+    paddle.save(state, str(out / "model_state.pdparams"))
+    return out
+
+
+def demo_eval_file(out: Path) -> Path:
+    """The demo's held-out split as an operator's PaddleNLP ``text<TAB>label,label`` file."""
+    rows = [json.loads(line) for line in DEMO_TEST.read_text(encoding="utf-8").splitlines()]
+    out.write_text("".join(f"{r['text']}\t{','.join(r['labels'])}\n" for r in rows), encoding="utf-8")
+    return out

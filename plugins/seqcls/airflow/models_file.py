@@ -264,12 +264,14 @@ def _params(where: str, name: str, params: Mapping[str, Any]) -> dict[str, Any]:
     if "model_name" in params:
         raise InputError(f"{where}: params.model_name: the model's name is its `name` key, not a param")
     _known(params, (*release, *RUN_PARAMS), f"{where}: params")
+    # each key checked alone — but a loosened rule with the override (and reason) the entry gives for it
+    overriding = {k: params[k] for k in ("override", "override_reason") if k in params}
     for key, value in params.items():
         try:
             if key == "skip_if_champion" and not isinstance(value, bool):
                 raise InputError(f"skip_if_champion must be true or false, got {value!r}")
             if key in release:
-                ReleaseConfig.from_dict({key: value})
+                ReleaseConfig.from_dict({**overriding, key: value})
         except InputError as exc:
             raise InputError(f"{where}: params.{key}: {exc}") from exc
     try:  # the combination too (rules across fields), with this model's name

@@ -10,7 +10,7 @@ The form shows four sections (Airflow 3's Params ``section``; :data:`seqcls.conf
 everyday params first, in Airflow's open *Run Parameters* section (:data:`LEAD` at its top), then the
 serving spec (profile aside: runtime, pipeline, device, layout, metrics), then the
 gates' tolerances, then the expert knobs, all folded. Numbers are text fields there, read exactly
-(:meth:`seqcls.config.Field.parse`): what is typed is what the release gets.
+(:meth:`seqcls.fields.Field.parse`): what is typed is what the release gets.
 """
 
 from __future__ import annotations

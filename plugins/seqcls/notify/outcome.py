@@ -64,7 +64,7 @@ class Outcome:
     previous_mlflow: int | None = None
     fingerprint: str | None = None  # first 12 hex digits
     checkpoint: str | None = None
-    gates: dict[str, str] = field(default_factory=dict)  # parity / quality → passed | refused | failed
+    gates: dict[str, str] = field(default_factory=dict)  # parity / quality → passed | refused | failed | OVERRIDDEN…
     links: dict[str, str] = field(default_factory=dict)  # label → URL (Airflow run, MLflow version)
     user: str = ""
     host: str = ""
@@ -172,7 +172,10 @@ def release_facts(
             facts.failed_step, facts.error = name, str(rec.get("error") or "")
     for name, gate in GATES.items():
         rec = ran(name)
-        if rec and rec.get("status") == "ok":
+        override = ((rec or {}).get("summary") or {}).get("override")
+        if rec and rec.get("status") == "ok" and override:  # loud in the notification too: who, why
+            facts.gates[gate] = f"OVERRIDDEN by {override.get('by', '?')}: {override.get('reason', '')}"
+        elif rec and rec.get("status") == "ok":
             facts.gates[gate] = "passed"
         elif rec and rec.get("status") == "failed" and _since(rec, since):
             facts.gates[gate] = "refused" if error_type(str(rec.get("error"))) == "GateError" else "failed"

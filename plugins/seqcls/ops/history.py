@@ -39,6 +39,7 @@ KINDS = {
     "adopt": "adopt",
     "repair": "sync-repair",
     "refused": "refused",
+    "override": "override",
     "promote": "promote",
 }
 
@@ -90,7 +91,7 @@ class HistoryEntry:
 
     def change(self, *, registry: bool = True) -> str:
         """``Triton v4 (MLflow v3) → Triton v5 (MLflow v4)``; a refusal changes nothing: "unchanged"."""
-        if self.kind == "refused":
+        if self.kind in ("refused", "override"):
             return f"{self.describe('to', registry=registry)} unchanged"
         return f"{self.describe('from', registry=registry)} → {self.describe('to', registry=registry)}"
 
@@ -157,7 +158,7 @@ def _entries(
     event = record.get("event")
     if event is not None and event not in EVENTS:
         raise ValueError(f"unknown event {event!r}")
-    if event in ("refused", "promote"):
+    if event in ("refused", "override", "promote"):
         return [_event_entry(model_name, record, cur, who, number)], cur
     return _state_entries(model_name, record, cur, who, number)
 
@@ -173,10 +174,11 @@ def _event_entry(
             line=number, from_mlflow=_version(record.get("mlflow_previous")), to_mlflow=_version(record.get("mlflow")),
         )  # fmt: skip
     served = _version(record.get("serving", cur["serving"]))
-    gate = record.get("gate")
+    gate, kind = record.get("gate"), record["event"]  # refused, or a refusal overridden (who, why)
+    verdict = "overridden" if kind == "override" else "failed"
     return HistoryEntry(
-        model_name, at, "refused", served, served, fp, who, reason=str(record.get("reason", "")), gate=gate,
-        gates={str(gate): "failed"} if gate else {}, line=number,
+        model_name, at, kind, served, served, fp, who, reason=str(record.get("reason", "")), gate=gate,
+        gates={str(gate): verdict} if gate else {}, line=number,
     )  # fmt: skip
 
 
@@ -236,7 +238,7 @@ def _fingerprints(entries: list[HistoryEntry]) -> dict[int, str]:
     """Triton version → fingerprint, from every entry that names both (the newest wins)."""
     fps: dict[int, str] = {}
     for e in entries:
-        if e.kind != "refused" and e.to_version is not None and e.fingerprint:
+        if e.kind not in ("refused", "override") and e.to_version is not None and e.fingerprint:
             fps[e.to_version] = e.fingerprint
     return fps
 
@@ -331,7 +333,7 @@ def lines(result: History, limit: int | None = None) -> list[str]:
         reason = e.reason
         if e.kind == "promote":
             reason = f"MLflow champion → v{e.to_mlflow}" if e.to_mlflow is not None else "MLflow champion moved"
-        if e.gates and e.kind != "refused":
+        if e.gates and e.kind not in ("refused", "override"):
             reason = ", ".join(f"{g} {v}" for g, v in e.gates.items()) + (f"; {reason}" if reason else "")
         elif e.gate:
             reason = f"{e.gate} gate: {reason}"

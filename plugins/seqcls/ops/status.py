@@ -19,9 +19,9 @@ from typing import Any
 
 from seqcls.contract.names import ModelName
 from seqcls.errors import SeqclsError, ServingError
-from seqcls.ops.sync import models_in, operator_models, version_problems
+from seqcls.ops.sync import models_in, operator_models, verdict_problems, version_problems
 from seqcls.registry.ledger import CANDIDATE, CHAMPION, aliased_version, client, find_version, version_label
-from seqcls.release import control
+from seqcls.release import control, verdicts
 from seqcls.release.keys import served_release_key
 from seqcls.serving.client import endpoints_from_settings
 from seqcls.serving.lease import ReleaseLease
@@ -65,6 +65,7 @@ class ModelStatus:
         ]
         if r.get("spec"):
             out.append(f"  serving spec: {ServingSpec.from_dict(r['spec']).describe()}")
+        out += [f"  went live under an override of {o}" for o in r.get("overrides") or []]
         names = self.model_name.names if self.endpoints else None
         for ep, seen in self.endpoints.items():
             if isinstance(seen, str):
@@ -157,13 +158,17 @@ def _state_problems(repo: Repository, state: ServingState) -> list[str]:
     return []
 
 
-def _spec(repo: Repository, version: int | None) -> dict[str, Any] | None:
+def _served_info(repo: Repository, version: int | None) -> dict[str, Any]:
+    """The served version's ``release.json`` ({} when unknown or unreadable: the integrity problems say so)."""
+    try:
+        return (repo.release_info(version) if version is not None else None) or {}
+    except ValueError:
+        return {}
+
+
+def _spec(info: dict[str, Any]) -> dict[str, Any] | None:
     """How the served version is served (its :class:`~seqcls.spec.ServingSpec`), as published; None: unknown.
     A version published before the spec was recorded: read back from its rendered serving options."""
-    try:
-        info = repo.release_info(version) if version is not None else None
-    except ValueError:  # an unreadable release.json: the integrity problems say so
-        return None
     if not info:
         return None
     if isinstance(info.get("spec"), dict):
@@ -200,7 +205,8 @@ def model_status(settings: Settings, model_name: ModelName) -> ModelStatus:
     except ServingError as exc:  # an unreadable lease record: say so and how to break it
         holder, lease_problem = None, str(exc)
     dead = lease.dead_reason(holder) if holder else None
-    spec = _spec(repo, state.serving)
+    info = _served_info(repo, state.serving)
+    spec = _spec(info)
     recorded = {
         "serving": state.serving,
         "previous": state.previous,
@@ -208,6 +214,7 @@ def model_status(settings: Settings, model_name: ModelName) -> ModelStatus:
         "fingerprint": fp,
         "generation": state.generation,
         "spec": spec,
+        "overrides": verdicts.overrides_of(info),
         "pipeline": spec.get("pipeline") if spec else None,
     }
     status = ModelStatus(
@@ -218,6 +225,7 @@ def model_status(settings: Settings, model_name: ModelName) -> ModelStatus:
         {"holder": holder.describe(), "dead": dead} if holder else None,
     )
     status.problems += _state_problems(repo, state) + version_problems(repo, state)
+    status.problems += verdict_problems(repo, state)
     if lease_problem:
         status.lease = {"holder": "unreadable", "dead": lease_problem}
         status.problems.append(lease_problem)

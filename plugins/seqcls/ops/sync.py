@@ -36,7 +36,7 @@ from seqcls.errors import SeqclsError, ServingError
 from seqcls.files import copy_hashed, replace_file
 from seqcls.registry import journal
 from seqcls.registry.ledger import mirror_champion
-from seqcls.release import control
+from seqcls.release import control, verdicts
 from seqcls.release.keys import served_release_key
 from seqcls.release.workspace import Workspace
 from seqcls.serving.client import endpoints_from_settings
@@ -304,6 +304,24 @@ def version_problems(repo: Repository, state: ServingState) -> list[str]:
     return problems
 
 
+def verdict_problems(repo: Repository, state: ServingState) -> list[str]:
+    """The served version, when it went live without passed-or-overridden verdicts — with its fix."""
+    if state.serving is None:
+        return []
+    try:
+        info = repo.release_info(state.serving)
+    except ValueError:  # an unreadable release.json: version_problems names it
+        return []
+    why = verdicts.unverified(info)
+    if why is None:
+        return []
+    return [
+        f"served version {state.serving} of {repo.model_name!r}: {why}. Release it through the gates "
+        f"({_release_command(repo, state.serving)}, with its eval set), or `seqcls rollback --model-name "
+        f"{repo.model_name}` to the previous version"
+    ]
+
+
 def _sync_model(settings: Settings, model: str, endpoints) -> SyncResult:
     repo = Repository.from_settings(settings, model)
     damaged = state_damaged(repo.root, model)
@@ -338,6 +356,7 @@ def _sync_model(settings: Settings, model: str, endpoints) -> SyncResult:
         result.actions.append(_record_again(repo, model, state, damaged))
         if damaged and "lease" not in result.errors:
             result.abandoned = _abandon_orphan(repo, model, endpoints)
+    result.errors.update({f"verdicts {i + 1}": p for i, p in enumerate(verdict_problems(repo, state))})
     result.registry = {**_mirror(settings, state), "journal": undone}
     result.removed = _clean(repo, set(state.live_versions()))  # an incomplete older version is no rollback target
     return result

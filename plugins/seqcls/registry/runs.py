@@ -31,7 +31,7 @@ from seqcls.errors import ResourceError
 from seqcls.files import out_of_space, resource_error
 from seqcls.gates.metrics import Scores
 from seqcls.registry.ledger import RELEASE_KEY_TAG, client, experiment
-from seqcls.release.keys import release_key
+from seqcls.release.keys import RULE_PARAMS, release_key
 from seqcls.release.records import EVALUATION, OUT_DIRS, PARITY_REPORT, ParityReport
 from seqcls.release.workspace import Release
 
@@ -48,7 +48,9 @@ RUN_ID_KEY = "mlflow_run_id"  # in the manifest's validate record
 VALIDATED, GATE_FAILED, REGISTERED, REUSED = "validated", "gate_failed", "registered", "reused"
 REGISTERING, FAILED = "registering", "failed"  # register took the run / the registration failed
 ERROR_TAG = "seqcls.error"
-OUTCOMES = ("passed", "failed")
+OUTCOMES = ("passed", "failed", "overridden")
+#: ``seqcls.override.<gate>``: the reason a gate's refusal was overridden (on the run and the model version).
+OVERRIDE_TAG = "seqcls.override.{gate}"
 
 
 def run_params(release: Release, report: ParityReport) -> dict[str, Any]:
@@ -70,6 +72,8 @@ def run_params(release: Release, report: ParityReport) -> dict[str, Any]:
         **{f"serving.{k}": v for k, v in release.serving.to_dict().items() if k != "profile"},
         "provider": report.provider,
         "num_labels": ckpt.num_labels,
+        **{f"rule.{k}": getattr(cfg, k) for k in RULE_PARAMS},  # the effective rules the verdicts judged by
+        "override": cfg.override,
     }
 
 
@@ -109,9 +113,14 @@ def _report(directory: Path) -> ParityReport | None:
     return ParityReport(**{f.name: data[f.name] for f in fields(ParityReport) if f.name in data})
 
 
+def _override_tags(release: Release, step: str) -> dict[str, str]:
+    override = ((release.workspace.step(step) or {}).get("summary") or {}).get("override")
+    return {OVERRIDE_TAG.format(gate=override["gate"]): override["reason"][:5000]} if override else {}
+
+
 def _log_evidence(release: Release, outcome: str) -> str:
     ws = release.workspace
-    passed = outcome == "passed"
+    passed = outcome != "failed"
     directory = ws.path(OUT_DIRS[VALIDATE_STEP]) if passed else ws.failed_dir(VALIDATE_STEP)
     error = (ws.step(VALIDATE_STEP) or {}).get("error", "") if not passed else ""
     c = client(release.settings)
@@ -123,6 +132,7 @@ def _log_evidence(release: Release, outcome: str) -> str:
         parity=outcome,
         outcome=VALIDATED if passed else GATE_FAILED,
         **({GATE_ERROR_TAG: error[:5000]} if error else {}),
+        **_override_tags(release, VALIDATE_STEP),
     )
     if directory.is_dir() and any(directory.iterdir()):
         c.log_artifacts(run_id, str(directory), "parity")
@@ -235,6 +245,8 @@ def _log_quality(release: Release, outcome: str) -> str:
     now = int(time.time() * 1000)
     c.log_batch(run_id, metrics=[Metric(k, v, now, 0) for k, v in _quality_metrics(evaluation).items()])
     c.set_tag(run_id, QUALITY_TAG, outcome)
+    for tag, value in _override_tags(release, EVALUATE_STEP).items():
+        c.set_tag(run_id, tag, value)
     if directory.is_dir() and any(directory.iterdir()):
         c.log_artifacts(run_id, str(directory), "quality")
     if outcome == "failed":
@@ -254,7 +266,7 @@ def log_quality_evidence(release: Release, outcome: str) -> str | None:
     Never raises (the gate's verdict is the step's outcome); records the run id in the evaluate record.
     """
     if outcome not in (*OUTCOMES, "skipped"):
-        raise ValueError(f"outcome {outcome!r}; expected passed, failed or skipped")
+        raise ValueError(f"outcome {outcome!r}; expected passed, failed, overridden or skipped")
     try:
         run_id = _log_quality(release, outcome)
     except Exception as exc:  # no mlflow here, MLflow down: the evidence stays in the workspace

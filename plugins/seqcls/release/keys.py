@@ -39,6 +39,14 @@ QUALITY_PARAMS = (
     "min_label_support",
     "max_profile_f1_drop",
 )
+#: The rules the gates judge by (besides the eval set and the tolerances already among the run's params):
+#: recorded as MLflow params ``rule.<name>``, so a loosened rule is visible where the verdict is.
+RULE_PARAMS = (
+    "min_decision_agreement",
+    "near_margin",
+    "gpu_tolerance_factor",
+    *(k for k in QUALITY_PARAMS if k != "eval_set"),
+)
 #: The serving spec's deployment fields (how Triton runs the release, not what it answers): in publish's
 #: content key, not in the release key — the same registry version, another Triton version.
 DEPLOYMENT_PARAMS = SPEC_PARAMS
@@ -53,6 +61,8 @@ GATE_ONLY_PARAMS = (
     "require_gpu",
     "min_decision_agreement",
     "allow_unsafe_pickle",
+    "override",
+    "override_reason",
     *QUALITY_PARAMS,
 )
 

@@ -41,8 +41,9 @@ def log_path(repository: Path, model: ModelName) -> Path:
     return Path(repository) / f"{STATE_PREFIX}{require_name(model)}.log.jsonl"
 
 
-#: Event lines of the log (see :func:`log_path`); ``repair`` also carries the state it recorded.
-EVENTS = ("refused", "promote", "repair")
+#: Event lines of the log (see :func:`log_path`); ``repair`` also carries the state it recorded; ``override``:
+#: a gate's refusal overridden by an operator (who, why, the verdict overridden).
+EVENTS = ("refused", "override", "promote", "repair")
 
 
 def actor() -> dict[str, Any]:

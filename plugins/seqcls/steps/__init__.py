@@ -26,10 +26,11 @@ from pathlib import Path
 from typing import Any
 
 from seqcls import faults
-from seqcls.errors import SeqclsError
+from seqcls.errors import SeqclsError, StepOrderError
 from seqcls.frameworks.output import library_output
 from seqcls.registry import journal
 from seqcls.registry.ledger import undo
+from seqcls.release import verdicts
 from seqcls.release.control import current_context, release_owner
 from seqcls.release.workspace import Release, StepResult
 from seqcls.serving.lease import ReleaseLease
@@ -151,9 +152,42 @@ def step(name: str) -> Step:
         raise KeyError(f"unknown step {name!r}; steps: {', '.join(BY_NAME)}") from None
 
 
+#: The steps that judge (each gate's step, in order), and the steps that bring a release nearer to live:
+#: before these run, whatever runs them, the gates are asked again (:func:`ask_the_gates`).
+GATE_STEPS = tuple(verdicts.GATES.values())
+NEARER_TO_LIVE = ("publish", "reload", "smoke", "expose")
+
+
 def require(release: Release, name: str) -> dict[str, dict[str, Any]]:
-    """The manifest records of every step ``name`` requires (StepOrderError naming the first missing)."""
-    return {req: release.workspace.require(req) for req in step(name).requires}
+    """The manifest records of every step ``name`` requires (StepOrderError naming the first missing); for a
+    step nearer to live, also the gates' verdicts, asked again; for promote, the verdicts it went live with."""
+    records = {req: release.workspace.require(req) for req in step(name).requires}
+    if name in NEARER_TO_LIVE:
+        ask_the_gates(release, name)
+    elif name == "promote":
+        held = verdicts.verdicts(release.workspace)
+        broken = [f"{g} {v.state}" for g, v in held.items() if not v.holds]
+        if broken:
+            raise StepOrderError(
+                f"promote: this release's verdicts do not hold ({', '.join(broken)}); nothing becomes champion "
+                "without passed or overridden verdicts — run `seqcls release` for it"
+            )
+    return records
+
+
+def ask_the_gates(release: Release, name: str) -> None:
+    """Each gate step again, through the table: done for these very inputs it answers from its record (a skip);
+    bound to something that changed since — the champion, the rules, the eval set, the graph, an override — it
+    judges again; refused, it refuses again. So ``seqcls publish`` (or ``reload``, ``smoke``, ``expose``, or an
+    Airflow task) of a checkpoint the gates refused is refused, and a stale verdict is re-judged, not trusted."""
+    for gate_step in GATE_STEPS:
+        if not release.workspace.step(gate_step):
+            raise StepOrderError(
+                f"step {gate_step!r} has not run for workspace {release.workspace.root}: {name} needs its verdict; "
+                f"run `seqcls {gate_step}` (or `seqcls release`) first."
+            )
+        log.info("%s: asking the %s gate again (its verdict must hold for what goes live)", name, gate_step)
+        BY_NAME[gate_step](release)
 
 
 def record_refusal(release: Release, gate: str, exc: BaseException) -> None:

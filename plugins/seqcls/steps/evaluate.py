@@ -41,6 +41,7 @@ from seqcls.gates.rules import QualityRules, Verdict, judge
 from seqcls.gates.scoring import Graph, Predictions, decide_vector, predict
 from seqcls.monitoring import reference as monitoring_reference
 from seqcls.registry.runs import log_quality_evidence
+from seqcls.release import verdicts
 from seqcls.release.kept import OWN_EVAL_FILES, kept_eval_set
 from seqcls.release.keys import QUALITY_PARAMS
 from seqcls.release.records import (
@@ -73,12 +74,22 @@ SCRATCH = ".champion-"
 SHADOW_TEXTS = 64
 
 
-def _champion(release: Release) -> tuple[Repository, int | None, str | None]:
-    """The repository, the version served now (None: nothing yet) and its publish key."""
+def _champion(release: Release) -> tuple[Repository, int | None, dict[str, Any]]:
+    """The repository, the version served now (None: nothing yet) and its ``release.json``."""
     repo = Repository.from_settings(release.settings, release.config.model_name)
     version = current_state(repo.root, release.config.model_name).serving
     info = repo.release_info(version) if version is not None else None
-    return repo, version, (info or {}).get("publish_key")
+    return repo, version, info or {}
+
+
+def judged_eval_set(info: dict[str, Any]) -> str | None:
+    """The sha256 of the eval set a published version was judged on (its verdicts; before verdicts were
+    recorded: the reference its release counted on an eval set), None when it was judged on none."""
+    quality = ((info.get(verdicts.VERDICTS_KEY) or {}).get("quality") or {}).get("judged") or {}
+    if (quality.get("eval_set") or {}).get("sha256"):
+        return quality["eval_set"]["sha256"]
+    reference = info.get(shipped.contract().REFERENCE_KEY) or {}
+    return reference.get("sha256") if reference.get("source") == "eval_set" else None
 
 
 def gate_inputs(release: Release, es: EvalSet | None, champion: dict[str, Any] | None) -> dict[str, Any]:
@@ -92,6 +103,7 @@ def gate_inputs(release: Release, es: EvalSet | None, champion: dict[str, Any] |
         "decision": {k: getattr(cfg, k) for k in ("threshold", "thresholds", "hierarchy", "max_length", "profile")},
         "champion": champion,
         "serving_code": {m: sha256_file(common / f"{m}.py") for m in shipped.MODULES},
+        **verdicts.inputs(release, "quality"),
     }
 
 
@@ -219,11 +231,16 @@ def run_gate(
     verdict = judge(scores["candidate"], scores.get("champion"), rules, fp32=scores.get("fp32"))
     evaluation = write_evidence(release, es, answers, scores, verdict, champion_version, out)
     write_reference(release, answers["candidate"], es, out)
+    override = None
     if not verdict.passed:
-        raise GateError(refusal(release, es, champion_version, verdict.summary()))
+        refused = GateError(refusal(release, es, champion_version, verdict.summary()))
+        override = verdicts.override_for(release, "quality", refused)
+        if override is None:
+            raise refused
     c, ch = scores["candidate"], scores.get("champion")
     summary = {
-        "passed": True,
+        "passed": verdict.passed,
+        **({"overridden": True, "override": override} if override else {}),
         "micro_f1": round(c.micro_f1, 4),
         "macro_f1": round(c.macro_f1, 4),
         "champion_version": champion_version,
@@ -233,6 +250,8 @@ def run_gate(
         "eval_set": es.summary(),
         "seconds": round(time.perf_counter() - t0, 3),
     }
+    if override:
+        return summary, f"OVERRIDDEN by {override['by']} ({override['reason']}): {override['verdict']}"
     vs = (
         f" vs champion {champion} {ch.micro_f1:.4f}/{ch.macro_f1:.4f} "
         f"({evaluation['champion_disagreements']} of {len(es.texts)} label sets differ)"
@@ -265,15 +284,28 @@ def refusal(release: Release, es: EvalSet, champion_version: int | None, why: st
     )
 
 
-def _skip(release: Release, out: Path) -> tuple[dict, str]:
+def _skip(release: Release, champion: dict[str, Any] | None, out: Path) -> tuple[dict, str]:
     why = (
         "no eval set: none configured (--eval-set / the eval_set param) and the checkpoint has none of "
         f"{', '.join(OWN_EVAL_FILES)} — the quality gate did not run"
     )
+    override = None
+    if champion and champion.get("eval_set"):  # the contract: a champion judged on an eval set sets the bar
+        refused = GateError(
+            f"Quality gate refused model {release.config.model_name!r} (fingerprint "
+            f"{release.checkpoint.short_fingerprint}): the served champion (Triton v{champion['version']}) was judged "
+            f"on an eval set (sha256 {champion['eval_set'][:12]}) and this release has none: {why}. Give it the eval "
+            "set (--eval-set / the eval_set param / the models file's eval_set), or override the quality gate with "
+            "a reason. Nothing was registered or published."
+        )
+        override = verdicts.override_for(release, "quality", refused)
+        if override is None:
+            raise refused
     log.warning("evaluate: %s", why)
     golden_reference(release, out)
     (out / "evaluation.json").write_text(json.dumps({"passed": True, "skipped": [why]}, indent=1), encoding="utf-8")
-    return {"passed": True, "skipped": why}, f"skipped — {why}"
+    summary = {"passed": True, "skipped": why, **({"overridden": True, "override": override} if override else {})}
+    return summary, f"skipped — {why}"
 
 
 def evaluate(release: Release) -> StepResult:
@@ -281,24 +313,22 @@ def evaluate(release: Release) -> StepResult:
     require(release, STEP)
     ws = release.workspace
     es = kept_eval_set(release)
+    repo, version, info = _champion(release)
+    champion = {"version": version, "publish_key": info.get("publish_key")} if version is not None else None
     if es is None:
-        result = ws.run_step(STEP, gate_inputs(release, None, None), lambda out: _skip(release, out), out_dir=OUT_DIR)
-        if result.status == "ok":
-            log_quality_evidence(release, "skipped")
-        return result
-    repo, version, key = _champion(release)
-    champion = {"version": version, "publish_key": key} if version is not None else None
+        judged = {**champion, "eval_set": judged_eval_set(info)} if champion else None
+        inputs, body = gate_inputs(release, None, judged), lambda out: _skip(release, judged, out)
+    else:
+        inputs, body = gate_inputs(release, es, champion), lambda out: run_gate(release, es, repo, version, out)
     try:
-        result = ws.run_step(
-            STEP,
-            gate_inputs(release, es, champion),
-            lambda out: run_gate(release, es, repo, version, out),
-            out_dir=OUT_DIR,
-        )
+        result = ws.run_step(STEP, inputs, body, out_dir=OUT_DIR)
     except GateError as exc:
         log_quality_evidence(release, "failed")
         record_refusal(release, "quality", exc)  # the serving log (`seqcls history`); never raises
         raise
     if result.status == "ok":
-        log_quality_evidence(release, "passed")
+        override = result.summary.get("override")
+        log_quality_evidence(release, "overridden" if override else "skipped" if es is None else "passed")
+        if override:
+            verdicts.record_override(release, override)  # the serving log (`seqcls history`); never raises
     return result

@@ -32,7 +32,7 @@ from seqcls.contract import shipped
 from seqcls.contract.names import MODEL, POSTPROCESS, TOKENIZER, ServingNames
 from seqcls.errors import ServingError
 from seqcls.files import copy_hashed, replace_dir
-from seqcls.release import control
+from seqcls.release import control, verdicts
 from seqcls.release.keys import release_values
 from seqcls.release.records import OUT_DIRS, Published, served_onnx, serving_tokenizer
 from seqcls.release.workspace import Release, StepResult
@@ -209,6 +209,7 @@ def _write_version(
     options: ServingOptions,
     sources: dict[str, dict[str, Path]],
 ) -> dict:
+    judged = verdicts.published(release.workspace)
     configs = {
         m: render_config(
             repo.source,
@@ -251,6 +252,7 @@ def _write_version(
             "published_at": published_at,
             "workspace": str(release.workspace.root),
             "serving": options.to_dict(),
+            verdicts.VERDICTS_KEY: judged,  # what status and sync check the served version went live with
             "files": files,
         }
         (vdir / RELEASE_FILE).write_text(json.dumps(info, indent=1, ensure_ascii=False), encoding="utf-8")

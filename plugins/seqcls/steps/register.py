@@ -39,6 +39,8 @@ from seqcls.registry.ledger import (
     is_not_found,
     mlflow_failed,
 )
+from seqcls.registry.runs import OVERRIDE_TAG
+from seqcls.release import verdicts
 from seqcls.release.control import release_owner
 from seqcls.release.keys import float32, key_of, release_values, serving_config
 from seqcls.release.records import (
@@ -98,14 +100,19 @@ COMMON = ("onnx", "onnxruntime", "tokenizers", "mlflow")
 
 
 def release_tags(release: Release) -> dict[str, str]:
-    """Who released this version, when, from which path — set on every release of it (a re-release that
-    reuses the version says it was released again), with the Airflow dag/run/try and the run's page."""
+    """Who released this version, when, from which path, under which verdicts — set on every release of it
+    (a re-release that reuses the version says it was released again), with the Airflow dag/run/try and the
+    run's page. ``seqcls.<gate>``: the gate's verdict; ``seqcls.override.<gate>``: why it was overridden."""
     who = actor()
     tags = {
         "checkpoint": str(release.checkpoint.origin),
         "released_at": datetime.now(UTC).isoformat(timespec="seconds"),
         "released_by": f"{who['user']}@{who['host']}",
     }
+    for gate, v in verdicts.verdicts(release.workspace).items():
+        tags[f"seqcls.{gate}"] = v.state
+        if v.override:
+            tags[OVERRIDE_TAG.format(gate=gate)] = str(v.override.get("reason", ""))[:5000]
     tags.update({f"airflow.{k}": str(who[k]) for k in ("dag_id", "run_id", "try", "run_url") if who.get(k)})
     return tags
 

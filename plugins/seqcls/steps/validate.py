@@ -35,6 +35,7 @@ from seqcls.gates import parity
 from seqcls.gates.parity import Tolerance
 from seqcls.gates.parity_plot import plot
 from seqcls.registry.runs import log_parity_evidence
+from seqcls.release import verdicts
 from seqcls.release.records import (
     OUT_DIRS,
     Expected,
@@ -80,6 +81,7 @@ def gate_inputs(release: Release, texts: Sequence[str], records: dict[str, dict[
         "texts": len(texts),
         "vocab": ckpt.files.get("vocab.txt"),
         **{k: getattr(cfg, k) for k in GATE_PARAMS},
+        **verdicts.inputs(release, "parity"),
         "serving_code": {m: sha256_file(common / f"{m}.py") for m in shipped.MODULES},
     }
 
@@ -226,11 +228,16 @@ def run_gate(release: Release, texts: list[str], source: str, out: Path) -> tupl
         f"{cfg.model_name} {ckpt.short_fingerprint}: {reference_runtime(release)} vs ONNX Runtime ({report.provider})"
     )
     plot(out / "plot.png", p_ref, p_got, l_ref, l_got, title)
+    override = None
     if not report.passed:
-        raise GateError(failure_paragraph(release, report, str(release.workspace.path(f"failed/{STEP}"))))
+        refusal = GateError(failure_paragraph(release, report, str(release.workspace.path(f"failed/{STEP}"))))
+        override = verdicts.override_for(release, "parity", refusal)
+        if override is None:
+            raise refusal
     expected_answers(release, texts, ids, session, thresholds, tol, decide_mod).save(out)
     dc = report.decisions
     summary = {
+        **({"overridden": True, "override": override} if override else {}),
         "provider": report.provider,
         "texts": report.texts,
         "golden_source": report.golden_source,
@@ -241,6 +248,8 @@ def run_gate(release: Release, texts: list[str], source: str, out: Path) -> tupl
         "near_threshold": dc["near_threshold"],
         "tokenizer_mismatches": report.tokenizer["mismatched"],
     }
+    if override:
+        return summary, f"OVERRIDDEN by {override['by']} ({override['reason']}): {override['verdict']}"
     msg = (
         f"gate passed on {len(texts)} texts ({report.provider}): tokenizer ids identical, logits max |Δ| "
         f"{summary['logits_max_abs_diff']:.2e}, decisions {dc['texts'] - dc['changed']}/{dc['texts']} "
@@ -316,5 +325,8 @@ def validate(release: Release) -> StepResult:
         record_refusal(release, "parity", exc)  # the serving log (`seqcls history`); never raises
         raise
     if result.status == "ok":  # ran now (a skipped step's evidence was logged when it ran)
-        log_parity_evidence(release, "passed")
+        override = result.summary.get("override")
+        log_parity_evidence(release, "overridden" if override else "passed")
+        if override:
+            verdicts.record_override(release, override)  # the serving log (`seqcls history`); never raises
     return result

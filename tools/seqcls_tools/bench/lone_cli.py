@@ -60,7 +60,7 @@ def run(
     }
     results["meta"]["budget"]["lone_requests"] = requests
     for i, profile in enumerate(profiles):
-        run_release(bench_release(checkpoint, profile, bench_settings(home)), until="validate")
+        run_release(bench_release(checkpoint, profile, bench_settings(home)), until="evaluate")
         with BenchServer(work, i, keep=False) as server:
             release = bench_release(checkpoint, profile, bench_settings(home, server))
             serve_release(release, options)

@@ -361,7 +361,7 @@ def run(checkpoint: Path, eval_set: Path, work: Path, *, clients: int = 8, secon
     rows, results["skipped"] = host_rows()
     for profile in dict.fromkeys(r.profile for r in rows):
         t0 = time.perf_counter()
-        steps = run_release(bench_release(checkpoint, profile, bench_settings(home)), until="validate")
+        steps = run_release(bench_release(checkpoint, profile, bench_settings(home)), until="evaluate")
         results["releases"][profile] = {
             "steps_s": {s.step: round(s.seconds, 1) for s in steps},
             "seconds": round(time.perf_counter() - t0, 1),
