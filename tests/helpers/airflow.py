@@ -284,10 +284,12 @@ def stop_components(
         except subprocess.TimeoutExpired:
             # Airflow 3's LocalExecutor.end() joins its workers unbounded (apache/airflow#67870) and
             # says "Signal again if you don't want to wait": what is still running is kept for the
-            # report, then the second signal it asks for; a component that ignores that too fails.
+            # report, then the second signal it asks for — to the component's whole process group, as a
+            # terminal's Ctrl-C does, so an idle executor worker it joins gets it too (a fresh-clone run
+            # saw the scheduler ignore a second SIGINT to itself alone); a component that ignores that fails.
             stuck[name] = process_tree(proc.pid)
             with contextlib.suppress(ProcessLookupError):
-                os.kill(proc.pid, signal.SIGINT)
+                os.killpg(proc.pid, signal.SIGINT)
             try:
                 codes[name] = proc.wait(timeout=timeout)
             except subprocess.TimeoutExpired:
