@@ -25,20 +25,19 @@ import re
 import shutil
 import socket
 import textwrap
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from seqcls.checkpoints.checkpoint import sha256_file
 from seqcls.contract.names import CLASSIC, DEFAULT_MODEL, ModelName
 from seqcls.errors import SeqclsError, ServingError
-from seqcls.files import copy_hashed, replace_file
 from seqcls.registry import journal
 from seqcls.registry.ledger import mirror_champion
 from seqcls.release import control, verdicts
 from seqcls.release.keys import served_release_key
 from seqcls.release.workspace import Workspace
+from seqcls.serving import restore
 from seqcls.serving.client import endpoints_from_settings
 from seqcls.serving.lease import ReleaseLease, pid_alive
 from seqcls.serving.repository import RELEASE_FILE, Repository
@@ -212,11 +211,12 @@ def _clean(repo: Repository, keep: set[int]) -> list[str]:
 
 
 def _release_command(repo: Repository, version: int) -> str:
-    """The exact command that republishes ``version``'s checkpoint (from its release workspace's manifest)."""
+    """The exact command that republishes ``version``'s checkpoint (from its release workspace's manifest,
+    found through its pin or its own ``release.json``)."""
     checkpoint = "<its checkpoint>"
     for model in repo.names.models:
         try:
-            info = json.loads((repo.root / model / str(version) / RELEASE_FILE).read_text(encoding="utf-8"))
+            info = repo.recorded(version, model) or {}
             manifest = Workspace(Path(info["workspace"])).read()
             checkpoint = str(manifest["checkpoint"].get("source") or manifest["checkpoint"]["path"])
             break
@@ -225,61 +225,10 @@ def _release_command(repo: Repository, version: int) -> str:
     return f"`seqcls release --checkpoint {checkpoint} --model-name {repo.model_name}`"
 
 
-def _copies_of(repo: Repository, version: int) -> Iterator[Path]:
-    """Where byte-identical copies of ``version``'s files may be: its release workspace (the snapshot and
-    export publish shipped from), the other versions of the same Triton models, the serving code."""
-    for model in repo.names.models:
-        try:
-            info = json.loads((repo.root / model / str(version) / RELEASE_FILE).read_text(encoding="utf-8"))
-            yield from sorted(Path(info["workspace"]).rglob("*"))
-            break
-        except (OSError, ValueError, KeyError, TypeError):
-            continue
-    for model in repo.names.models:
-        for other in repo.versions(model):
-            if other != version:
-                yield from sorted((repo.root / model / str(other)).rglob("*"))
-    yield from sorted(Path(repo.source).rglob("*"))
-
-
 def restore_version(repo: Repository, version: int) -> list[str]:
-    """Put back the missing or changed files of ``version`` whose ``release.json`` survives, from copies
-    with the recorded hash (checked again after copying); returns what was restored. A version whose
-    directory (with its ``release.json``) is gone cannot be checked, so it is not restored."""
-    wanted: dict[Path, str] = {}
-    for model in repo.names.models:
-        vdir = repo.root / model / str(version)
-        try:
-            files = json.loads((vdir / RELEASE_FILE).read_text(encoding="utf-8"))["files"]
-        except (OSError, ValueError, KeyError, TypeError):
-            continue
-        for rel, digest in files.items():
-            if not (vdir / rel).is_file() or sha256_file(vdir / rel) != digest:
-                wanted[vdir / rel] = digest
-    found: dict[str, Path] = {}
-    for path in _copies_of(repo, version) if wanted else ():
-        if set(wanted.values()) <= set(found):
-            break
-        if path.is_file() and not path.is_symlink() and path not in wanted:
-            found.setdefault(sha256_file(path), path)
-    restored = []
-    for target, digest in wanted.items():
-        if digest not in found:
-            continue
-        target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = target.with_name(f".tmp-restore-{os.getpid()}-{target.name}")
-        try:
-            tmp.unlink(missing_ok=True)
-            with open(found[digest], "rb") as fin:
-                copied, _ = copy_hashed(fin, tmp)
-            if copied == digest:
-                replace_file(tmp, target)
-                restored.append(f"{target.relative_to(repo.root)} (from {found[digest]})")
-        finally:
-            tmp.unlink(missing_ok=True)
-    if restored:
-        log.warning("sync %s: restored version %d: %s", repo.model_name, version, "; ".join(restored))
-    return restored
+    """Put back the missing or changed files (or whole directories) of ``version`` from verified copies
+    (:mod:`seqcls.serving.restore`); returns what was restored. The caller holds the repository lock."""
+    return restore.restore_version(repo, version).restored
 
 
 def version_problems(repo: Repository, state: ServingState) -> list[str]:
@@ -293,6 +242,13 @@ def version_problems(repo: Repository, state: ServingState) -> list[str]:
             continue
         what = "; ".join(([f"missing {', '.join(missing)}"] if missing else []) + changed[:3])
         command = _release_command(repo, version)
+        if role != "candidate" and restore.plan(repo, version).complete:
+            problems.append(
+                f"{role} version {version} of {repo.model_name!r} is damaged ({what}): every file of it has a "
+                f"verified copy (its pin and release workspace): `seqcls sync --model-name {repo.model_name}` "
+                "restores it byte-identically"
+            )
+            continue
         fix = {
             "served": f"Triton keeps what it loaded, but a restart cannot load it: release it again ({command}; "
             f"a new version number) or `seqcls rollback --model-name {repo.model_name}`",
@@ -365,7 +321,7 @@ def _sync_model(settings: Settings, model: str, endpoints) -> SyncResult:
 def _restore_live(repo: Repository, state: ServingState) -> list[str]:
     """Restore the served, previous and candidate versions where byte-identical copies exist."""
     restored: list[str] = []
-    damaged = [v for v in state.live_versions() if v in repo.complete_versions() and repo.damaged_files(v)]
+    damaged = [v for v in state.live_versions() if repo.problems(v)]
     if damaged:
         with repo.lock(what=f"sync restore {repo.model_name}"):
             for version in damaged:

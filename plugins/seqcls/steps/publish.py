@@ -36,6 +36,8 @@ from seqcls.release import control, verdicts
 from seqcls.release.keys import release_values
 from seqcls.release.records import OUT_DIRS, Published, served_onnx, serving_tokenizer
 from seqcls.release.workspace import Release, StepResult
+from seqcls.serving import restore
+from seqcls.serving.pins import drop_pin, read_pin, write_pin
 from seqcls.serving.repository import (
     DIRECT_SOURCE,
     DIRECT_STEPS,
@@ -153,6 +155,7 @@ def prune(repo: Repository, retain: int, state: ServingState) -> list[int]:
             continue
         for m in models:
             shutil.rmtree(repo.root / m / str(v), ignore_errors=True)
+        drop_pin(repo.root, repo.model_name, v)
         removed.append(v)
     if removed:
         log.info("publish: pruned old versions %s (retain %d, kept %s)", removed, retain, sorted(live | recorded))
@@ -284,8 +287,12 @@ def _direct_steps(tmp: Path, vdir: Path, version: int, configs: dict[str, str], 
 
 
 def require_served_intact(repo: Repository, state: ServingState) -> None:
-    """A release cannot load a candidate beside a served version that is missing or damaged: say so now."""
+    """A release cannot load a candidate beside a served version that is missing or damaged: restore it from
+    verified copies (its pin and release workspace, :mod:`seqcls.serving.restore`) where they exist, else say
+    so now. The caller holds the repository lock."""
     problems = [] if state.serving is None else repo.problems(state.serving)
+    if problems and state.serving is not None and restore.restore_version(repo, state.serving).restored:
+        problems = repo.problems(state.serving)
     if problems:
         model = state.model_name
         raise ServingError(
@@ -347,6 +354,8 @@ def publish(release: Release, options: ServingOptions | None = None, *, retain: 
                             f"{repo.root}: writing version {version} failed ({exc}); {free / 1e6:.1f} MB free. Nothing "
                             "was published and nothing served changed; free space on the repository volume and retry."
                         ) from exc
+                    # every file hash also kept outside the version, beside the state: a deleted version can be restored
+                    write_pin(repo.root, repo.names, version, {m: tmp / m / str(version) for m in repo.names.models})
                     faults.point("publish:written")
                     for model in repo.names.models:  # composing models first, the ensemble last
                         (repo.root / model).mkdir(parents=True, exist_ok=True)
@@ -362,6 +371,9 @@ def publish(release: Release, options: ServingOptions | None = None, *, retain: 
                 )
             else:
                 log.info("publish: version %d already holds this release (files intact) — reusing it", version)
+                if read_pin(repo.root, repo.model_name, version) is None:  # published before pins: pin it now
+                    dirs = {m: repo.root / m / str(version) for m in repo.names.models}
+                    write_pin(repo.root, repo.names, version, dirs)
             pruned = prune(repo, retain, current_state(repo.root, release.config.model_name))
         summary = Published(
             version, reused, str(repo.root), key, options.to_dict(), pruned, repo.complete_versions()
