@@ -8,6 +8,8 @@ release workspace — and what it restored loads after a Triton restart.
 from __future__ import annotations
 
 import json
+import re
+import shlex
 import shutil
 from pathlib import Path
 
@@ -15,6 +17,9 @@ import pytest
 
 from seqcls.checkpoints.checkpoint import sha256_file
 from seqcls.contract.names import ModelName
+from seqcls.serving.pins import write_pin
+from seqcls.serving.state import read_state, state_path, write_state
+from tests.helpers.demo_models import demo_eval_file, quick_demo_model
 from tests.helpers.drills import Drill
 
 NAME = ModelName("seqcls")
@@ -91,3 +96,203 @@ def test_a_deleted_served_version_is_restored_by_one_sync_and_survives_a_restart
         d.server.start()
     assert d.cli("sync").returncode == 0
     d.assert_invariant(served=1)
+
+
+@drill_test
+def test_a_new_release_proceeds_when_no_copy_of_the_damaged_served_version_exists(
+    drill: Drill, tiny_checkpoint_src: Path, tiny_checkpoint_b_src: Path
+) -> None:
+    d = drill
+    d.release(tiny_checkpoint_src)
+    # the served version lost with a volume, and nothing records its files any more (no pin: as a version
+    # published before pins was)
+    for model in NAME.names.models:
+        shutil.rmtree(d.repo / model / "1")
+    for pin in d.repo.glob(".seqcls-pins.*"):
+        pin.unlink()
+    out = d.cli("sync")
+    assert out.returncode == 1 and "served version 1" in out.stdout, out.stdout[-3000:]
+    out = d.cli("release", "--checkpoint", str(tiny_checkpoint_b_src))
+    _no_traceback(out)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert "served version 1" in out.stderr and "no verified copy" in out.stderr, out.stderr[-3000:]
+    assert (d.state().serving, d.state().previous) == (2, None)
+    history = d.cli("history", "--json")
+    assert history.returncode == 0 and "no verified copy" in history.stdout, history.stdout[-3000:]
+    assert d.cli("sync").returncode == 0
+    d.assert_invariant(served=2)
+
+
+@pytest.fixture(scope="module")
+def good(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return quick_demo_model(tmp_path_factory).path
+
+
+@pytest.fixture(scope="module")
+def eval_set(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return demo_eval_file(tmp_path_factory.mktemp("eval") / "test.txt")
+
+
+@drill_test
+def test_the_champion_is_rescored_from_a_verified_copy_or_the_refusal_names_the_override(
+    drill: Drill, good: Path, eval_set: Path
+) -> None:
+    d, names = drill, NAME.names
+    d.release(good, eval_set=str(eval_set))
+    (d.repo / names.model / "1" / "model.onnx").unlink()  # the champion's graph gone; its pin and workspace hold it
+    out = d.cli("release", "--checkpoint", str(good), "--eval-set", str(eval_set), "--threshold", "0.45")
+    _no_traceback(out)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+    assert "champion Triton v1" in out.stderr and "verified copy" in out.stderr, out.stderr[-3000:]
+    assert d.state().serving == 2
+    # the champion's graph directory gone and nothing records its hashes any more: refused, naming what is
+    # missing and the override
+    shutil.rmtree(d.repo / names.model / "2")
+    for pin in d.repo.glob(".seqcls-pins.*"):
+        pin.unlink()
+    release = ["release", "--checkpoint", str(good), "--eval-set", str(eval_set), "--threshold", "0.4"]
+    out = d.cli(*release)
+    _no_traceback(out)
+    assert out.returncode == 1, out.stderr[-3000:]
+    assert "champion" in out.stderr and "model.onnx" in out.stderr and "--override quality --reason" in out.stderr
+    assert d.state().serving == 2
+    out = d.cli(*release, "--override", "quality", "--reason", "champion lost with its volume (OPS-7)")
+    _no_traceback(out)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert (d.state().serving, d.state().previous) == (3, None)
+    history = d.cli("history")
+    assert "override" in history.stdout and "damaged" in history.stdout, history.stdout[-3000:]
+    assert d.cli("sync").returncode == 0  # removes what is left of version 2 (no rollback target)
+    d.assert_invariant(served=3)
+
+
+def _fixes(d: Drill, marker: str) -> list[list[str]]:
+    """``seqcls status`` exits 1 with a problem containing ``marker``: the commands it prints for it, as argv."""
+    out = d.cli("status")
+    _no_traceback(out)
+    lines = [line for line in out.stdout.splitlines() if line.strip().startswith("✗") and marker in line]
+    assert out.returncode == 1 and lines, f"no problem with {marker!r}:\n{out.stdout[-3000:]}"
+    commands = [shlex.split(c) for line in lines for c in re.findall(r"`(seqcls [^`]+)`", line)]
+    assert commands, f"no command printed for {marker!r}: {lines}"
+    return commands
+
+
+def _run_as_printed(d: Drill, command: list[str]) -> None:
+    assert command[0] == "seqcls", command
+    out = d.cli(*command[1:])
+    _no_traceback(out)
+    assert out.returncode == 0, (
+        f"`{shlex.join(command)}` as printed exited {out.returncode}:\n" + out.stdout[-2000:] + out.stderr[-3000:]
+    )
+
+
+def _status_agrees(d: Drill) -> None:
+    out = d.cli("status")
+    assert out.returncode == 0, out.stdout[-3000:]
+
+
+@drill_test
+def test_every_fix_command_status_prints_works_as_printed(
+    drill: Drill, tiny_checkpoint_src: Path, tiny_checkpoint_b_src: Path
+) -> None:
+    import tritonclient.grpc as grpcclient
+    from mlflow.tracking import MlflowClient
+
+    d, names = drill, NAME.names
+    d.release(tiny_checkpoint_b_src)
+    d.release(tiny_checkpoint_src)
+    assert (d.state().serving, d.state().previous) == (2, 1)
+
+    # an endpoint that lost a model (a restart, a missed switch): `seqcls sync`
+    triton = grpcclient.InferenceServerClient(url=d.server.config.grpc_url)
+    triton.unload_model(names.ensemble, headers=d.server.control_headers())
+    (command,) = _fixes(d, "endpoint")
+    _run_as_printed(d, command)
+    _status_agrees(d)
+
+    # MLflow's champion moved by hand: `seqcls sync`
+    MlflowClient(d.settings.mlflow_tracking_uri).set_registered_model_alias(NAME, "champion", "1")
+    (command,) = _fixes(d, "MLflow champion is")
+    _run_as_printed(d, command)
+    _status_agrees(d)
+
+    # an unreadable state file, then a lost one: `seqcls sync --model-name seqcls` records it again
+    state_path(d.repo, NAME).write_bytes(b"\xff\xfe garbage")
+    (command,) = _fixes(d, "is unreadable")
+    _run_as_printed(d, command)
+    _status_agrees(d)
+    state_path(d.repo, NAME).unlink()
+    (command,) = _fixes(d, "is missing")
+    _run_as_printed(d, command)
+    _status_agrees(d)
+
+    # an unreadable lease: `seqcls lease break --model-name seqcls`
+    (d.repo / ".seqcls-lease.seqcls.json").write_bytes(b"\xff\xfe garbage")
+    commands = _fixes(d, "lease")
+    assert ["seqcls", "lease", "break", "--model-name", NAME] in commands, commands
+    _run_as_printed(d, ["seqcls", "lease", "break", "--model-name", NAME])
+    _status_agrees(d)
+
+    # a candidate whose release is gone: `seqcls sync` abandons it
+    s = read_state(d.repo, NAME)
+    killed = s.with_candidate(1, s.fingerprint_of(1), "a release killed -9")
+    write_state(d.repo, killed, expected_generation=s.generation)
+    (command,) = _fixes(d, "has no live release")
+    _run_as_printed(d, command)
+    _status_agrees(d)
+
+    # the served version partly deleted: `seqcls sync --model-name seqcls` restores it
+    (d.repo / names.model / "2" / "model.onnx").unlink()
+    (command,) = _fixes(d, "served version 2")
+    assert command[1] == "sync", command
+    _run_as_printed(d, command)
+    _status_agrees(d)
+
+    # the previous version gone and nothing records it: `seqcls release --checkpoint …` republishes it
+    shutil.rmtree(d.repo / names.model / "1")
+    (d.repo / ".seqcls-pins.seqcls.v1.json").unlink()
+    (command,) = _fixes(d, "previous version 1")
+    assert command[1] == "release" and str(tiny_checkpoint_b_src) in command, command
+    _run_as_printed(d, command)
+    _status_agrees(d)
+    assert (d.state().serving, d.state().previous) == (3, 2)
+
+    # the served version gone and nothing records it: the first fix releases it again, the second rolls back
+    shutil.rmtree(d.repo / names.model / "3")
+    (d.repo / ".seqcls-pins.seqcls.v3.json").unlink()
+    release, rollback = _fixes(d, "served version 3")
+    assert release[1] == "release" and rollback[1] == "rollback", (release, rollback)
+    _run_as_printed(d, rollback)
+    _status_agrees(d)
+    assert d.state().serving == 2
+
+    # no MLflow version holds the served one any more: release it again
+    MlflowClient(d.settings.mlflow_tracking_uri).delete_model_version(NAME, "2")
+    (command,) = _fixes(d, "no MLflow version")
+    _run_as_printed(d, command)
+    _status_agrees(d)
+
+    # a served version without verdicts (put live by a path that skipped the gates): release it through them
+    version = d.state().serving
+    path = d.repo / names.ensemble / str(version) / "release.json"
+    info = json.loads(path.read_text(encoding="utf-8"))
+    info.pop("verdicts")
+    path.write_text(json.dumps(info, indent=1, ensure_ascii=False), encoding="utf-8")
+    write_pin(d.repo, names, version, {m: d.repo / m / str(version) for m in names.models})
+    command = _fixes(d, "without passed or overridden verdicts")[0]
+    _run_as_printed(d, command)
+    _status_agrees(d)
+
+    # the endpoint down: start it (`seqcls triton start`), then `seqcls sync`
+    d.server.stop()
+    commands = _fixes(d, "endpoint")
+    assert [c[1:3] for c in commands] == [["triton", "start"], ["sync"]], commands
+    try:
+        for command in commands:
+            _run_as_printed(d, command)
+        _status_agrees(d)
+    finally:
+        assert d.cli("triton", "stop").returncode == 0
+        d.server.start()
+    assert d.cli("sync").returncode == 0
+    d.assert_invariant()

@@ -210,19 +210,25 @@ def _clean(repo: Repository, keep: set[int]) -> list[str]:
     return removed
 
 
-def _release_command(repo: Repository, version: int) -> str:
-    """The exact command that republishes ``version``'s checkpoint (from its release workspace's manifest,
-    found through its pin or its own ``release.json``)."""
-    checkpoint = "<its checkpoint>"
+def release_command(repo: Repository, version: int) -> str:
+    """The exact command that releases ``version``'s checkpoint again, as printed by status and sync: from its
+    release workspace's manifest (found through its pin or its own ``release.json``), with the eval set it was
+    judged on (the file, or its kept copy when the file is gone) — a release without it would be refused."""
+    checkpoint, eval_set = "<its checkpoint>", None
     for model in repo.names.models:
         try:
             info = repo.recorded(version, model) or {}
             manifest = Workspace(Path(info["workspace"])).read()
             checkpoint = str(manifest["checkpoint"].get("source") or manifest["checkpoint"]["path"])
+            configured = (manifest.get("config") or {}).get("eval_set")
+            if configured:
+                kept = ((manifest.get("eval_sets") or {}).get(configured) or {}).get("copy")
+                eval_set = configured if Path(configured).is_file() or not kept else kept
             break
-        except (OSError, ValueError, KeyError, TypeError):
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
             continue
-    return f"`seqcls release --checkpoint {checkpoint} --model-name {repo.model_name}`"
+    with_eval = f" --eval-set {eval_set}" if eval_set else ""
+    return f"`seqcls release --checkpoint {checkpoint}{with_eval} --model-name {repo.model_name}`"
 
 
 def restore_version(repo: Repository, version: int) -> list[str]:
@@ -241,7 +247,7 @@ def version_problems(repo: Repository, state: ServingState) -> list[str]:
         if not missing and not changed:
             continue
         what = "; ".join(([f"missing {', '.join(missing)}"] if missing else []) + changed[:3])
-        command = _release_command(repo, version)
+        command = release_command(repo, version)
         if role != "candidate" and restore.plan(repo, version).complete:
             problems.append(
                 f"{role} version {version} of {repo.model_name!r} is damaged ({what}): every file of it has a "
@@ -264,16 +270,13 @@ def verdict_problems(repo: Repository, state: ServingState) -> list[str]:
     """The served version, when it went live without passed-or-overridden verdicts — with its fix."""
     if state.serving is None:
         return []
-    try:
-        info = repo.release_info(state.serving)
-    except ValueError:  # an unreadable release.json: version_problems names it
-        return []
+    info = repo.recorded(state.serving, repo.names.ensemble)  # as published (its pin); unreadable: version_problems
     why = verdicts.unverified(info)
     if why is None:
         return []
     return [
         f"served version {state.serving} of {repo.model_name!r}: {why}. Release it through the gates "
-        f"({_release_command(repo, state.serving)}, with its eval set), or `seqcls rollback --model-name "
+        f"({release_command(repo, state.serving)}), or `seqcls rollback --model-name "
         f"{repo.model_name}` to the previous version"
     ]
 
@@ -296,7 +299,7 @@ def _sync_model(settings: Settings, model: str, endpoints) -> SyncResult:
         errors["state"] = (
             f"{state_path(repo.root, model)} is missing and neither its log nor the configs say which version "
             f"{model!r} serves (published: {repo.complete_versions()}); nothing was changed. Release the version "
-            f"to serve: {_release_command(repo, repo.complete_versions()[-1])}"
+            f"to serve: {release_command(repo, repo.complete_versions()[-1])}"
         )
         return SyncResult(model, None, None, errors=errors)
     restored = [f"restored {r}" for r in _restore_live(repo, state)]

@@ -17,7 +17,7 @@ import json
 import logging
 import os
 import shutil
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -87,8 +87,9 @@ def _kept(kept: dict[str, bytes], rel: str, digest: str) -> bytes | None:
     return data if data is not None and hashlib.sha256(data).hexdigest() == digest else None
 
 
-def plan(repo: Repository, version: int) -> RestorePlan:
-    """What ``version`` lacks and where verified copies of it are (nothing is written)."""
+def plan(repo: Repository, version: int, *, extra: Sequence[Path] = ()) -> RestorePlan:
+    """What ``version`` lacks and where verified copies of it are (nothing is written); ``extra``: more
+    directories that may hold copies (e.g. the MLflow model version's artifacts), searched last."""
     result = RestorePlan(version)
     pin = read_pin(repo.root, repo.model_name, version)
     workspaces: list[Path] = []
@@ -119,7 +120,7 @@ def plan(repo: Repository, version: int) -> RestorePlan:
             (result.files if vdir.is_dir() else result.whole)[model] = wanted
     pending = {w.digest for ws in (*result.whole.values(), *result.files.values()) for w in ws if w.data is None}
     targets = {w.target for ws in (*result.whole.values(), *result.files.values()) for w in ws}
-    for path in _copies(repo, version, workspaces) if pending else ():
+    for path in _copies(repo, version, workspaces, extra) if pending else ():
         if not pending:
             break
         if path in targets or not path.is_file() or path.is_symlink():
@@ -131,7 +132,7 @@ def plan(repo: Repository, version: int) -> RestorePlan:
     return result
 
 
-def _copies(repo: Repository, version: int, workspaces: list[Path]) -> Iterator[Path]:
+def _copies(repo: Repository, version: int, workspaces: list[Path], extra: Sequence[Path] = ()) -> Iterator[Path]:
     """Where byte-identical copies of ``version``'s files may be: its release workspace (the snapshot and
     export publish shipped from), the same version's other Triton models, other versions, the serving code."""
     for ws in dict.fromkeys(workspaces):
@@ -143,6 +144,8 @@ def _copies(repo: Repository, version: int, workspaces: list[Path]) -> Iterator[
             if other != version:
                 yield from sorted((repo.root / model / str(other)).rglob("*"))
     yield from sorted(Path(repo.source).rglob("*"))
+    for directory in extra:
+        yield from sorted(Path(directory).rglob("*"))
 
 
 def _write(w: Wanted, source: Path | None, target: Path) -> str:

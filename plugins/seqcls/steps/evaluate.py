@@ -33,17 +33,18 @@ import numpy as np
 
 from seqcls.checkpoints.checkpoint import sha256_file
 from seqcls.contract import runtime, shipped
-from seqcls.errors import GateError, InputError
+from seqcls.errors import GateError, InputError, ServingError
 from seqcls.gates.evalset import EvalSet
 from seqcls.gates.metrics import Scores, bad_cases, score, write_bad_cases
 from seqcls.gates.quality_plot import plot_labels
 from seqcls.gates.rules import QualityRules, Verdict, judge
 from seqcls.gates.scoring import Graph, Predictions, decide_vector, predict
 from seqcls.monitoring import reference as monitoring_reference
+from seqcls.registry.ledger import version_artifacts
 from seqcls.registry.runs import log_quality_evidence
 from seqcls.release import verdicts
 from seqcls.release.kept import OWN_EVAL_FILES, kept_eval_set
-from seqcls.release.keys import QUALITY_PARAMS
+from seqcls.release.keys import QUALITY_PARAMS, served_release_key
 from seqcls.release.records import (
     BAD_CASES,
     EVALUATION,
@@ -59,7 +60,7 @@ from seqcls.release.records import (
     serving_tokenizer,
 )
 from seqcls.release.workspace import Release, StepResult
-from seqcls.serving.published import served_graph
+from seqcls.serving.published import champion_graph
 from seqcls.serving.repository import Repository
 from seqcls.serving.state import current_state
 from seqcls.steps import record_refusal, require
@@ -78,7 +79,7 @@ def _champion(release: Release) -> tuple[Repository, int | None, dict[str, Any]]
     """The repository, the version served now (None: nothing yet) and its ``release.json``."""
     repo = Repository.from_settings(release.settings, release.config.model_name)
     version = current_state(repo.root, release.config.model_name).serving
-    info = repo.release_info(version) if version is not None else None
+    info = repo.recorded(version, repo.names.ensemble) if version is not None else None  # its pin, else its own
     return repo, version, info or {}
 
 
@@ -132,7 +133,31 @@ def answer_all(release: Release, es: EvalSet, repo: Repository, champion_version
         for stale in release.workspace.root.glob(f"{SCRATCH}*"):  # a killed run's copies (we hold the workspace lock)
             shutil.rmtree(stale, ignore_errors=True)
         with tempfile.TemporaryDirectory(prefix=SCRATCH, dir=release.workspace.root) as scratch:
-            graph = served_graph(repo, champion_version, Path(scratch))
+            # its published files; damaged or gone: a verified copy (pin + workspace, else MLflow's artifacts)
+            try:
+                graph, source = champion_graph(repo, champion_version, Path(scratch) / "repository")
+            except ServingError:
+                fp = current_state(repo.root, repo.model_name).fingerprint_of(champion_version)
+                key = served_release_key(repo, champion_version)
+                mlflow = version_artifacts(release.settings, repo.model_name, fp, key, Path(scratch) / "mlflow")
+                try:
+                    graph, source = champion_graph(
+                        repo, champion_version, Path(scratch) / "copy", [mlflow] if mlflow else []
+                    )
+                except ServingError as exc:
+                    refused = GateError(
+                        f"Quality gate cannot re-score the champion (Triton v{champion_version}) of "
+                        f"{release.config.model_name!r}: {exc}. Nothing was registered or published. Restore it "
+                        f"(`seqcls sync --model-name {release.config.model_name}`) if a copy turns up, or judge this "
+                        'release without the champion comparison: --override quality --reason "…" (recorded in the '
+                        "history)."
+                    )
+                    override = verdicts.override_for(release, "quality", refused)
+                    if override is None:
+                        raise refused from None
+                    verdicts.record_override(release, override)
+                    return answers
+            log.info("evaluate: champion Triton v%d scored from %s", champion_version, source)
             answers["champion"] = predict(graph, es.texts, providers)
     return answers
 
