@@ -17,6 +17,7 @@ import pytest
 
 from seqcls.checkpoints.checkpoint import sha256_file
 from seqcls.contract.names import ModelName
+from seqcls.ops.status import status
 from seqcls.serving.pins import write_pin
 from seqcls.serving.state import read_state, state_path, write_state
 from tests.helpers.demo_models import demo_eval_file, quick_demo_model
@@ -167,14 +168,15 @@ def test_the_champion_is_rescored_from_a_verified_copy_or_the_refusal_names_the_
 
 
 def _fixes(d: Drill, marker: str) -> list[list[str]]:
-    """``seqcls status`` exits 1 with a problem containing ``marker``: the commands it prints for it, as argv."""
-    out = d.cli("status")
-    _no_traceback(out)
-    lines = [line for line in out.stdout.splitlines() if line.strip().startswith("✗") and marker in line]
-    assert out.returncode == 1 and lines, f"no problem with {marker!r}:\n{out.stdout[-3000:]}"
+    """``seqcls status`` reports a problem containing ``marker``: the commands it prints for it, as argv (the
+    status lines the CLI prints, read in-process: the commands themselves run through the CLI)."""
+    reports = status(d.settings)
+    printed = [line for r in reports for line in r.lines()]
+    lines = [line for line in printed if line.strip().startswith("✗") and marker in line]
+    assert lines and not all(r.agree for r in reports), f"no problem with {marker!r}:\n" + "\n".join(printed)
     commands = [shlex.split(c) for line in lines for c in re.findall(r"`(seqcls [^`]+)`", line)]
     assert commands, f"no command printed for {marker!r}: {lines}"
-    return commands
+    return list({shlex.join(c): c for c in commands}.values())
 
 
 def _run_as_printed(d: Drill, command: list[str]) -> None:
@@ -187,8 +189,8 @@ def _run_as_printed(d: Drill, command: list[str]) -> None:
 
 
 def _status_agrees(d: Drill) -> None:
-    out = d.cli("status")
-    assert out.returncode == 0, out.stdout[-3000:]
+    reports = status(d.settings)
+    assert all(r.agree for r in reports), "\n".join(line for r in reports for line in r.lines())
 
 
 @drill_test
@@ -203,17 +205,17 @@ def test_every_fix_command_status_prints_works_as_printed(
     d.release(tiny_checkpoint_src)
     assert (d.state().serving, d.state().previous) == (2, 1)
 
-    # an endpoint that lost a model (a restart, a missed switch): `seqcls sync`
+    # an endpoint that lost a model (a restart, a missed switch), MLflow's champion moved by hand, a candidate
+    # whose release is gone: each is fixed by `seqcls sync`
     triton = grpcclient.InferenceServerClient(url=d.server.config.grpc_url)
     triton.unload_model(names.ensemble, headers=d.server.control_headers())
-    (command,) = _fixes(d, "endpoint")
-    _run_as_printed(d, command)
-    _status_agrees(d)
-
-    # MLflow's champion moved by hand: `seqcls sync`
     MlflowClient(d.settings.mlflow_tracking_uri).set_registered_model_alias(NAME, "champion", "1")
-    (command,) = _fixes(d, "MLflow champion is")
-    _run_as_printed(d, command)
+    s = read_state(d.repo, NAME)
+    killed = s.with_candidate(1, s.fingerprint_of(1), "a release killed -9")
+    write_state(d.repo, killed, expected_generation=s.generation)
+    commands = [c for marker in ("endpoint", "MLflow champion is", "has no live release") for c in _fixes(d, marker)]
+    assert {shlex.join(c) for c in commands} == {"seqcls sync"}, commands
+    _run_as_printed(d, commands[0])
     _status_agrees(d)
 
     # an unreadable state file, then a lost one: `seqcls sync --model-name seqcls` records it again
@@ -231,14 +233,6 @@ def test_every_fix_command_status_prints_works_as_printed(
     commands = _fixes(d, "lease")
     assert ["seqcls", "lease", "break", "--model-name", NAME] in commands, commands
     _run_as_printed(d, ["seqcls", "lease", "break", "--model-name", NAME])
-    _status_agrees(d)
-
-    # a candidate whose release is gone: `seqcls sync` abandons it
-    s = read_state(d.repo, NAME)
-    killed = s.with_candidate(1, s.fingerprint_of(1), "a release killed -9")
-    write_state(d.repo, killed, expected_generation=s.generation)
-    (command,) = _fixes(d, "has no live release")
-    _run_as_printed(d, command)
     _status_agrees(d)
 
     # the served version partly deleted: `seqcls sync --model-name seqcls` restores it

@@ -258,7 +258,7 @@ def version_problems(repo: Repository, state: ServingState) -> list[str]:
         fix = {
             "served": f"Triton keeps what it loaded, but a restart cannot load it: release it again ({command}; "
             f"a new version number) or `seqcls rollback --model-name {repo.model_name}`",
-            "previous": f"`seqcls rollback` cannot use it: republish it with {command} (that serves it, as a new "
+            "previous": f"a rollback cannot use it: republish it with {command} (that serves it, as a new "
             "version), or leave it — the next release makes the served version the previous",
             "candidate": "its release cannot pass smoke; `seqcls sync` abandons it once that release is gone",
         }[role]
