@@ -18,7 +18,9 @@ import pytest
 from seqcls.checkpoints.checkpoint import sha256_file
 from seqcls.contract.names import ModelName
 from seqcls.ops.status import status
+from seqcls.serving import restore
 from seqcls.serving.pins import write_pin
+from seqcls.serving.repository import Repository
 from seqcls.serving.state import read_state, state_path, write_state
 from tests.helpers.demo_models import demo_eval_file, quick_demo_model
 from tests.helpers.drills import Drill
@@ -290,3 +292,43 @@ def test_every_fix_command_status_prints_works_as_printed(
         d.server.start()
     assert d.cli("sync").returncode == 0
     d.assert_invariant()
+
+
+# ---------------------------------------------------------------------------- pins and restore, on disk only
+
+
+def _published(root: Path, workspace: Path) -> Repository:
+    """Version 1 of ``alpha`` as publish leaves it (release.json per model, its pin), shipped from ``workspace``."""
+    names = ModelName("alpha").names
+    workspace.mkdir(parents=True)
+    (workspace / "model.onnx").write_bytes(b"graph bytes " * 40_000)  # above what a pin keeps
+    for model in names.models:
+        vdir = root / model / "1"
+        vdir.mkdir(parents=True)
+        (vdir / "config.snapshot.pbtxt").write_text(f'name: "{model}"\n')
+        if model == names.model:
+            shutil.copyfile(workspace / "model.onnx", vdir / "model.onnx")
+        files = {p.name: sha256_file(p) for p in vdir.iterdir()}
+        info = {"version": 1, "model": model, "model_name": "alpha", "workspace": str(workspace), "files": files}
+        (vdir / "release.json").write_text(json.dumps(info), encoding="utf-8")
+    write_pin(root, names, 1, {m: root / m / "1" for m in names.models})
+    return Repository(root, root / "no-source", names)
+
+
+def test_a_pinned_version_is_restored_byte_identically_and_a_changed_release_json_is_named(tmp_path: Path) -> None:
+    repo = _published(tmp_path / "repo", tmp_path / "ws")
+    files = {str(p): p.read_bytes() for p in sorted(repo.root.rglob("*")) if p.is_file()}
+    shutil.rmtree(repo.root / repo.names.model / "1")
+    (repo.root / repo.names.tokenizer / "1" / "release.json").write_text("{}")
+    assert "alpha_tokenizer/1/release.json changed since publish" in repo.damaged_files(1)
+    assert repo.problems(1) and restore.plan(repo, 1).complete
+    done = restore.restore_version(repo, 1)
+    assert done.restored and not done.missing
+    assert {str(p): p.read_bytes() for p in sorted(repo.root.rglob("*")) if p.is_file()} == files
+    assert repo.problems(1) == []
+    # without its workspace the graph has no verified copy: nothing half-restored, the file named
+    shutil.rmtree(tmp_path / "ws")
+    shutil.rmtree(repo.root / repo.names.model / "1")
+    done = restore.restore_version(repo, 1)
+    assert not (repo.root / repo.names.model / "1").exists()
+    assert any("alpha_model/1/model.onnx" in m for m in done.missing), done.missing

@@ -40,6 +40,7 @@ from seqcls.release.workspace import Workspace
 from seqcls.serving import restore
 from seqcls.serving.client import endpoints_from_settings
 from seqcls.serving.lease import ReleaseLease, pid_alive
+from seqcls.serving.pins import drop_pin
 from seqcls.serving.repository import RELEASE_FILE, Repository
 from seqcls.serving.state import (
     STATE_PREFIX,
@@ -207,6 +208,9 @@ def _clean(repo: Repository, keep: set[int]) -> list[str]:
     for path in leftovers:
         shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
         removed.append(str(path.relative_to(repo.root)))
+    gone = {int(p.name) for p in leftovers if p.name.isdigit()} - set(repo.complete_versions()) - keep
+    for version in sorted(v for v in gone if not any(v in repo.versions(m) for m in repo.names.models)):
+        drop_pin(repo.root, repo.model_name, version)  # nothing of it is left to check or restore
     return removed
 
 

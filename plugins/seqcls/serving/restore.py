@@ -52,13 +52,14 @@ class RestorePlan:
     sources: dict[str, Path] = field(default_factory=dict)  # sha256 → a file with those bytes
     unknown: list[str] = field(default_factory=list)  # Triton models whose content nothing records
 
-    def _has(self, w: Wanted) -> bool:
+    def has(self, w: Wanted) -> bool:
+        """Whether a verified source of ``w``'s bytes is known (the pin's own, or a copy with its hash)."""
         return w.data is not None or w.digest in self.sources
 
     @property
     def missing(self) -> list[str]:
         """Files no verified copy exists for (and models nothing records): what cannot be restored."""
-        lost = [str(w.target) for ws in (*self.whole.values(), *self.files.values()) for w in ws if not self._has(w)]
+        lost = [str(w.target) for ws in (*self.whole.values(), *self.files.values()) for w in ws if not self.has(w)]
         return self.unknown + lost
 
     @property
@@ -173,7 +174,7 @@ def restore_version(repo: Repository, version: int) -> Restored:
     if not p.needed:
         return done
     for model, wanted in p.whole.items():  # composing models first, the ensemble last (names.models order)
-        if not all(p._has(w) for w in wanted):
+        if not all(p.has(w) for w in wanted):
             continue
         tmp_root = repo.root / TMP_RESTORE.format(model=repo.model_name, pid=os.getpid(), version=version)
         tmp = tmp_root / model / str(version)
@@ -194,7 +195,7 @@ def restore_version(repo: Repository, version: int) -> Restored:
             shutil.rmtree(tmp_root, ignore_errors=True)
     for wanted in p.files.values():
         for w in wanted:
-            if not p._has(w):
+            if not p.has(w):
                 continue
             source = p.sources.get(w.digest)
             tmp = w.target.with_name(f".tmp-restore-{os.getpid()}-{w.target.name}")
