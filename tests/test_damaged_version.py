@@ -17,6 +17,7 @@ import pytest
 
 from seqcls.checkpoints.checkpoint import sha256_file
 from seqcls.contract.names import ModelName
+from seqcls.errors import ServingError
 from seqcls.ops.status import status
 from seqcls.serving import restore
 from seqcls.serving.pins import write_pin
@@ -69,9 +70,7 @@ def test_a_deleted_served_version_is_restored_by_one_sync_and_survives_a_restart
     # partly deleted: the graph and the record of its hashes
     (d.repo / names.model / "1" / "model.onnx").unlink()
     (d.repo / names.model / "1" / "release.json").unlink()
-    out = d.cli("status")
-    _no_traceback(out)
-    assert out.returncode == 1 and "served version 1" in out.stdout, out.stdout[-3000:]
+    assert [c[1:] for c in _fixes(d, "served version 1")] == [["sync", "--model-name", NAME]]
     out = d.cli("sync")
     _no_traceback(out)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
@@ -79,8 +78,7 @@ def test_a_deleted_served_version_is_restored_by_one_sync_and_survives_a_restart
     # every directory of the served version deleted (a lost volume): one sync puts it back
     for model in names.models:
         shutil.rmtree(d.repo / model / "1")
-    out = d.cli("status")
-    assert out.returncode == 1 and "served version 1" in out.stdout, out.stdout[-3000:]
+    assert [c[1:] for c in _fixes(d, "served version 1")] == [["sync", "--model-name", NAME]]
     out = d.cli("sync", "--json")
     _no_traceback(out)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
@@ -93,7 +91,7 @@ def test_a_deleted_served_version_is_restored_by_one_sync_and_survives_a_restart
         _no_traceback(out)
         assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
         assert _answers(d) == before
-        assert d.cli("status").returncode == 0
+        _status_agrees(d)
     finally:
         assert d.cli("triton", "stop").returncode == 0
         d.server.start()
@@ -136,9 +134,38 @@ def eval_set(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return demo_eval_file(tmp_path_factory.mktemp("eval") / "test.txt")
 
 
+def _champion_from_mlflow(d: Drill, tmp_path: Path) -> None:
+    """The served graph gone from the repository (every version holding it) and its workspace: the MLflow
+    version's artifacts, checked against the pin, are the champion's verified copy."""
+    from seqcls.registry.ledger import version_artifacts
+    from seqcls.release.keys import served_release_key
+    from seqcls.serving.published import champion_graph
+
+    repo, version = Repository.from_settings(d.settings, NAME), d.state().serving
+    recorded = repo.recorded(version, NAME.names.model)
+    digest, workspace = recorded["files"]["model.onnx"], Path(recorded["workspace"])
+    (d.repo / NAME.names.model / str(version) / "model.onnx").unlink()
+    found = [*workspace.rglob("*"), *d.repo.rglob("*")]  # the workspace, and the other versions holding it
+    copies = [p for p in sorted(found) if p.is_file() and not p.is_symlink() and sha256_file(p) == digest]
+    aside = {p: tmp_path / f"aside-{i}" for i, p in enumerate(copies)}
+    for path, away in aside.items():
+        shutil.move(path, away)
+    try:
+        with pytest.raises(ServingError, match="no verified copy"):
+            champion_graph(repo, version, tmp_path / "without")
+        key = served_release_key(repo, version)
+        mlflow = version_artifacts(d.settings, NAME, d.state().fingerprint_of(version), key, tmp_path / "mlflow")
+        assert mlflow is not None
+        graph, source = champion_graph(repo, version, tmp_path / "with", [mlflow])
+        assert "verified copy" in source and graph.version == version
+    finally:
+        for path, away in aside.items():
+            shutil.move(away, path)
+
+
 @drill_test
 def test_the_champion_is_rescored_from_a_verified_copy_or_the_refusal_names_the_override(
-    drill: Drill, good: Path, eval_set: Path
+    drill: Drill, good: Path, eval_set: Path, tmp_path: Path
 ) -> None:
     d, names = drill, NAME.names
     d.release(good, eval_set=str(eval_set))
@@ -148,6 +175,7 @@ def test_the_champion_is_rescored_from_a_verified_copy_or_the_refusal_names_the_
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
     assert "champion Triton v1" in out.stderr and "verified copy" in out.stderr, out.stderr[-3000:]
     assert d.state().serving == 2
+    _champion_from_mlflow(d, tmp_path)
     # the champion's graph directory gone and nothing records its hashes any more: refused, naming what is
     # missing and the override
     shutil.rmtree(d.repo / names.model / "2")
