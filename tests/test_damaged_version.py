@@ -307,14 +307,14 @@ def test_every_fix_command_status_prints_works_as_printed(
     _run_as_printed(d, command)
     _status_agrees(d)
 
-    # the endpoint down: start it (`seqcls triton start`), then `seqcls sync`
+    # the endpoint down: start it, then `seqcls sync` (the local server: `seqcls triton start` does both)
     d.server.stop()
     commands = _fixes(d, "endpoint")
-    assert [c[1:3] for c in commands] == [["triton", "start"], ["sync"]], commands
+    assert [c[1:3] for c in commands] == [["sync"], ["triton", "start"]], commands
     try:
-        for command in commands:
-            _run_as_printed(d, command)
+        _run_as_printed(d, commands[1])  # the local server: started, and synced
         _status_agrees(d)
+        _run_as_printed(d, commands[0])
     finally:
         assert d.cli("triton", "stop").returncode == 0
         d.server.start()

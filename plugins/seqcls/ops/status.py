@@ -130,8 +130,8 @@ def _registry(settings: Settings, model_name: str, repo: Repository, state: Serv
 
 def _endpoint_problems(ep: str, seen: dict[str, list[int]] | str, want: dict[str, list[int]]) -> list[str]:
     if isinstance(seen, str):
-        return [f"endpoint {ep} {seen}: start it (the local server: `seqcls triton start`, which also syncs), then run "
-                "`seqcls sync`"]  # fmt: skip
+        return [f"endpoint {ep} {seen}: start it, then run `seqcls sync` (the local server: `seqcls triton start` "
+                "does both)"]  # fmt: skip
     wrong = [f"{m} {seen.get(m)} (recorded: {want[m]})" for m in want if seen.get(m) != want[m]]
     return [f"endpoint {ep} serves {'; '.join(wrong)}: run `seqcls sync`"] if wrong else []
 

@@ -254,9 +254,9 @@ def version_problems(repo: Repository, state: ServingState) -> list[str]:
         command = release_command(repo, version)
         if role != "candidate" and restore.plan(repo, version).complete:
             problems.append(
-                f"{role} version {version} of {repo.model_name!r} is damaged ({what}): every file of it has a "
-                f"verified copy (its pin and release workspace): `seqcls sync --model-name {repo.model_name}` "
-                "restores it byte-identically"
+                f"{role} version {version} of {repo.model_name!r} is damaged ({what}): every file it lacks has a "
+                f"verified copy (its pin, release workspace or other versions): `seqcls sync --model-name "
+                f"{repo.model_name}` restores it byte-identically"
             )
             continue
         fix = {
