@@ -187,14 +187,16 @@ def test_the_champion_is_rescored_from_a_verified_copy_or_the_refusal_names_the_
     assert out.returncode == 1, out.stderr[-3000:]
     assert "champion" in out.stderr and "model.onnx" in out.stderr and "--override quality --reason" in out.stderr
     assert d.state().serving == 2
-    out = d.cli(*release, "--override", "quality", "--reason", "champion lost with its volume (OPS-7)")
-    _no_traceback(out)
-    assert out.returncode == 0, out.stderr[-3000:]
-    assert (d.state().serving, d.state().previous) == (3, None)
+    command = next(c for c in _fixes(d, "served version 2") if c[1] == "release")  # what status prints: as printed
+    assert command[-4:-1] == ["--override", "quality", "--reason"] and "--eval-set" in command, command
+    _run_as_printed(d, command)
+    # the printed command releases the checkpoint's default configuration, which version 1 holds intact: served
+    # again, the damaged version 2 dropped
+    assert (d.state().serving, d.state().previous) == (1, None)
     history = d.cli("history")
     assert "override" in history.stdout and "damaged" in history.stdout, history.stdout[-3000:]
     assert d.cli("sync").returncode == 0  # removes what is left of version 2 (no rollback target)
-    d.assert_invariant(served=3)
+    d.assert_invariant(served=1)
 
 
 def _fixes(d: Drill, marker: str) -> list[list[str]]:

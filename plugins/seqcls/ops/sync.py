@@ -22,6 +22,7 @@ import json
 import logging
 import os
 import re
+import shlex
 import shutil
 import socket
 import textwrap
@@ -259,6 +260,11 @@ def version_problems(repo: Repository, state: ServingState) -> list[str]:
                 f"{repo.model_name}` restores it byte-identically"
             )
             continue
+        if (
+            role == "served" and " --eval-set " in command
+        ):  # its quality gate cannot re-score a champion no copy is left of
+            reason = f"served version {version} damaged, no verified copy left: released again"
+            command = f"{command[:-1]} --override quality --reason {shlex.quote(reason)}`"
         fix = {
             "served": f"Triton keeps what it loaded, but a restart cannot load it: release it again ({command}; "
             f"a new version number) or `seqcls rollback --model-name {repo.model_name}`",
