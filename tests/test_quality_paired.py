@@ -173,3 +173,72 @@ def test_bad_inputs() -> None:
     with pytest.raises(ValueError, match="the paired test on 10"):
         s = score(gold[:9], gold[:9], LABELS)
         judge(s, s, QualityRules(), paired=bootstrap(counts, resamples=10))
+
+
+def _evidence_page(tmp_path, gold, cand, champ, *, paired: bool = True) -> tuple[dict, str]:
+    """evaluate's own ``write_evidence`` on hand-made answers, then the quality page rendered from the files."""
+    from types import SimpleNamespace
+
+    from seqcls.airflow.pages.quality import quality_evidence, render_quality
+    from seqcls.contract.names import ModelName
+    from seqcls.gates.evalset import EvalSet
+    from seqcls.gates.scoring import Predictions
+    from seqcls.release.records import OUT_DIRS
+    from seqcls.release.workspace import Workspace
+    from seqcls.steps.evaluate import write_evidence
+
+    ws = Workspace(tmp_path / "ws")
+    out = ws.failed_dir("evaluate")
+    out.mkdir(parents=True)
+    texts = tuple(f"第{i}条" for i in range(len(gold)))
+    es = EvalSet(tmp_path / "eval.tsv", "cd" * 32, "tsv", "configured", texts, tuple(map(tuple, gold)))
+
+    def predictions(name: str, rows: list[list[str]]) -> Predictions:
+        probs = np.array([[0.9 if lbl in row else 0.1 for lbl in LABELS] for row in rows])
+        return Predictions(name, rows, probs, LABELS, 0.01, "fp32")
+
+    answers = {"candidate": predictions("candidate", cand), "champion": predictions("champion", champ)}
+    scores = {name: score(gold, p.labels, LABELS) for name, p in answers.items()}
+    test = paired_test(gold, cand, champ, LABELS, judged_labels(scores["candidate"], scores["champion"], 20))
+    verdict = judge(scores["candidate"], scores["champion"], QualityRules(), paired=test if paired else None)
+    release = SimpleNamespace(
+        config=SimpleNamespace(model_name=ModelName("news"), profile="fp32"),
+        checkpoint=SimpleNamespace(fingerprint="ab" * 32, short_fingerprint="abababababab"),
+    )
+    evaluation = write_evidence(release, es, answers, scores, verdict, 3, out)  # type: ignore[arg-type]
+    ws.record("evaluate", {"status": "ok" if verdict.passed else "failed", "error": "refused"})
+    if verdict.passed:  # a passed gate's evidence lives in quality/
+        out.rename(ws.path(OUT_DIRS["evaluate"]))
+    found = quality_evidence(ws.root)
+    return evaluation, render_quality(found, dag_id="d", run_id="r", links=[], base="r")
+
+
+def test_evaluation_json_and_the_page_show_each_drops_interval_and_a_too_small_set(tmp_path) -> None:
+    gold = _gold(30)
+    evaluation, page = _evidence_page(tmp_path, gold, _wrong(gold, [0, 1]), _wrong(gold, [0]))
+    assert evaluation["passed"] and evaluation["paired"]["texts"] == 30 and evaluation["too_small"]
+    micro = next(c for c in evaluation["checks"] if c["rule"] == "max_f1_drop" and c["metric"] == "micro_f1")
+    assert micro["passed"] and micro["significant"] is False and micro["too_small"] is True
+    assert micro["lower"] <= micro["drop"] <= micro["upper"]
+    assert "too small to tell a drop of the threshold" in evaluation["summary"]
+    assert "Quality gate passed" in page and "The eval set is too small to tell a drop" in page
+    headline = page[page.index("<table class='headline'>") : page.index("</table>", page.index("class='headline'"))]
+    assert "drop, 95% bounds</th>" in headline and f"{micro['lower']:.4f} … {micro['upper']:.4f}" in headline
+    assert "not significant; eval set too small" in headline
+    assert "Drops judged as paired data: paired bootstrap over the 30 texts (2000 resamples" in page
+
+
+def test_a_refused_gate_page_shows_the_failures_bounds(tmp_path) -> None:
+    gold = _gold(600)
+    evaluation, page = _evidence_page(tmp_path, gold, _wrong(gold, list(range(0, 600, 10))), gold)
+    assert not evaluation["passed"] and set(evaluation["failures"][0]) == {
+        "rule",
+        "metric",
+        "candidate",
+        "champion",
+        "threshold",
+    }
+    failures = page[page.index("<table class='failures'>") : page.index("</table>", page.index("class='failures'"))]
+    assert "Quality gate REFUSED" in page and "<td>significant</td>" in failures
+    _, alone = _evidence_page(tmp_path / "alone", gold, _wrong(gold, [1, 2]), gold, paired=False)
+    assert "Judged on the scores alone" in alone and "drop, 95% bounds</th><th></th><th>fp32" not in alone
