@@ -242,3 +242,19 @@ def test_a_refused_gate_page_shows_the_failures_bounds(tmp_path) -> None:
     assert "Quality gate REFUSED" in page and "<td>significant</td>" in failures
     _, alone = _evidence_page(tmp_path / "alone", gold, _wrong(gold, [1, 2]), gold, paired=False)
     assert "Judged on the scores alone" in alone and "drop, 95% bounds</th><th></th><th>fp32" not in alone
+
+
+def test_memory_stays_bounded_at_the_largest_eval_set() -> None:
+    """200,000 texts (SEQCLS_EVAL_SET_MAX_TEXTS), 2,000 resamples: a dense weight matrix alone would be 3.2 GB;
+    texts answered alike are merged and the weights come in blocks, so the test stays within tens of MB."""
+    import tracemalloc
+
+    base = _gold(2000)
+    cand, champ = _wrong(base, list(range(0, 2000, 37))), _wrong(base, list(range(5, 2000, 53)))
+    gold, cand, champ = base * 100, cand * 100, champ * 100
+    tracemalloc.start()
+    test = bootstrap(paired_counts(gold, cand, champ, LABELS), judged=LABELS)
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    assert test.texts == 200_000 and test.resamples == 2000 and test.patterns < 20
+    assert peak < 64 * 2**20, f"peak {peak / 2**20:.1f} MB"

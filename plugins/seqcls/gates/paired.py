@@ -13,13 +13,14 @@ cancels, as it does in the observed drop.
 How: each text's outcome is, per label and per model, one of true positive, false positive, miss or
 true negative. Every metric the change rules compare (micro-/macro-F1, sample accuracy, each
 hierarchy level's micro-/macro-F1, each label's F1) is a function of the per-label TP/FP/FN totals
-(and the count of exactly-right texts), so one matrix of resample weights times the per-text
-counts gives every metric of every resample at once. Texts with the same outcome pattern (for the
-demo model: a few dozen patterns, however many texts) are merged first; the resample weights of a
-group of ``k`` of the ``n`` texts are then drawn as one multinomial over the groups (probability
-``k/n``), which is the same distribution as drawing texts and summing their weights. So memory and
-time grow with the number of distinct patterns and the resamples, generated in chunks, not with the
-texts: the per-text arrays are only built once, as ``uint8`` codes.
+(and the count of exactly-right texts), so one block of resample weights, summed over where each
+outcome occurs, gives every metric of every resample at once. Texts with the same outcome pattern
+(the demo model on 200,000 texts: a few hundred patterns) are merged first; the resample weights of
+a group of ``k`` of the ``n`` texts are then drawn as one multinomial over the groups (probability
+``k/n``), which is the same distribution as drawing ``n`` texts with replacement and counting. So
+memory and time grow with the distinct patterns and the resamples (weights generated in blocks of
+:data:`CHUNK_CELLS` cells), not with texts × resamples: the per-text arrays are only built once, as
+``uint8`` codes. The measured cost at 200,000 texts is on the Performance page of the manual.
 
 Intervals are percentile intervals of the drop (``champion - candidate``, positive = worse): the
 ``1 - confidence`` quantile is the one-sided lower bound (``lower > 0``: the drop is *significant*,
@@ -42,7 +43,7 @@ from seqcls.gates.metrics import depth
 RESAMPLES = 2000
 CONFIDENCE = 0.95
 SEED = 20261204
-#: Resample weights are generated this many float64 cells at a time (about 16 MB).
+#: Resample weights are generated (and summed) this many 8-byte cells at a time (about 16 MB each).
 CHUNK_CELLS = 2_000_000
 #: A label's outcome for one text: 2·gold + predicted.
 TN, FP, FN, TP = 0, 1, 2, 3
@@ -94,10 +95,12 @@ def _universe(labels: Sequence[str], *rows: Iterable[Sequence[str]]) -> list[str
 
 
 def _codes(gold: Sequence[Sequence[str]], pred: Sequence[Sequence[str]], index: Mapping[str, int]) -> np.ndarray:
+    """Each text's outcome per label (2·gold + predicted) as ``uint8`` [texts, labels]."""
     out = np.zeros((len(gold), len(index)), dtype=np.uint8)
-    for i, (g, p) in enumerate(zip(gold, pred, strict=True)):
-        out[i, [index[lbl] for lbl in g]] += 2
-        out[i, [index[lbl] for lbl in p]] += 1
+    for rows, bit in ((gold, 2), (pred, 1)):
+        lengths = np.fromiter((len(r) for r in rows), dtype=np.int64, count=len(rows))
+        cols = np.fromiter((index[lbl] for r in rows for lbl in r), dtype=np.int64, count=int(lengths.sum()))
+        out[np.repeat(np.arange(len(rows)), lengths), cols] |= bit  # a label listed twice is still one
     return out
 
 
@@ -139,18 +142,45 @@ def _macro(f1: np.ndarray, present: np.ndarray) -> np.ndarray:
 
 
 @dataclass
-class _Model:
-    """One model's per-pattern indicator columns: TP, FP, FN per label and exactly-right."""
+class _Outcome:
+    """Where one outcome (TP, FP or FN) of one model occurs: pattern rows ordered by label, and each label's
+    span in them, so a block of weights sums into per-label totals without a dense [patterns, labels] matrix."""
 
-    tp: np.ndarray
-    fp: np.ndarray
-    fn: np.ndarray
-    exact: np.ndarray
+    rows: np.ndarray  # [occurrences] int64, grouped by label
+    starts: np.ndarray  # [labels]
+    ends: np.ndarray  # [labels]
+
+    @classmethod
+    def of(cls, hit: np.ndarray) -> _Outcome:
+        label_major = np.nonzero(hit.T)  # (label, row) pairs, ordered by label
+        cuts = np.searchsorted(label_major[0], np.arange(hit.shape[1] + 1))
+        return cls(label_major[1].astype(np.int64), cuts[:-1], cuts[1:])
+
+    def totals(self, w: np.ndarray) -> np.ndarray:
+        """Each label's weighted count per row of ``w`` [resamples, patterns]: [resamples, labels]."""
+        run = np.zeros((w.shape[0], len(self.rows) + 1), dtype=w.dtype)
+        np.cumsum(w[:, self.rows], axis=1, out=run[:, 1:])
+        return (run[:, self.ends] - run[:, self.starts]).astype(float)
+
+
+@dataclass
+class _Model:
+    """One model's outcomes per pattern: where it has TP, FP, FN, and which patterns are exactly right."""
+
+    tp: _Outcome
+    fp: _Outcome
+    fn: _Outcome
+    exact: np.ndarray  # [patterns] float
 
     @classmethod
     def of(cls, codes: np.ndarray) -> _Model:
         fp, fn = codes == FP, codes == FN
-        return cls((codes == TP).astype(float), fp.astype(float), fn.astype(float), (~(fp | fn).any(1)).astype(float))
+        exact = (~(fp | fn).any(1)).astype(float)
+        return cls(_Outcome.of(codes == TP), _Outcome.of(fp), _Outcome.of(fn), exact)
+
+    @property
+    def occurrences(self) -> int:
+        return max(len(self.tp.rows), len(self.fp.rows), len(self.fn.rows))
 
 
 def metric_names(labels: Sequence[str], judged: Iterable[str] = ()) -> list[str]:
@@ -161,8 +191,8 @@ def metric_names(labels: Sequence[str], judged: Iterable[str] = ()) -> list[str]
 
 
 def _metrics(m: _Model, w: np.ndarray, texts: int, levels: Mapping[int, np.ndarray], judged: np.ndarray) -> np.ndarray:
-    """Every metric (columns, :func:`metric_names`' order) of each resample (rows of weights ``w``)."""
-    tp, fp, fn = w @ m.tp, w @ m.fp, w @ m.fn  # [resamples, labels]
+    """Every metric (columns, :func:`metric_names`' order) of each resample (rows of integer weights ``w``)."""
+    tp, fp, fn = m.tp.totals(w), m.fp.totals(w), m.fn.totals(w)  # [resamples, labels]
     f1 = _f1(tp, fp, fn)
     present = (tp + fp + fn) > 0
     cols = [_f1(tp.sum(1), fp.sum(1), fn.sum(1)), _macro(f1, present), (w @ m.exact) / texts]
@@ -249,14 +279,15 @@ def bootstrap(
     judged_idx = np.array([index[lbl] for lbl in judged], dtype=np.int64)
     cand, champ = _Model.of(counts.cand), _Model.of(counts.champ)
     p = counts.weight / counts.texts
-    observed = counts.weight[np.newaxis, :].astype(float)
+    observed = counts.weight[np.newaxis, :]
     obs_c = _metrics(cand, observed, counts.texts, levels, judged_idx)[0]
     obs_h = _metrics(champ, observed, counts.texts, levels, judged_idx)[0]
-    step = chunk or max(1, CHUNK_CELLS // max(counts.patterns, 1))
+    widest = max(counts.patterns, cand.occurrences, champ.occurrences, 1)
+    step = chunk or max(1, CHUNK_CELLS // widest)
     rng = np.random.default_rng(seed)
     out_c, out_h = [], []
     for start in range(0, resamples, step):
-        w = rng.multinomial(counts.texts, p, size=min(step, resamples - start)).astype(float)
+        w = rng.multinomial(counts.texts, p, size=min(step, resamples - start))
         out_c.append(_metrics(cand, w, counts.texts, levels, judged_idx))
         out_h.append(_metrics(champ, w, counts.texts, levels, judged_idx))
     return PairedTest(
