@@ -101,11 +101,13 @@ def demo_answers(checkpoint: Path, texts: Sequence[str], threshold: float = 0.5)
     """Each text's label set from ``checkpoint`` as the demo scores it: PaddleNLP model and tokenizer, sigmoid,
     ``threshold``."""
     from paddlenlp.transformers import ErnieForSequenceClassification, ErnieTokenizer
+    from paddlenlp.utils.log import logger as paddlenlp_log
 
     from seqcls_tools.demo.fit import MAX_LENGTH, predict_logits, set_threads
     from seqcls_tools.demo.scoring import sigmoid
 
     set_threads(2)
+    paddlenlp_log.set_level("WARNING")  # not one "Loading weights file" line per checkpoint and eval set
     labels = (checkpoint / "label.txt").read_text(encoding="utf-8").split()
     tokenizer = ErnieTokenizer.from_pretrained(str(checkpoint))
     model = ErnieForSequenceClassification.from_pretrained(str(checkpoint))
@@ -216,7 +218,8 @@ def calibrate(work: Path, seeds: Sequence[int], sizes: Sequence[int], resamples:
                     pairs.append(judge_pair(gold, a[cand], a[champ], LABELS, (cand, champ), resamples))
     equal = [p for p in pairs if p.candidate != "quick0"]
     vs_champion = [p for p in equal if p.champion == champion]
-    big = max(sizes)
+    big, small = max(sizes), min(sizes)
+    slices = _slices(sets[big], answers[big], small, [f"full{s}" for s in seeds], champion, resamples)
     cost = bootstrap_cost(
         [r["labels"] for r in sets[big]], answers[big][f"full{seeds[1]}"], answers[big][champion], LABELS,
         cost_texts, resamples,
@@ -240,8 +243,44 @@ def calibrate(work: Path, seeds: Sequence[int], sizes: Sequence[int], resamples:
             },
         },
         "quick_refused": {str(p.texts): not p.passed for p in pairs if p.candidate == "quick0"},
+        "slices": slices,
         "pairs": [asdict(p) for p in pairs],
         "cost": cost,
+    }
+
+
+def _slices(
+    rows: list[dict], answers: dict[str, list[list[str]]], size: int, fulls: list[str], champion: str, resamples: int
+) -> dict[str, Any]:
+    """The large set cut into disjoint sets of ``size`` texts: one 100-text draw says little, twenty say more.
+    Every ordered pair of equal seeds and the quick retrain against the champion, judged on each slice."""
+    from seqcls_tools.demo import LABELS
+
+    equal: list[Judged] = []
+    quick: list[Judged] = []
+    for start in range(0, len(rows) - size + 1, size):
+        part = slice(start, start + size)
+        gold = [r["labels"] for r in rows[part]]
+        for champ in fulls:
+            for cand in fulls:
+                if cand != champ:
+                    equal.append(
+                        judge_pair(gold, answers[cand][part], answers[champ][part], LABELS, (cand, champ), resamples)
+                    )
+        quick.append(
+            judge_pair(gold, answers["quick0"][part], answers[champion][part], LABELS, ("quick0", champion), resamples)
+        )
+    return {
+        "size": size,
+        "slices": len(quick),
+        "equal_refused": _rate(equal),
+        "equal_refused_thresholds_alone": _rate(equal, alone=True),
+        "equal_too_small": sum(p.too_small > 0 for p in equal),
+        "quick_refused": f"{sum(not p.passed for p in quick)}/{len(quick)}",
+        "quick_micro_f1_drop": sorted(p.intervals["micro_f1"]["drop"] for p in quick),
+        "quick_micro_f1_lower": sorted(p.intervals["micro_f1"]["lower"] for p in quick),
+        "quick_failures": [p.failures for p in quick if p.passed is False][:1],
+        "equal_failures": [p.failures for p in equal if not p.passed],
     }
 
 
