@@ -23,10 +23,10 @@ memory and time grow with the distinct patterns and the resamples (weights gener
 ``uint8`` codes. The measured cost at 200,000 texts is on the Performance page of the manual.
 
 Intervals are percentile intervals of the drop (``champion - candidate``, positive = worse): the
-``1 - confidence`` quantile is the one-sided lower bound (``lower > 0``: the drop is *significant*,
-the candidate is worse beyond what resampling the texts explains), the ``confidence`` quantile the
-one-sided upper bound (``upper > threshold``: a drop of the rule's size cannot be excluded, the eval
-set is too small to tell it from noise). Seeded: the same inputs always give the same intervals.
+``1 - confidence`` quantile is the one-sided lower bound (above a rule's threshold: the drop exceeds
+the threshold beyond what resampling the texts explains, :mod:`seqcls.gates.rules` refuses), the
+``confidence`` quantile the one-sided upper bound (above the threshold while the lower bound is not: the
+eval set is too small to tell). Seeded: the same inputs always give the same intervals.
 """
 
 from __future__ import annotations
@@ -67,6 +67,10 @@ class Interval:
     def significant(self) -> bool:
         """The candidate is worse beyond the noise of resampling the texts: the lower bound is above 0."""
         return self.lower > 0
+
+    def exceeds(self, threshold: float) -> bool:
+        """The drop is above ``threshold`` beyond that noise: the lower bound is above it."""
+        return self.lower > threshold
 
 
 @dataclass

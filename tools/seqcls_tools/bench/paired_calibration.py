@@ -123,6 +123,7 @@ def judge_pair(
     labels: Sequence[str],
     names: tuple[str, str],
     resamples: int,
+    confidence: float | None = None,
 ) -> Judged:
     """``cand`` against ``champ`` with the default rules: paired test, and thresholds alone."""
     from seqcls.gates.metrics import score
@@ -130,7 +131,9 @@ def judge_pair(
 
     rules = QualityRules()
     c, h = score(gold, cand, labels), score(gold, champ, labels)
-    test = paired_test(gold, cand, champ, labels, judged_labels(c, h, rules.min_label_support), resamples=resamples)
+    conf = {"confidence": confidence} if confidence is not None else {}
+    judged = judged_labels(c, h, rules.min_label_support)
+    test = paired_test(gold, cand, champ, labels, judged, resamples=resamples, **conf)
     verdict = judge(c, h, rules, paired=test)
     alone = judge(c, h, rules)
     intervals = {}

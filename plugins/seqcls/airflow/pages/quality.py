@@ -112,10 +112,10 @@ def _bounds(check: dict[str, Any] | None) -> str:
 
 
 def _judgement(check: dict[str, Any] | None) -> str:
-    """significant / not significant, and whether the eval set is too small for the check."""
+    """Whether the drop is over the threshold beyond noise, and whether the eval set is too small for the check."""
     if not check or not isinstance(check.get("significant"), bool):
         return ""
-    said = "significant" if check["significant"] else "not significant"
+    said = "over the threshold beyond noise" if check["significant"] else "not beyond noise"
     return said + ("; eval set too small" if check.get("too_small") else "")
 
 
@@ -164,16 +164,16 @@ def _evidence_note(evaluation: dict[str, Any]) -> str:
     how = (
         f"<p class='muted'>Drops judged as paired data: {e(str(paired.get('method', 'paired bootstrap')))} over the "
         f"{e(_number(paired.get('texts')))} texts ({e(_number(paired.get('resamples')))} resamples, "
-        f"one-sided {_confidence(evaluation)} bounds of each drop); a drop over its threshold refuses only when "
-        "significant (its lower bound above 0).</p>"
+        f"one-sided {_confidence(evaluation)} bounds of each drop); a drop refuses only when it is over its "
+        "threshold beyond noise (its lower bound above the threshold).</p>"
     )
     small = [str(s) for s in evaluation.get("too_small") or []]
     if not small:
         return how
     items = "".join(f"<li>{e(s)}</li>" for s in small)
     return (
-        f"{how}<div class='too-small'><p><b>The eval set is too small to tell a drop of the threshold's size from "
-        f"noise for {len(small)} check{'' if len(small) == 1 else 's'}:</b></p><ul>{items}</ul>"
+        f"{how}<div class='too-small'><p><b>The eval set is too small to tell whether the drop is over the "
+        f"threshold for {len(small)} check{'' if len(small) == 1 else 's'}:</b></p><ul>{items}</ul>"
         "<p>A larger eval set decides them.</p></div>"
     )
 
