@@ -44,6 +44,8 @@ MAX_SECONDS = 900.0
 QUICK_MAX_SECONDS = 600.0
 #: The metrics whose intervals the report prints.
 SHOWN = ("micro_f1", "macro_f1", "sample_accuracy")
+#: The large set is also cut into disjoint sets of these sizes: many draws, not one.
+SLICES = (100, 200, 500)
 
 
 @dataclass
@@ -55,6 +57,8 @@ class Judged:
     texts: int
     passed: bool
     passed_thresholds_alone: bool
+    #: the design before calibration: refuse a drop over the threshold whose lower bound is above 0
+    passed_lower_above_zero: bool
     failures: list[str]
     too_small: int
     intervals: dict[str, dict[str, float]]
@@ -144,12 +148,17 @@ def judge_pair(
                 "lower": round(float(check.lower or 0), 4),
                 "upper": round(float(check.upper or 0), 4),
             }
+    above_zero = not any(
+        c.paired and c.lower is not None and c.drop is not None and c.drop > c.threshold + 1e-12 and c.lower > 0
+        for c in verdict.checks
+    )
     return Judged(
         names[0],
         names[1],
         len(gold),
         verdict.passed,
         alone.passed,
+        above_zero and all(c.passed for c in verdict.checks if not c.paired),
         [f.describe() for f in verdict.failures],
         len(verdict.too_small),
         intervals,
@@ -221,8 +230,9 @@ def calibrate(work: Path, seeds: Sequence[int], sizes: Sequence[int], resamples:
                     pairs.append(judge_pair(gold, a[cand], a[champ], LABELS, (cand, champ), resamples))
     equal = [p for p in pairs if p.candidate != "quick0"]
     vs_champion = [p for p in equal if p.champion == champion]
-    big, small = max(sizes), min(sizes)
-    slices = _slices(sets[big], answers[big], small, [f"full{s}" for s in seeds], champion, resamples)
+    big = max(sizes)
+    fulls = [f"full{s}" for s in seeds]
+    slices = [_slices(sets[big], answers[big], n, fulls, champion, resamples) for n in SLICES if n < big]
     cost = bootstrap_cost(
         [r["labels"] for r in sets[big]], answers[big][f"full{seeds[1]}"], answers[big][champion], LABELS,
         cost_texts, resamples,
@@ -278,6 +288,8 @@ def _slices(
         "slices": len(quick),
         "equal_refused": _rate(equal),
         "equal_refused_thresholds_alone": _rate(equal, alone=True),
+        "equal_refused_lower_above_zero": _rate(equal, zero=True),
+        "quick_refused_lower_above_zero": _rate(quick, zero=True),
         "equal_too_small": sum(p.too_small > 0 for p in equal),
         "quick_refused": f"{sum(not p.passed for p in quick)}/{len(quick)}",
         "quick_micro_f1_drop": sorted(p.intervals["micro_f1"]["drop"] for p in quick),
@@ -287,8 +299,10 @@ def _slices(
     }
 
 
-def _rate(pairs: Sequence[Judged], *, alone: bool = False) -> str:
-    refused = sum(not (p.passed_thresholds_alone if alone else p.passed) for p in pairs)
+def _rate(pairs: Sequence[Judged], *, alone: bool = False, zero: bool = False) -> str:
+    refused = sum(
+        not (p.passed_thresholds_alone if alone else p.passed_lower_above_zero if zero else p.passed) for p in pairs
+    )
     return f"{refused}/{len(pairs)}"
 
 
@@ -307,9 +321,18 @@ def report(result: dict) -> str:
             f"{fr['every_ordered_pair'][s]} over every ordered pair (thresholds alone: "
             f"{fr['thresholds_alone_every_ordered_pair'][s]}); quick retrain refused: {result['quick_refused'][s]}"
         )
-    lines.append(
-        f"{'candidate':<9}{'champion':<9}{'texts':>6}  verdict  " + "  ".join(f"{m} drop [lo, hi]" for m in SHOWN)
-    )
+    for sl in result["slices"]:
+        lines.append(
+            f"{sl['slices']} disjoint {sl['size']}-text slices of the large set: equal retrains refused "
+            f"{sl['equal_refused']} (the design before calibration, over the threshold with lower bound > 0: "
+            f"{sl['equal_refused_lower_above_zero']}; thresholds alone: {sl['equal_refused_thresholds_alone']}; "
+            f"{sl['equal_too_small']} with a check too small to decide); quick retrain refused {sl['quick_refused']} "
+            f"(before calibration: {sl['quick_refused_lower_above_zero']}; micro-F1 drops "
+            f"{sl['quick_micro_f1_drop'][0]}–{sl['quick_micro_f1_drop'][-1]}, lower bounds "
+            f"{sl['quick_micro_f1_lower'][0]}–{sl['quick_micro_f1_lower'][-1]})"
+        )
+    shown = "  ".join(f"{m} drop [lo, hi]" for m in SHOWN)
+    lines.append(f"{'candidate':<10}{'champion':<10}{'texts':>6}  verdict  {shown}")
     for p in result["pairs"]:
         if p["champion"] != result["pairs"][0]["champion"]:
             continue
@@ -319,9 +342,8 @@ def report(result: dict) -> str:
             if m in p["intervals"]
         )
         verdict = "passed " if p["passed"] else "REFUSED"
-        lines.append(
-            f"{p['candidate']:<9}{p['champion']:<9}{p['texts']:>6}  {verdict}  {cells}  too small: {p['too_small']}"
-        )
+        head = f"{p['candidate']:<10}{p['champion']:<10}{p['texts']:>6}"
+        lines.append(f"{head}  {verdict}  {cells}  too small: {p['too_small']}")
     c = result["cost"]
     lines.append(
         f"paired test at {c['texts']:,} texts, {c['labels']} labels, {c['resamples']} resamples: "
