@@ -170,7 +170,8 @@ class Check:
 
     def describe(self) -> str:
         """``max_f1_drop on micro_f1: candidate 0.657 vs champion 0.993 (drop 0.336 > 0.02)``; judged with the
-        paired test, the drop's bounds follow, and whether it is significant or the eval set too small."""
+        paired test, the drop's bounds follow, and whether it is over the threshold beyond noise or the eval set
+        too small to tell."""
         head = f"{self.rule} on {self.metric}: candidate {self.candidate:.4g}"
         if self.baseline is None:
             return f"{head} {'>=' if self.passed else '<'} {self.threshold:.3g}"
@@ -183,7 +184,7 @@ class Check:
         change = f"{what} {self._amount(drop)} {relation} {self._amount(self.threshold)}"
         if self.paired:
             change += f"; {self.interval()}"
-            if self.significant:
+            if over and self.significant:
                 change += ", over the threshold beyond noise"
             elif over:
                 change += ": not significantly over the threshold, the eval set is too small to tell it from noise"
