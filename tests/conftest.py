@@ -36,6 +36,7 @@ LONG_FILES = (
     "test_registry.py",
     "test_bench.py",
     "test_airflow_models.py",
+    "test_verdicts_airflow.py",
     "test_monitoring_serving.py",
     "test_hf.py",
     "test_quality_gate.py",

@@ -1,7 +1,8 @@
 """A trained checkpoint: its record (:class:`Checkpoint`) and the cheap readers its checks share.
 
-A checkpoint is a directory as PaddleNLP's ``save_pretrained`` writes it (``config.json``,
-``model_state.pdparams`` or ``model.safetensors``, ``vocab.txt``, ``tokenizer_config.json``) — or
+A checkpoint is a directory as PaddleNLP's ``save_pretrained`` writes it (``config.json``, or
+``model_config.json`` as PaddleNLP 2.x named it, ``model_state.pdparams`` or ``model.safetensors``,
+``vocab.txt``, ``tokenizer_config.json``) — or
 as Hugging Face ``transformers``' does (``config.json`` with ``problem_type:
 multi_label_classification``, ``model.safetensors``, ``tokenizer.json`` and/or ``vocab.txt``,
 ``tokenizer_config.json``); which framework wrote it is read from ``config.json``
@@ -31,8 +32,20 @@ from seqcls.errors import CheckpointError
 WEIGHT_FILES = ("model_state.pdparams", "model.safetensors")
 LABEL_FILE = "label.txt"
 GOLDEN_FILE = "golden.txt"
+CONFIG_FILE = "config.json"
+#: Where PaddleNLP 2.x (to 2.5) saved the model config; PaddleNLP 3 still reads it when config.json is absent.
+LEGACY_CONFIG_FILE = "model_config.json"
+#: ModelScope's model descriptor (its pipeline and task, not the model's architecture).
+MODELSCOPE_FILE = "configuration.json"
 #: Files whose bytes define the released model; their hashes make the fingerprint.
-MODEL_FILES = ("config.json", "vocab.txt", "tokenizer_config.json", "special_tokens_map.json", LABEL_FILE)
+MODEL_FILES = (
+    CONFIG_FILE,
+    LEGACY_CONFIG_FILE,
+    "vocab.txt",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    LABEL_FILE,
+)
 #: Weights files of other libraries (pickles): an adapter refuses them or ignores them, by name.
 OTHER_WEIGHT_FILES = ("pytorch_model.bin", "tf_model.h5", "flax_model.msgpack")
 REQUIRED_TOKENS = ("[PAD]", "[CLS]", "[SEP]", "[UNK]")
@@ -69,6 +82,12 @@ class Checkpoint:
     def origin(self) -> Path:
         """The operator's checkpoint directory (what messages, lineage and XCom name)."""
         return self.source or self.path
+
+    @property
+    def config_file(self) -> Path:
+        """The model config the checkpoint came with: ``config.json``, or PaddleNLP 2.x's ``model_config.json``."""
+        legacy = LEGACY_CONFIG_FILE in self.files and CONFIG_FILE not in self.files
+        return self.path / (LEGACY_CONFIG_FILE if legacy else CONFIG_FILE)
 
     @property
     def vocab_file(self) -> Path:
@@ -152,6 +171,71 @@ def read_json(path: Path, what: str) -> dict:
     if not isinstance(data, dict):
         raise CheckpointError(f"{path}: expected a JSON object, found {type(data).__name__}.")
     return data
+
+
+def config_file(root: Path) -> Path:
+    """The model config of the checkpoint at ``root``: ``config.json``, else PaddleNLP 2.x's ``model_config.json``.
+
+    Both present is fine when their bytes are equal (a copy kept for old readers); when they differ,
+    PaddleNLP 3 would read one and an older release the other, so the checkpoint is refused."""
+    new, legacy = inside_checkpoint(root, CONFIG_FILE), inside_checkpoint(root, LEGACY_CONFIG_FILE)
+    if new.is_file() and legacy.is_file():
+        if new.read_bytes() != legacy.read_bytes():
+            raise CheckpointError(
+                f"{new} and {legacy}: both present and different — PaddleNLP 3 reads {CONFIG_FILE}, PaddleNLP 2.x "
+                f"{LEGACY_CONFIG_FILE}, so which model this is depends on who loads it; keep the one the training "
+                "job wrote."
+            )
+        return new
+    if legacy.exists():
+        return legacy
+    if not new.exists() and (root / MODELSCOPE_FILE).exists():
+        raise CheckpointError(
+            f"{root / MODELSCOPE_FILE}: a ModelScope model descriptor, and no {CONFIG_FILE} — a classifier release "
+            f"needs the model's own config ({CONFIG_FILE} from save_pretrained: architectures, num_labels or "
+            "id2label, problem_type multi_label_classification), its weights (model.safetensors or "
+            "pytorch_model.bin), its tokenizer files and label.txt; save the fine-tuned model with "
+            "save_pretrained into this directory."
+        )
+    return new
+
+
+def flatten_legacy_config(config: dict, path: Path) -> dict:
+    """PaddleNLP 2.x's nested ``model_config.json`` as the flat config later versions write.
+
+    Before its models had config classes, PaddleNLP saved a model's ``__init__`` arguments: the base
+    model's configuration as a positional argument (``init_args: [{..., "init_class": "ErnieModel"}]``)
+    or a keyword one, the head's own keywords (``num_classes``) beside, and the class as ``init_class``.
+    The base model's keys are lifted to the top (the head's win), ``init_class`` becomes
+    ``architectures`` — as PaddleNLP 3 reads such a file. A flat config is returned unchanged."""
+    if "init_args" not in config and "init_class" not in config:
+        return config
+    init_args = config.get("init_args", [])
+    if not isinstance(init_args, list):
+        raise CheckpointError(f"{path}: init_args is {type(init_args).__name__}; PaddleNLP 2.x wrote a list.")
+    bases = [a for a in init_args if isinstance(a, dict)]
+    flat = {}
+    for key, value in config.items():
+        if key in ("init_args", "init_class"):
+            continue
+        if isinstance(value, dict) and "init_class" in value:  # the base model passed by keyword
+            bases.append(value)
+        else:
+            flat[key] = value
+    for base in bases:
+        for key, value in flatten_legacy_config(base, path).items():
+            if key != "architectures":
+                flat.setdefault(key, value)
+    if isinstance(config.get("init_class"), str):
+        flat["architectures"] = [config["init_class"]]
+    return flat
+
+
+def read_model_config(root: Path) -> tuple[dict, Path]:
+    """The checkpoint's model config (flat, whatever version wrote it) and the file it was read from."""
+    path = config_file(root)
+    config = read_json(path, "save_pretrained writes the model config there")
+    return (flatten_legacy_config(config, path) if path.name == LEGACY_CONFIG_FILE else config), path
 
 
 def num_labels_of(config: dict, path: Path) -> int:
@@ -239,7 +323,7 @@ def find_weights(root: Path, allow_unsafe_pickle: bool = False) -> Path:
     return weights
 
 
-def read_vocab(root: Path, config: dict) -> list[str]:
+def read_vocab(root: Path, config: dict, config_name: str = CONFIG_FILE) -> list[str]:
     """The WordPiece vocabulary: non-empty, with the special tokens, no larger than the embeddings."""
     vocab_path = root / "vocab.txt"
     text = _read_text(vocab_path, "the WordPiece vocabulary")
@@ -257,7 +341,7 @@ def read_vocab(root: Path, config: dict) -> list[str]:
     vocab_size = int(config.get("vocab_size", len(vocab)))
     if len(vocab) > vocab_size:
         raise CheckpointError(
-            f"{vocab_path}: {len(vocab)} tokens but config.json vocab_size is {vocab_size}; "
+            f"{vocab_path}: {len(vocab)} tokens but {config_name} vocab_size is {vocab_size}; "
             "ids past the embedding table would crash the model — use the vocab it was trained with."
         )
     return vocab

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from seqcls.checkpoints.checkpoint import MODEL_FILES, Checkpoint, find_weights, read_json, read_vocab
+from seqcls.checkpoints.checkpoint import MODEL_FILES, Checkpoint, config_file, find_weights, read_json, read_vocab
 from seqcls.checkpoints.safeload import scan_pickle
 from seqcls.config import ReleaseConfig
 from seqcls.contract import shipped
@@ -128,11 +128,12 @@ def verify_loaded(model, weights: Path, *, allow_unsafe: bool = False) -> None:
             return ", ".join(keys[:3]) + (" ..." if len(keys) > 3 else "")
 
         raise CheckpointError(
-            f"{weights}: does not match the model config.json describes — {len(missing)} parameters missing"
+            f"{weights}: does not match the model {config_file(weights.parent).name} describes — {len(missing)} "
+            "parameters missing"
             f"{' (' + few(missing) + ')' if missing else ''}, {len(unexpected)} unexpected"
             f"{' (' + few(unexpected) + ')' if unexpected else ''}, {len(wrong_shape)} with another shape"
             f"{' (' + few(wrong_shape) + ')' if wrong_shape else ''}. PaddleNLP would initialise the missing "
-            "ones randomly; release the checkpoint the training job saved, with its own config.json."
+            "ones randomly; release the checkpoint the training job saved, with its own model config."
         )
     differ = [
         k
@@ -233,7 +234,7 @@ class Paddle:
 
     def check_checkpoint(self, root: Path, config: dict, *, allow_unsafe_pickle: bool = False) -> Intake:
         weights = find_weights(root, allow_unsafe_pickle)
-        return Intake(weights, read_do_lower_case(root), len(read_vocab(root, config)))
+        return Intake(weights, read_do_lower_case(root), len(read_vocab(root, config, config_file(root).name)))
 
     def serving_tokenizer(self, ckpt: Checkpoint, records: Records) -> ServingTokenizer:
         vocab = ckpt.vocab_file.read_text(encoding="utf-8").splitlines()

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-from seqcls.checkpoints.checkpoint import inside_checkpoint, read_json
+from seqcls.checkpoints.checkpoint import CONFIG_FILE, LEGACY_CONFIG_FILE, inside_checkpoint, read_json
 from seqcls.errors import CheckpointError, InputError
 from seqcls.files import atomic_write
 from seqcls.release.intake import directory_fingerprint, resolve_checkpoint
@@ -108,7 +108,7 @@ def mark_complete(path: str | Path, run: str | None = None, *, completed_at: dat
 def _candidates(root: Path) -> list[Path]:
     """The directories under ``root`` that may be checkpoints (and ``root`` itself when it is one)."""
     dirs = sorted(p for p in root.iterdir() if p.is_dir())
-    if (root / "config.json").exists() or (root / MARKER_FILE).exists():
+    if any((root / name).exists() for name in (CONFIG_FILE, LEGACY_CONFIG_FILE, MARKER_FILE)):
         dirs.append(root)
     return dirs
 

@@ -36,8 +36,8 @@ from seqcls.checkpoints.checkpoint import (
     inside_checkpoint,
     num_labels_of,
     read_golden,
-    read_json,
     read_labels,
+    read_model_config,
     sha256_file,
     weights_path,
 )
@@ -76,24 +76,24 @@ def _refuse_outside_links(root: Path, *, skip: frozenset[str] = frozenset()) -> 
             inside_checkpoint(root, name)
 
 
-def _read_model_config(root: Path) -> tuple[dict, int]:
-    """``config.json`` and its label count; refuses a model that is not a sequence classifier."""
-    config = read_json(root / "config.json", "save_pretrained writes the model config there")
-    num_labels = num_labels_of(config, root / "config.json")
+def _read_model_config(root: Path) -> tuple[dict, Path, int]:
+    """The model config (``config.json`` or PaddleNLP 2.x's ``model_config.json``, flat), its file and its
+    label count; refuses a model that is not a sequence classifier."""
+    config, path = read_model_config(root)
+    num_labels = num_labels_of(config, path)
     arch = config.get("architectures") or []
     if arch and not any("SequenceClassification" in a for a in arch):
         raise CheckpointError(
-            f"{root / 'config.json'}: architectures {arch} is not a sequence classifier "
-            "(expected e.g. ErnieForSequenceClassification)."
+            f"{path}: architectures {arch} is not a sequence classifier (expected e.g. ErnieForSequenceClassification)."
         )
-    return config, num_labels
+    return config, path, num_labels
 
 
-def _read_model_labels(label_path: Path, num_labels: int) -> tuple[str, ...]:
+def _read_model_labels(label_path: Path, num_labels: int, config_name: str) -> tuple[str, ...]:
     labels = read_labels(label_path)
     if len(labels) != num_labels:
         raise CheckpointError(
-            f"{label_path}: {len(labels)} labels but config.json says the model has {num_labels} "
+            f"{label_path}: {len(labels)} labels but {config_name} says the model has {num_labels} "
             "(num_labels); the label file must list exactly one line per output."
         )
     return labels
@@ -131,12 +131,12 @@ def resolve_checkpoint(
     root = _checkpoint_root(path)
     given = ((LABEL_FILE, label_file), (GOLDEN_FILE, golden_file))  # files given explicitly may live anywhere
     _refuse_outside_links(root, skip=frozenset(name for name, file in given if file))
-    config, num_labels = _read_model_config(root)
-    framework = detect(config, root / "config.json")
+    config, config_path, num_labels = _read_model_config(root)
+    framework = detect(config, config_path)
     intake = framework.check_checkpoint(root, config, allow_unsafe_pickle=allow_unsafe_pickle)
     weights, vocab_size = intake.weights, intake.vocab_size
     label_path = Path(label_file).expanduser().resolve() if label_file else root / LABEL_FILE
-    labels = _read_model_labels(label_path, num_labels)
+    labels = _read_model_labels(label_path, num_labels, config_path.name)
     golden_path = Path(golden_file).expanduser().resolve() if golden_file else root / GOLDEN_FILE
     golden = read_golden(golden_path) if (golden_file or golden_path.exists()) else None
     files, fingerprint = _hash_model_files(root, label_path, weights, framework, known)
@@ -176,8 +176,8 @@ def directory_fingerprint(path: str | Path) -> str:
     """The fingerprint :func:`resolve_checkpoint` gives ``path`` (with its own ``label.txt``), hashing only."""
     root = _checkpoint_root(path)
     _refuse_outside_links(root)
-    config = read_json(root / "config.json", "save_pretrained writes the model config there")
-    framework = detect(config, root / "config.json")
+    config, config_path = read_model_config(root)
+    framework = detect(config, config_path)
     return _hash_model_files(root, root / LABEL_FILE, weights_path(root), framework)[1]
 
 

@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from seqcls.checkpoints.checkpoint import read_model_config
 from seqcls.checkpoints.golden import golden_texts
 from seqcls.contract import runtime, shipped
 from seqcls.errors import ConversionError
@@ -184,8 +185,8 @@ def calibration(release: Release):
 
 
 def attention_shape(release: Release) -> tuple[int, int]:
-    """(attention heads, hidden size) from the snapshot's ``config.json``: what the fusions need."""
-    config = json.loads((release.checkpoint.path / "config.json").read_text(encoding="utf-8"))
+    """(attention heads, hidden size) from the snapshot's model config: what the fusions need."""
+    config, _ = read_model_config(release.checkpoint.path)
     return int(config.get("num_attention_heads", 12)), int(config.get("hidden_size", 768))
 
 

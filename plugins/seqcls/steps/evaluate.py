@@ -7,6 +7,9 @@ a labeled eval set, re-scores the model that is served now — the champion — 
 Triton files on the same texts, and judges both with the release's quality rules
 (:mod:`seqcls.gates.rules`): floors always, drops vs the champion when one is served (skipped,
 and said so, for a first release), and for a reduced-precision profile the drop vs the fp32 graph.
+Both models answered the same texts, so the drops vs the champion are judged as paired data
+(:mod:`seqcls.gates.paired`): a drop over its threshold refuses only when it is significant at the
+eval set's size, and the evidence says which checks the eval set is too small for.
 
 The eval set is the operator's (``eval_set``: CLI ``--eval-set``, DAG param, models file
 ``params``); only when none is configured is the checkpoint's own ``test``/``dev`` file used, and
@@ -37,7 +40,7 @@ from seqcls.errors import GateError, InputError, ServingError
 from seqcls.gates.evalset import EvalSet
 from seqcls.gates.metrics import Scores, bad_cases, score, write_bad_cases
 from seqcls.gates.quality_plot import plot_labels
-from seqcls.gates.rules import QualityRules, Verdict, judge
+from seqcls.gates.rules import QualityRules, Verdict, judge, judged_labels, paired_test
 from seqcls.gates.scoring import Graph, Predictions, decide_vector, predict
 from seqcls.monitoring import reference as monitoring_reference
 from seqcls.registry.ledger import version_artifacts
@@ -196,8 +199,10 @@ def write_evidence(
         **{who: scores[who].to_dict() if who in scores else None for who in ("candidate", "champion", "fp32")},
         "champion_version": champion_version,
         "failures": [c.failure() for c in verdict.failures],
-        "checks": [c.failure() | {"passed": c.passed} for c in verdict.checks],
+        "checks": [c.evidence() for c in verdict.checks],
         "skipped": verdict.skipped,
+        "paired": verdict.paired,
+        "too_small": [c.describe() for c in verdict.too_small],
         "eval_set": es.summary(),
         "champion_disagreements": disagree,
         "bad_cases": len(rows),
@@ -251,9 +256,16 @@ def run_gate(
     champion = f"Triton v{champion_version}" if champion_version is not None else "none (first release)"
     log.info("evaluate: %d labeled texts from %s (%s), champion %s", len(es.texts), es.path, es.source, champion)
     answers = answer_all(release, es, repo, champion_version)
-    scores = {name: score(es.labels, p.labels, list(release.checkpoint.labels)) for name, p in answers.items()}
+    labels = list(release.checkpoint.labels)
+    scores = {name: score(es.labels, p.labels, labels) for name, p in answers.items()}
     rules = QualityRules.from_mapping(release.config.to_dict())
-    verdict = judge(scores["candidate"], scores.get("champion"), rules, fp32=scores.get("fp32"))
+    paired = None
+    if "champion" in answers:  # the same texts answered by both: judge the drops as paired data
+        judged = judged_labels(scores["candidate"], scores["champion"], rules.min_label_support)
+        paired = paired_test(es.labels, answers["candidate"].labels, answers["champion"].labels, labels, judged)
+    verdict = judge(scores["candidate"], scores.get("champion"), rules, fp32=scores.get("fp32"), paired=paired)
+    if verdict.too_small:
+        log.warning("evaluate: %s", verdict.too_small_note())
     evaluation = write_evidence(release, es, answers, scores, verdict, champion_version, out)
     write_reference(release, answers["candidate"], es, out)
     override = None
@@ -272,6 +284,7 @@ def run_gate(
         "champion_micro_f1": round(ch.micro_f1, 4) if ch else None,
         "champion_macro_f1": round(ch.macro_f1, 4) if ch else None,
         "champion_disagreements": evaluation["champion_disagreements"],
+        "too_small": len(verdict.too_small),
         "eval_set": es.summary(),
         "seconds": round(time.perf_counter() - t0, 3),
     }
@@ -283,9 +296,11 @@ def run_gate(
         if ch
         else " (first release: change rules skipped)"
     )
+    note = verdict.too_small_note()
     return (
         summary,
-        f"quality gate passed on {len(es.texts)} texts: micro/macro-F1 {c.micro_f1:.4f}/{c.macro_f1:.4f}{vs}",
+        f"quality gate passed on {len(es.texts)} texts: micro/macro-F1 {c.micro_f1:.4f}/{c.macro_f1:.4f}{vs}"
+        + (f"; {note}" if note else ""),
     )
 
 

@@ -129,7 +129,7 @@ def log_run(c, release: Release, run_id: str):
     for name in TOKENIZER_FILES:
         if (ckpt.path / name).is_file():
             c.log_artifact(run_id, str(ckpt.path / name), "tokenizer")
-    for path in (ckpt.path / "config.json", ckpt.label_file):
+    for path in (ckpt.config_file, ckpt.label_file):
         c.log_artifact(run_id, str(path), "checkpoint")
     if fp32_onnx(ws) != served_onnx(ws):
         c.log_artifact(run_id, str(fp32_onnx(ws)), "onnx_fp32")

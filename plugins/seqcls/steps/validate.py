@@ -305,8 +305,8 @@ def check_max_length(release: Release) -> None:
     if max_length > positions:
         raise InputError(
             f"max_length={max_length} is larger than the checkpoint's max_position_embeddings={positions} "
-            f"({release.checkpoint.origin / 'config.json'}): the model cannot embed more than {positions} "
-            f"positions. Release with --max-length {positions} (the max_length param) or less."
+            f"({release.checkpoint.origin / release.checkpoint.config_file.name}): the model cannot embed more "
+            f"than {positions} positions. Release with --max-length {positions} (the max_length param) or less."
         )
 
 

@@ -1,6 +1,10 @@
 """The quality gate's page: the verdict (each failed rule with both values), candidate beside champion,
 the plot, then per label, the eval set, the bad cases and every check.
 
+When the drops were judged as paired data (:mod:`seqcls.gates.paired`), every compared metric shows
+the bounds of its drop, and the verdict names the checks the eval set is too small to decide: a number
+without its uncertainty invites reading a one-text difference as a regression, or a real one as none.
+
 Read from the release workspace: ``quality/`` for a passed gate, ``failed/evaluate/`` for a refused
 one — only the layout's files (:mod:`seqcls.release.records`), each confined to the workspace (a symlink
 out of it is not the layout's file). States: passed, refused, skipped (no eval set), failed (an
@@ -90,8 +94,45 @@ def _champion_name(evaluation: dict[str, Any]) -> str:
     return f"champion (Triton v{version})" if version is not None else "champion (none: first release)"
 
 
-def _failures_table(failures: list[Any]) -> str:
+def _checks_by_rule(evaluation: dict[str, Any]) -> dict[tuple[str, str], dict[str, Any]]:
+    """Each check of ``evaluation`` by (rule, metric)."""
+    checks = [c for c in evaluation.get("checks") or [] if isinstance(c, dict)]
+    return {(str(c.get("rule")), str(c.get("metric"))): c for c in checks}
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _bounds(check: dict[str, Any] | None) -> str:
+    """``-0.0042 … 0.0120`` (the drop's bounds from the paired test), — without them."""
+    if not check or not (_is_number(check.get("lower")) and _is_number(check.get("upper"))):
+        return "—"
+    return f"{_number(check['lower'])} … {_number(check['upper'])}"
+
+
+def _judgement(check: dict[str, Any] | None) -> str:
+    """Whether the drop is over the threshold beyond noise, and whether the eval set is too small for the check."""
+    if not check or not isinstance(check.get("significant"), bool):
+        return ""
+    said = "over the threshold beyond noise" if check["significant"] else "not beyond noise"
+    return said + ("; eval set too small" if check.get("too_small") else "")
+
+
+def _interval_cells(check: dict[str, Any] | None) -> str:
+    kind = " small" if check and check.get("too_small") else ""
+    return f"<td class='n{kind}'>{e(_bounds(check))}</td><td>{e(_judgement(check))}</td>"
+
+
+def _confidence(evaluation: dict[str, Any]) -> str:
+    paired = evaluation.get("paired") if isinstance(evaluation.get("paired"), dict) else {}
+    conf = paired.get("confidence")
+    return f"{conf:.0%}" if _is_number(conf) else "95%"
+
+
+def _failures_table(failures: list[Any], evaluation: dict[str, Any]) -> str:
     rows = []
+    checks = _checks_by_rule(evaluation)
     for f in (f for f in failures if isinstance(f, dict)):
         fp32 = f.get("rule") == "max_profile_f1_drop"  # that rule's baseline is the fp32 graph, not the champion
         champion = _number(f.get("champion")) + (" (fp32 graph)" if fp32 else "")
@@ -100,10 +141,41 @@ def _failures_table(failures: list[Any]) -> str:
         rows.append(
             f"<tr><td>{e(str(f.get('rule')))}</td><td>{e(str(f.get('metric')))}</td>"
             f"<td class='n'>{_number(f.get('candidate'))}</td><td class='n'>{e(champion)}</td>"
-            f"<td class='n'>{_number(f.get('threshold'))}</td></tr>"
+            f"<td class='n'>{_number(f.get('threshold'))}</td>"
+            f"{_interval_cells(checks.get((str(f.get('rule')), str(f.get('metric')))))}</tr>"
         )
-    head_row = "<tr><th>rule</th><th>metric</th><th>candidate</th><th>champion</th><th>threshold</th></tr>"
+    head_row = (
+        "<tr><th>rule</th><th>metric</th><th>candidate</th><th>champion</th><th>threshold</th>"
+        f"<th>drop, {_confidence(evaluation)} bounds</th><th></th></tr>"
+    )
     return f"<table class='failures'>{head_row}{''.join(rows)}</table>" if rows else ""
+
+
+def _evidence_note(evaluation: dict[str, Any]) -> str:
+    """How the drops were judged (paired test or thresholds alone) and the checks the eval set is too small for."""
+    if not isinstance(evaluation.get("champion"), dict):
+        return ""
+    paired = evaluation.get("paired")
+    if not isinstance(paired, dict):
+        return (
+            "<p class='muted'>Judged on the scores alone: each change rule is its threshold "
+            "(no paired test of the per-text answers).</p>"
+        )
+    how = (
+        f"<p class='muted'>Drops judged as paired data: {e(str(paired.get('method', 'paired bootstrap')))} over the "
+        f"{e(_number(paired.get('texts')))} texts ({e(_number(paired.get('resamples')))} resamples, "
+        f"one-sided {_confidence(evaluation)} bounds of each drop); a drop refuses only when it is over its "
+        "threshold beyond noise (its lower bound above the threshold).</p>"
+    )
+    small = [str(s) for s in evaluation.get("too_small") or []]
+    if not small:
+        return how
+    items = "".join(f"<li>{e(s)}</li>" for s in small)
+    return (
+        f"{how}<div class='too-small'><p><b>The eval set is too small to tell whether the drop is over the "
+        f"threshold for {len(small)} check{'' if len(small) == 1 else 's'}:</b></p><ul>{items}</ul>"
+        "<p>A larger eval set decides them.</p></div>"
+    )
 
 
 def _verdict(found: dict[str, Any]) -> str:
@@ -128,7 +200,8 @@ def _verdict(found: dict[str, Any]) -> str:
         parts.append(f"<p>{passed}</p>")
     elif evaluation.get("summary"):
         parts.append(f"<p>{e(evaluation['summary'])}</p>")
-    parts.append(_failures_table(evaluation.get("failures") or []))
+    parts.append(_failures_table(evaluation.get("failures") or [], evaluation))
+    parts.append(_evidence_note(evaluation))
     if state == "passed" and not evaluation:
         parts.append(f"<p class='muted'>{e(EVALUATION)} is missing from the workspace.</p>")
     parts += [f"<p class='skipped'>• {e(s)}</p>" for s in skipped]
@@ -142,30 +215,42 @@ def _context(dag_id: str, run_id: str, evaluation: dict[str, Any]) -> str:
     return f"<p class='muted'>{shown}</p>"
 
 
-def _headline_rows(evaluation: dict[str, Any]) -> list[tuple[str, Any, Any, Any]]:
-    """(what, candidate, champion, fp32) per headline metric, then micro/macro-F1 per level."""
+def _headline_rows(evaluation: dict[str, Any]) -> list[tuple[str, str, Any, Any, Any]]:
+    """(metric as the rules name it, what, candidate, champion, fp32) per headline metric, then micro/macro-F1
+    per level."""
     scores = [
         evaluation.get(who) if isinstance(evaluation.get(who), dict) else {}
         for who in ("candidate", "champion", "fp32")
     ]
-    rows = [(label, *(s.get(key) for s in scores)) for key, label in HEADLINE]
+    rows = [(key, label, *(s.get(key) for s in scores)) for key, label in HEADLINE]
     levels = sorted({str(lv) for s in scores for lv in (s.get("per_level") or {})}, key=lambda v: (len(v), v))
     for level in levels:
         for key, label in (("micro_f1", "micro-F1"), ("macro_f1", "macro-F1")):
-            rows.append(
-                (f"level {level} {label}", *((s.get("per_level") or {}).get(level, {}).get(key) for s in scores))
-            )
+            values = ((s.get("per_level") or {}).get(level, {}).get(key) for s in scores)
+            rows.append((f"level_{level}.{key}", f"level {level} {label}", *values))
     return rows
+
+
+#: The rules whose checks carry the interval of a headline row's drop (absolute drops).
+_DROP_RULES = ("max_f1_drop", "max_level_f1_drop", "max_label_f1_drop")
+
+
+def _drop_check(checks: dict[tuple[str, str], dict[str, Any]], metric: str) -> dict[str, Any] | None:
+    return next((checks[(rule, metric)] for rule in _DROP_RULES if (rule, metric) in checks), None)
 
 
 def _headline_table(evaluation: dict[str, Any]) -> str:
     fp32 = isinstance(evaluation.get("fp32"), dict)
+    checks = _checks_by_rule(evaluation)
+    paired = isinstance(evaluation.get("paired"), dict)
     head_row = f"<tr><th>metric</th><th>candidate</th><th>{e(_champion_name(evaluation))}</th><th>Δ</th>"
+    head_row += f"<th>drop, {_confidence(evaluation)} bounds</th><th></th>" if paired else ""
     head_row += "<th>fp32 graph</th></tr>" if fp32 else "</tr>"
     body = []
-    for label, cand, champ, full in _headline_rows(evaluation):
+    for key, label, cand, champ, full in _headline_rows(evaluation):
         extra = f"<td class='n'>{_number(full)}</td>" if fp32 else ""
         cells = f"<td class='n'>{_number(cand)}</td><td class='n'>{_number(champ)}</td>{_delta(cand, champ)[1]}"
+        cells += _interval_cells(_drop_check(checks, key)) if paired else ""
         body.append(f"<tr><th align='left'>{e(label)}</th>{cells}{extra}</tr>")
     texts = (evaluation.get("candidate") or {}).get("texts")
     title = f"<h2>Candidate vs champion on {e(_number(texts))} texts</h2>"
@@ -195,10 +280,14 @@ def _label_rows(evaluation: dict[str, Any]) -> list[tuple[float | None, str, Any
 def _label_table(evaluation: dict[str, Any]) -> str:
     rows = _label_rows(evaluation)
     champion = e(_champion_name(evaluation))
-    head_row = f"<tr><th>label</th><th>support</th><th>candidate F1</th><th>{champion} F1</th><th>Δ</th></tr>"
+    checks = _checks_by_rule(evaluation)
+    paired = isinstance(evaluation.get("paired"), dict)
+    bounds = f"<th>drop, {_confidence(evaluation)} bounds</th><th></th>" if paired else ""
+    head_row = f"<tr><th>label</th><th>support</th><th>candidate F1</th><th>{champion} F1</th><th>Δ</th>{bounds}</tr>"
     body = "".join(
         f"<tr><td>{e(label)}</td><td class='n'>{_number(support)}</td><td class='n'>{_number(c)}</td>"
-        f"<td class='n'>{_number(ch)}</td>{cell}</tr>"
+        f"<td class='n'>{_number(ch)}</td>{cell}"
+        f"{_interval_cells(_drop_check(checks, f'label[{label}].f1')) if paired else ''}</tr>"
         for _d, label, support, c, ch, cell in rows
     )
     return f"<h2>Per label ({len(rows)}), worst Δ first</h2><table class='labels'>{head_row}{body}</table>"
@@ -222,21 +311,21 @@ def _eval_set(evaluation: dict[str, Any]) -> str:
 
 
 def _checks(evaluation: dict[str, Any]) -> str:
-    """Every check the gate made, folded: what passed is evidence too."""
-
-
-def _checks(evaluation: dict[str, Any]) -> str:
-    """Every check the gate made with its threshold, folded: what passed is evidence too."""
+    """Every check the gate made with its threshold (and its drop's bounds), folded: what passed is evidence too."""
     checks = [c for c in evaluation.get("checks") or [] if isinstance(c, dict)]
     if not checks:
         return ""
     rows = "".join(
         f"<tr><td>{e(c.get('rule'))}</td><td>{e(c.get('metric'))}</td>"
         f"<td class='n'>{_number(c.get('candidate'))}</td><td class='n'>{_number(c.get('champion'))}</td>"
-        f"<td class='n'>{_number(c.get('threshold'))}</td><td>{'passed' if c.get('passed') else 'FAILED'}</td></tr>"
+        f"<td class='n'>{_number(c.get('threshold'))}</td>{_interval_cells(c)}"
+        f"<td>{'passed' if c.get('passed') else 'FAILED'}</td></tr>"
         for c in checks
     )
-    head_row = "<tr><th>rule</th><th>metric</th><th>candidate</th><th>baseline</th><th>threshold</th><th></th></tr>"
+    head_row = (
+        "<tr><th>rule</th><th>metric</th><th>candidate</th><th>baseline</th><th>threshold</th>"
+        f"<th>drop, {_confidence(evaluation)} bounds</th><th></th><th></th></tr>"
+    )
     return folded(f"All {len(checks)} checks and their thresholds", f"<table class='checks'>{head_row}{rows}</table>")
 
 
