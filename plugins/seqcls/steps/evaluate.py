@@ -128,8 +128,11 @@ def candidate_graphs(release: Release) -> list[Graph]:
     return graphs
 
 
-def answer_all(release: Release, es: EvalSet, repo: Repository, champion_version: int | None) -> dict[str, Predictions]:
-    """The eval set through the candidate's graph(s) and, when one is served, the champion's published version."""
+def answer_all(
+    release: Release, es: EvalSet, repo: Repository, champion_version: int | None
+) -> tuple[dict[str, Predictions], dict[str, Any] | None]:
+    """The eval set through the candidate's graph(s) and, when one is served, the champion's published version;
+    and the override of the quality gate when the champion could not be re-scored (None otherwise)."""
     providers = runtime.choose_providers(release.config.provider, False)
     answers = {g.name: predict(g, es.texts, providers) for g in candidate_graphs(release)}
     if champion_version is not None:
@@ -158,11 +161,10 @@ def answer_all(release: Release, es: EvalSet, repo: Repository, champion_version
                     override = verdicts.override_for(release, "quality", refused)
                     if override is None:
                         raise refused from None
-                    verdicts.record_override(release, override)
-                    return answers
+                    return answers, override  # recorded as the gate's override (history, MLflow, release.json)
             log.info("evaluate: champion Triton v%d scored from %s", champion_version, source)
             answers["champion"] = predict(graph, es.texts, providers)
-    return answers
+    return answers, None
 
 
 def shadow_sample(n: int, size: int = SHADOW_TEXTS) -> list[int]:
@@ -255,7 +257,7 @@ def run_gate(
     t0 = time.perf_counter()
     champion = f"Triton v{champion_version}" if champion_version is not None else "none (first release)"
     log.info("evaluate: %d labeled texts from %s (%s), champion %s", len(es.texts), es.path, es.source, champion)
-    answers = answer_all(release, es, repo, champion_version)
+    answers, override = answer_all(release, es, repo, champion_version)
     labels = list(release.checkpoint.labels)
     scores = {name: score(es.labels, p.labels, labels) for name, p in answers.items()}
     rules = QualityRules.from_mapping(release.config.to_dict())
@@ -268,12 +270,12 @@ def run_gate(
         log.warning("evaluate: %s", verdict.too_small_note())
     evaluation = write_evidence(release, es, answers, scores, verdict, champion_version, out)
     write_reference(release, answers["candidate"], es, out)
-    override = None
     if not verdict.passed:
         refused = GateError(refusal(release, es, champion_version, verdict.summary()))
-        override = verdicts.override_for(release, "quality", refused)
-        if override is None:
+        again = verdicts.override_for(release, "quality", refused)
+        if again is None:
             raise refused
+        override = again if override is None else {**override, "verdict": f"{override['verdict']}; {again['verdict']}"}
     c, ch = scores["candidate"], scores.get("champion")
     summary = {
         "passed": verdict.passed,
