@@ -206,9 +206,14 @@ def test_validate_refuses_max_length_over_max_position_embeddings(tmp_path: Path
     def release(max_length: int) -> SimpleNamespace:
         return SimpleNamespace(
             config=SimpleNamespace(max_length=max_length),
-            checkpoint=SimpleNamespace(max_position_embeddings=160, origin=tmp_path),
+            checkpoint=SimpleNamespace(
+                max_position_embeddings=160, origin=tmp_path, config_file=tmp_path / "model_config.json"
+            ),
         )
 
     check_max_length(release(160))  # equal is fine: positions 0..159
-    with pytest.raises(InputError, match=r"max_length=161 is larger than the checkpoint's max_position_embeddings=160"):
+    with pytest.raises(
+        InputError, match=r"max_length=161 is larger than the checkpoint's max_position_embeddings=160"
+    ) as err:
         check_max_length(release(161))
+    assert f"({tmp_path / 'model_config.json'})" in str(err.value)  # the config file the checkpoint came with

@@ -502,7 +502,8 @@ def test_drill_damaged_served_and_missing_previous_versions(drill: Drill, tiny_c
     served_onnx = d.repo / ModelName(NAME).names.model / "2" / "model.onnx"
     digest = sha256_file(served_onnx)
     served_onnx.write_bytes(b"damaged by hand")  # restorable: the workspace holds the bytes publish shipped
-    shutil.rmtree(d.repo / ModelName(NAME).names.model / "1")  # not restorable: its release.json is gone too
+    shutil.rmtree(d.repo / ModelName(NAME).names.model / "1")  # not restorable: its release.json is gone too,
+    (d.repo / ".seqcls-pins.seqcls.v1.json").unlink()  # and no pin records it (a version published before pins)
     fix = f"seqcls release --checkpoint {tiny_checkpoint_src}"
     out = d.cli("status")
     _no_traceback(out)

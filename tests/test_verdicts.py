@@ -14,7 +14,9 @@ import pytest
 
 from seqcls.airflow.context import config_from_params
 from seqcls.config import ReleaseConfig
+from seqcls.contract.names import ModelName
 from seqcls.errors import GateError, InputError
+from seqcls.serving.pins import write_pin
 from tests.helpers.demo_models import demo_eval_file, quick_demo_model, worse_retrain
 from tests.helpers.drills import Drill, champion
 
@@ -101,6 +103,8 @@ def test_sync_and_status_report_a_served_version_without_verdicts(drill: Drill, 
     path, info = _served_info(drill)
     info.pop("verdicts")  # what a version put live by a path that skipped the gates looks like
     path.write_text(json.dumps(info, indent=1, ensure_ascii=False), encoding="utf-8")
+    version, names = drill.state().serving, ModelName("seqcls").names  # published (and pinned) so
+    write_pin(drill.repo, names, version, {m: drill.repo / m / str(version) for m in names.models})
     sync = drill.cli("sync")
     assert sync.returncode != 0 and "went live without passed or overridden verdicts" in sync.stdout, sync.stdout
     status = drill.cli("status")

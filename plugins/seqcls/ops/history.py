@@ -41,6 +41,7 @@ KINDS = {
     "refused": "refused",
     "override": "override",
     "promote": "promote",
+    "damaged": "damaged",
 }
 
 
@@ -158,7 +159,7 @@ def _entries(
     event = record.get("event")
     if event is not None and event not in EVENTS:
         raise ValueError(f"unknown event {event!r}")
-    if event in ("refused", "override", "promote"):
+    if event in ("refused", "override", "promote", "damaged"):
         return [_event_entry(model_name, record, cur, who, number)], cur
     return _state_entries(model_name, record, cur, who, number)
 

@@ -19,7 +19,7 @@ from typing import Any
 
 from seqcls.contract.names import ModelName
 from seqcls.errors import SeqclsError, ServingError
-from seqcls.ops.sync import models_in, operator_models, verdict_problems, version_problems
+from seqcls.ops.sync import models_in, operator_models, release_command, verdict_problems, version_problems
 from seqcls.registry.ledger import CANDIDATE, CHAMPION, aliased_version, client, find_version, version_label
 from seqcls.release import control, verdicts
 from seqcls.release.keys import served_release_key
@@ -130,7 +130,8 @@ def _registry(settings: Settings, model_name: str, repo: Repository, state: Serv
 
 def _endpoint_problems(ep: str, seen: dict[str, list[int]] | str, want: dict[str, list[int]]) -> list[str]:
     if isinstance(seen, str):
-        return [f"endpoint {ep} {seen}: start it, then run `seqcls sync`"]
+        return [f"endpoint {ep} {seen}: start it, then run `seqcls sync` (the local server: `seqcls triton start` "
+                "does both)"]  # fmt: skip
     wrong = [f"{m} {seen.get(m)} (recorded: {want[m]})" for m in want if seen.get(m) != want[m]]
     return [f"endpoint {ep} serves {'; '.join(wrong)}: run `seqcls sync`"] if wrong else []
 
@@ -237,7 +238,8 @@ def model_status(settings: Settings, model_name: ModelName) -> ModelStatus:
     elif state.serving is not None and reg.get("expected") is None:
         status.problems.append(
             f"no MLflow version of {model_name!r} holds the served Triton v{state.serving} (fingerprint "
-            f"{str(fp)[:16]}, serving configuration {served_release_key(repo, state.serving)}): release it again"
+            f"{str(fp)[:16]}, serving configuration {served_release_key(repo, state.serving)}): release it again "
+            f"({release_command(repo, state.serving)})"
         )
     elif state.serving is not None and reg.get("champion") != reg.get("expected"):
         champion_fp = str(reg.get("champion_fingerprint"))[:16]

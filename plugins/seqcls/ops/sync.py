@@ -22,25 +22,26 @@ import json
 import logging
 import os
 import re
+import shlex
 import shutil
 import socket
 import textwrap
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from seqcls.checkpoints.checkpoint import sha256_file
 from seqcls.contract.names import CLASSIC, DEFAULT_MODEL, ModelName
 from seqcls.errors import SeqclsError, ServingError
-from seqcls.files import copy_hashed, replace_file
 from seqcls.registry import journal
 from seqcls.registry.ledger import mirror_champion
 from seqcls.release import control, verdicts
 from seqcls.release.keys import served_release_key
 from seqcls.release.workspace import Workspace
+from seqcls.serving import restore
 from seqcls.serving.client import endpoints_from_settings
 from seqcls.serving.lease import ReleaseLease, pid_alive
+from seqcls.serving.pins import drop_pin
 from seqcls.serving.repository import RELEASE_FILE, Repository
 from seqcls.serving.state import (
     STATE_PREFIX,
@@ -208,78 +209,37 @@ def _clean(repo: Repository, keep: set[int]) -> list[str]:
     for path in leftovers:
         shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
         removed.append(str(path.relative_to(repo.root)))
+    gone = {int(p.name) for p in leftovers if p.name.isdigit()} - set(repo.complete_versions()) - keep
+    for version in sorted(v for v in gone if not any(v in repo.versions(m) for m in repo.names.models)):
+        drop_pin(repo.root, repo.model_name, version)  # nothing of it is left to check or restore
     return removed
 
 
-def _release_command(repo: Repository, version: int) -> str:
-    """The exact command that republishes ``version``'s checkpoint (from its release workspace's manifest)."""
-    checkpoint = "<its checkpoint>"
+def release_command(repo: Repository, version: int) -> str:
+    """The exact command that releases ``version``'s checkpoint again, as printed by status and sync: from its
+    release workspace's manifest (found through its pin or its own ``release.json``), with the eval set it was
+    judged on (the file, or its kept copy when the file is gone) — a release without it would be refused."""
+    checkpoint, eval_set = "<its checkpoint>", None
     for model in repo.names.models:
         try:
-            info = json.loads((repo.root / model / str(version) / RELEASE_FILE).read_text(encoding="utf-8"))
+            info = repo.recorded(version, model) or {}
             manifest = Workspace(Path(info["workspace"])).read()
             checkpoint = str(manifest["checkpoint"].get("source") or manifest["checkpoint"]["path"])
+            configured = (manifest.get("config") or {}).get("eval_set")
+            if configured:
+                kept = ((manifest.get("eval_sets") or {}).get(configured) or {}).get("copy")
+                eval_set = configured if Path(configured).is_file() or not kept else kept
             break
-        except (OSError, ValueError, KeyError, TypeError):
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
             continue
-    return f"`seqcls release --checkpoint {checkpoint} --model-name {repo.model_name}`"
-
-
-def _copies_of(repo: Repository, version: int) -> Iterator[Path]:
-    """Where byte-identical copies of ``version``'s files may be: its release workspace (the snapshot and
-    export publish shipped from), the other versions of the same Triton models, the serving code."""
-    for model in repo.names.models:
-        try:
-            info = json.loads((repo.root / model / str(version) / RELEASE_FILE).read_text(encoding="utf-8"))
-            yield from sorted(Path(info["workspace"]).rglob("*"))
-            break
-        except (OSError, ValueError, KeyError, TypeError):
-            continue
-    for model in repo.names.models:
-        for other in repo.versions(model):
-            if other != version:
-                yield from sorted((repo.root / model / str(other)).rglob("*"))
-    yield from sorted(Path(repo.source).rglob("*"))
+    with_eval = f" --eval-set {eval_set}" if eval_set else ""
+    return f"`seqcls release --checkpoint {checkpoint}{with_eval} --model-name {repo.model_name}`"
 
 
 def restore_version(repo: Repository, version: int) -> list[str]:
-    """Put back the missing or changed files of ``version`` whose ``release.json`` survives, from copies
-    with the recorded hash (checked again after copying); returns what was restored. A version whose
-    directory (with its ``release.json``) is gone cannot be checked, so it is not restored."""
-    wanted: dict[Path, str] = {}
-    for model in repo.names.models:
-        vdir = repo.root / model / str(version)
-        try:
-            files = json.loads((vdir / RELEASE_FILE).read_text(encoding="utf-8"))["files"]
-        except (OSError, ValueError, KeyError, TypeError):
-            continue
-        for rel, digest in files.items():
-            if not (vdir / rel).is_file() or sha256_file(vdir / rel) != digest:
-                wanted[vdir / rel] = digest
-    found: dict[str, Path] = {}
-    for path in _copies_of(repo, version) if wanted else ():
-        if set(wanted.values()) <= set(found):
-            break
-        if path.is_file() and not path.is_symlink() and path not in wanted:
-            found.setdefault(sha256_file(path), path)
-    restored = []
-    for target, digest in wanted.items():
-        if digest not in found:
-            continue
-        target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = target.with_name(f".tmp-restore-{os.getpid()}-{target.name}")
-        try:
-            tmp.unlink(missing_ok=True)
-            with open(found[digest], "rb") as fin:
-                copied, _ = copy_hashed(fin, tmp)
-            if copied == digest:
-                replace_file(tmp, target)
-                restored.append(f"{target.relative_to(repo.root)} (from {found[digest]})")
-        finally:
-            tmp.unlink(missing_ok=True)
-    if restored:
-        log.warning("sync %s: restored version %d: %s", repo.model_name, version, "; ".join(restored))
-    return restored
+    """Put back the missing or changed files (or whole directories) of ``version`` from verified copies
+    (:mod:`seqcls.serving.restore`); returns what was restored. The caller holds the repository lock."""
+    return restore.restore_version(repo, version).restored
 
 
 def version_problems(repo: Repository, state: ServingState) -> list[str]:
@@ -292,11 +252,23 @@ def version_problems(repo: Repository, state: ServingState) -> list[str]:
         if not missing and not changed:
             continue
         what = "; ".join(([f"missing {', '.join(missing)}"] if missing else []) + changed[:3])
-        command = _release_command(repo, version)
+        command = release_command(repo, version)
+        if role != "candidate" and restore.plan(repo, version).complete:
+            problems.append(
+                f"{role} version {version} of {repo.model_name!r} is damaged ({what}): every file it lacks has a "
+                f"verified copy (its pin, release workspace or other versions): `seqcls sync --model-name "
+                f"{repo.model_name}` restores it byte-identically"
+            )
+            continue
+        if (
+            role == "served" and " --eval-set " in command
+        ):  # its quality gate cannot re-score a champion no copy is left of
+            reason = f"served version {version} damaged, no verified copy left: released again"
+            command = f"{command[:-1]} --override quality --reason {shlex.quote(reason)}`"
         fix = {
             "served": f"Triton keeps what it loaded, but a restart cannot load it: release it again ({command}; "
             f"a new version number) or `seqcls rollback --model-name {repo.model_name}`",
-            "previous": f"`seqcls rollback` cannot use it: republish it with {command} (that serves it, as a new "
+            "previous": f"a rollback cannot use it: republish it with {command} (that serves it, as a new "
             "version), or leave it — the next release makes the served version the previous",
             "candidate": "its release cannot pass smoke; `seqcls sync` abandons it once that release is gone",
         }[role]
@@ -308,16 +280,13 @@ def verdict_problems(repo: Repository, state: ServingState) -> list[str]:
     """The served version, when it went live without passed-or-overridden verdicts — with its fix."""
     if state.serving is None:
         return []
-    try:
-        info = repo.release_info(state.serving)
-    except ValueError:  # an unreadable release.json: version_problems names it
-        return []
+    info = repo.recorded(state.serving, repo.names.ensemble)  # as published (its pin); unreadable: version_problems
     why = verdicts.unverified(info)
     if why is None:
         return []
     return [
         f"served version {state.serving} of {repo.model_name!r}: {why}. Release it through the gates "
-        f"({_release_command(repo, state.serving)}, with its eval set), or `seqcls rollback --model-name "
+        f"({release_command(repo, state.serving)}), or `seqcls rollback --model-name "
         f"{repo.model_name}` to the previous version"
     ]
 
@@ -340,7 +309,7 @@ def _sync_model(settings: Settings, model: str, endpoints) -> SyncResult:
         errors["state"] = (
             f"{state_path(repo.root, model)} is missing and neither its log nor the configs say which version "
             f"{model!r} serves (published: {repo.complete_versions()}); nothing was changed. Release the version "
-            f"to serve: {_release_command(repo, repo.complete_versions()[-1])}"
+            f"to serve: {release_command(repo, repo.complete_versions()[-1])}"
         )
         return SyncResult(model, None, None, errors=errors)
     restored = [f"restored {r}" for r in _restore_live(repo, state)]
@@ -365,7 +334,7 @@ def _sync_model(settings: Settings, model: str, endpoints) -> SyncResult:
 def _restore_live(repo: Repository, state: ServingState) -> list[str]:
     """Restore the served, previous and candidate versions where byte-identical copies exist."""
     restored: list[str] = []
-    damaged = [v for v in state.live_versions() if v in repo.complete_versions() and repo.damaged_files(v)]
+    damaged = [v for v in state.live_versions() if repo.problems(v)]
     if damaged:
         with repo.lock(what=f"sync restore {repo.model_name}"):
             for version in damaged:

@@ -206,6 +206,26 @@ def registered_version(
     return int(mv.version) if mv is not None else None
 
 
+def version_artifacts(
+    settings: Settings, model_name: str, fingerprint: str | None, release_key: str | None, dst: Path
+) -> Path | None:
+    """The artifacts of the MLflow version that holds ``fingerprint`` (and ``release_key``), downloaded under
+    ``dst`` — copies of a published Triton version's files to check against its pinned hashes (the served
+    ONNX, the serving tokenizer's file). None: no such version, or MLflow cannot be read (a warning)."""
+    try:
+        c = client(settings)
+        mv = find_version(c, model_name, fingerprint, release_key=release_key)
+        if mv is None:
+            return None
+        import mlflow
+
+        uri = f"models:/{model_name}/{mv.version}"
+        return Path(mlflow.artifacts.download_artifacts(artifact_uri=uri, dst_path=str(dst)))
+    except Exception as exc:  # MLflow down or the artifacts gone: one source fewer, said
+        log.warning("MLflow version of %s %s: artifacts not read (%s)", model_name, fingerprint, exc)
+        return None
+
+
 def alias_version(settings: Settings, model_name: str, alias: str) -> int | None:
     """The version an alias points to (None when unset or the model is not registered)."""
     mv = aliased_version(client(settings), model_name, alias)

@@ -122,7 +122,10 @@ def checked(repo: Repository, before: ServingState, after: ServingState) -> Serv
     """
     withdrawing = after.serving == before.serving and after.candidate is None
     for role, version in (("serving", after.serving), ("candidate", after.candidate)):
-        problems = [] if version is None or withdrawing else repo.problems(version)
+        # a served version that stays served is not loaded anew: a release may proceed beside a damaged one
+        # that nothing can restore (publish said so); rolling back to a damaged version is refused
+        unchanged = role == "serving" and version == before.serving and after.candidate is not None
+        problems = [] if version is None or withdrawing or unchanged else repo.problems(version)
         if problems:
             raise ServingError(
                 f"{after.model_name}: refusing to record version {version} as {role}: {'; '.join(problems[:5])}. "

@@ -1,12 +1,15 @@
 """A published Triton version read back as a graph the quality gate can score: the champion as served.
 
 Each file is copied once into a scratch directory, hashed as it is copied and checked against the hash
-its ``release.json`` recorded at publish: what is scored is what Triton loaded, or the gate refuses.
+its ``release.json`` recorded at publish: what is scored is what Triton loaded, or the gate refuses. When the
+served version's files are damaged or gone, :func:`champion_graph` scores a verified copy instead (its pin,
+release workspace or the MLflow model version's artifacts: :mod:`seqcls.serving.restore`), every hash checked.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +20,7 @@ from seqcls.errors import ServingError
 from seqcls.files import copy_hashed
 from seqcls.gates.scoring import Graph
 from seqcls.serving.repository import RELEASE_FILE, Repository
+from seqcls.serving.restore import plan
 
 
 def _verified_copy(vdir: Path, name: str, recorded: dict[str, str], scratch: Path, what: str) -> Path:
@@ -87,3 +91,54 @@ def served_graph(repo: Repository, version: int, scratch: Path) -> Graph:
         str(post_info.get("profile") or "fp32"),
         version,
     )
+
+
+def _assemble(repo: Repository, version: int, copy: Repository, extra: Sequence[Path]) -> list[str]:
+    """A verified copy of ``version``'s composing models under ``copy.root``: each file from the live version
+    when intact, else from the pin, the release workspace or ``extra`` (restore's sources), hashed as
+    written. Returns what could not be found (empty: the copy is complete)."""
+    p = plan(repo, version, extra=extra)
+    missing = list(p.unknown)
+    for model in repo.names.composing:
+        recorded = repo.recorded(version, model)
+        if recorded is None:
+            continue  # named by plan's unknown
+        live, target = repo.root / model / str(version), copy.root / model / str(version)
+        target.mkdir(parents=True, exist_ok=True)
+        (target / RELEASE_FILE).write_text(json.dumps(recorded), encoding="utf-8")  # what it was published as
+        wanted = {w.target: w for ws in (*p.whole.values(), *p.files.values()) for w in ws}
+        for rel, digest in (recorded.get("files") or {}).items():
+            w = wanted.get(live / rel)
+            source = live / rel if w is None else p.sources.get(digest)
+            dst = target / rel
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            if w is not None and w.data is not None:
+                dst.write_bytes(w.data)
+                continue
+            if source is None:
+                missing.append(f"{model}/{version}/{rel}")
+                continue
+            with open(source, "rb") as fin:
+                got, _ = copy_hashed(fin, dst)
+            if got != digest:
+                missing.append(f"{model}/{version}/{rel} (its copy {source} changed while read)")
+    return missing
+
+
+def champion_graph(repo: Repository, version: int, scratch: Path, extra: Sequence[Path] = ()) -> tuple[Graph, str]:
+    """The served version ``version`` as published, and where it was read from: its live files when intact,
+    else a verified copy (its pin and release workspace, or ``extra`` directories such as the MLflow model
+    version's artifacts), every file checked against the hash publish recorded. ServingError naming what is
+    missing when no verified copy is complete."""
+    try:
+        return served_graph(repo, version, scratch / "live"), "its published files"
+    except ServingError as exc:
+        live_error = exc
+    copy = Repository(scratch / "copy", repo.source, repo.names)
+    missing = _assemble(repo, version, copy, extra)
+    if missing:
+        raise ServingError(
+            f"{live_error} — and no verified copy of it is complete (pin, release workspace"
+            f"{', ' + ', '.join(str(e) for e in extra) if extra else ''}): missing {', '.join(missing[:5])}"
+        )
+    return served_graph(copy, version, scratch / "graph"), "a verified copy (its pin and release workspace or MLflow)"

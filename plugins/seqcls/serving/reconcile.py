@@ -97,9 +97,15 @@ class ReconcileReport:
 
 class _Reconciler:
     def __init__(
-        self, repo: Repository, ops: Sequence[TritonOps], desired: dict[str, list[int]], direct: Collection[int] = ()
+        self,
+        repo: Repository,
+        ops: Sequence[TritonOps],
+        desired: dict[str, list[int]],
+        direct: Collection[int] = (),
+        untouched: Collection[str] = (),
     ) -> None:
         self.repo, self.desired, self.names, self.direct = repo, desired, repo.names, set(direct)
+        self.untouched = set(untouched)  # models left as the servers hold them (their config, too)
         self._lock = threading.Lock()
         self.report = ReconcileReport(desired)
         self.actual: dict[str, dict[str, list[int]]] = {}
@@ -115,7 +121,10 @@ class _Reconciler:
     def pending(self) -> list[TritonOps]:
         todo = []
         for op in self.ops:
-            if self.actual[op.endpoint.grpc] == self.desired:
+            seen = self.actual[op.endpoint.grpc]
+            if {m: v for m, v in seen.items() if m not in self.untouched} == {
+                m: v for m, v in self.desired.items() if m not in self.untouched
+            }:
                 self.report.already.append(op.endpoint.grpc)
             else:
                 todo.append(op)
@@ -123,6 +132,8 @@ class _Reconciler:
 
     def write(self, model: str, versions: list[int]) -> None:
         """The shared config of ``model`` for ``versions`` (removed when empty)."""
+        if model in self.untouched:
+            return
         if not versions:
             self.repo.restore_config(model, None)
             if model == self.names.candidate:
@@ -140,7 +151,7 @@ class _Reconciler:
     def apply(self, op: TritonOps, model: str, versions: list[int]) -> None:
         """Make ``model`` on ``op`` have exactly ``versions`` READY (load, or unload when empty)."""
         key = op.endpoint.grpc
-        if key in self.report.errors or self.actual[key].get(model) == versions:
+        if key in self.report.errors or self.actual[key].get(model) == versions or model in self.untouched:
             return
         try:
             if versions:
@@ -210,6 +221,28 @@ def _served_missing(repo: Repository, state: ServingState, missing: list[int]) -
     )
 
 
+def held_only(
+    repo: Repository, state: ServingState, desired: dict[str, list[int]]
+) -> tuple[dict[str, list[int]], set[str]]:
+    """The versions to load while the served version exists only in Triton's memory (its directories gone,
+    no verified copy left: publish let a new release proceed, saying so): the candidate loads beside it and
+    the public route ``<m>`` is not touched (expose switches it); the served version is not asked of the
+    composing models (a load cannot find it). Measured on Triton 2.x with the ensemble pipeline: loading the
+    candidate's composing models makes Triton re-read the public ensemble, which then has no version left —
+    the public route does not answer from reload until expose (seconds); the direct pipeline's public model
+    is its own and keeps answering from memory."""
+    log.warning(
+        "reconcile %s: served version %s is not on disk (no verified copy); loading candidate %s beside what "
+        "Triton holds in memory, the public route %s untouched",
+        state.model_name,
+        state.serving,
+        state.candidate,
+        repo.names.ensemble,
+    )
+    gone = {state.serving}
+    return {m: [v for v in vs if v not in gone] for m, vs in desired.items()}, {repo.names.ensemble}
+
+
 def reconcile(
     repo: Repository, state: ServingState, ops: Sequence[TritonOps], *, keep_previous: bool = True
 ) -> ReconcileReport:
@@ -226,8 +259,11 @@ def reconcile(
     desired = desired_versions(state, keep_previous=keep_previous, direct=direct)
     complete = set(repo.complete_versions())
     missing = sorted({v for vs in desired.values() for v in vs} - complete)
-    if state.serving in missing:
+    untouched: set[str] = set()
+    if state.serving in missing and (state.candidate is None or state.candidate in missing):
         raise _served_missing(repo, state, missing)
+    if state.serving in missing:  # a release in flight beside a served version no copy of is left: see held_only
+        desired, untouched = held_only(repo, state, desired)
     problems = {}
     for role, version in (("previous", state.previous), ("candidate", state.candidate)):
         if version in missing:
@@ -238,7 +274,7 @@ def reconcile(
                 "rollback records a state without it."
             )
     desired = {m: [v for v in vs if v not in problems] for m, vs in desired.items()}
-    report = _Reconciler(repo, ops, desired, direct).run()
+    report = _Reconciler(repo, ops, desired, direct, untouched).run()
     if problems:
         report.errors["repository"] = " ".join(problems.values())
     report.seconds = time.perf_counter() - t0

@@ -28,6 +28,7 @@ from seqcls.contract import shipped
 from seqcls.contract.names import CLASSIC, ModelName, ServingNames, require_name
 from seqcls.errors import InputError, ServingError
 from seqcls.files import atomic_write, held, replace_dir
+from seqcls.serving.pins import read_pin
 from seqcls.settings import DEVICES, PIPELINES, RUNTIMES, Settings, parse_layout
 from seqcls.spec import ServingSpec, combination_refusal
 
@@ -383,21 +384,44 @@ class Repository:
                 out.add(version)
         return out
 
+    def recorded(self, version: int, model: str) -> dict[str, Any] | None:
+        """What ``model``'s ``version`` was published as: its pinned ``release.json`` (kept outside the
+        version directory, :mod:`seqcls.serving.pins`), else its own (a version published before pins);
+        None when neither reads."""
+        pin = read_pin(self.root, self.model_name, version)
+        if pin is not None and model in pin.models:
+            return pin.models[model].info
+        try:
+            info = json.loads((self.root / model / str(version) / RELEASE_FILE).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None
+        return info if isinstance(info, dict) else None
+
     def damaged_files(self, version: int) -> list[str]:
-        """Files of ``version`` missing or changed since publish (hashes in each ``release.json``)."""
+        """Files of ``version`` missing or changed since publish: against its pin (its ``release.json`` included),
+        else — a version published before pins — the hashes of its own ``release.json``."""
         problems = []
         keys = set()
+        pin = read_pin(self.root, self.model_name, version)
         for model in self.names.models:
             vdir = self.root / model / str(version)
             info_path = vdir / RELEASE_FILE
-            if not info_path.is_file():
+            pinned = pin.models.get(model) if pin is not None else None
+            if pinned is not None:
+                if not info_path.is_file():
+                    problems.append(f"{model}/{version}/{RELEASE_FILE} missing")
+                elif info_path.read_bytes() != pinned.release_json:
+                    problems.append(f"{model}/{version}/{RELEASE_FILE} changed since publish")
+                info = pinned.info
+            elif not info_path.is_file():
                 problems.append(f"{model}/{version}/{RELEASE_FILE} missing")
                 continue
-            try:
-                info = json.loads(info_path.read_text(encoding="utf-8"))
-            except ValueError:
-                problems.append(f"{model}/{version}/{RELEASE_FILE} is not JSON")
-                continue
+            else:
+                try:
+                    info = json.loads(info_path.read_text(encoding="utf-8"))
+                except ValueError:
+                    problems.append(f"{model}/{version}/{RELEASE_FILE} is not JSON")
+                    continue
             keys.add(info.get("publish_key"))
             if info.get("version") != version or info.get("model") != model or not info.get("files"):
                 problems.append(f"{model}/{version}/{RELEASE_FILE} does not describe {model} version {version}")

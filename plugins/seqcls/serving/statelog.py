@@ -42,8 +42,9 @@ def log_path(repository: Path, model: ModelName) -> Path:
 
 
 #: Event lines of the log (see :func:`log_path`); ``repair`` also carries the state it recorded; ``override``:
-#: a gate's refusal overridden by an operator (who, why, the verdict overridden).
-EVENTS = ("refused", "override", "promote", "repair")
+#: a gate's refusal overridden by an operator (who, why, the verdict overridden); ``damaged``: a release went on
+#: beside a served version damaged beyond restoring (which version, what is wrong).
+EVENTS = ("refused", "override", "promote", "repair", "damaged")
 
 
 def actor() -> dict[str, Any]:

@@ -36,17 +36,18 @@ import numpy as np
 
 from seqcls.checkpoints.checkpoint import sha256_file
 from seqcls.contract import runtime, shipped
-from seqcls.errors import GateError, InputError
+from seqcls.errors import GateError, InputError, ServingError
 from seqcls.gates.evalset import EvalSet
 from seqcls.gates.metrics import Scores, bad_cases, score, write_bad_cases
 from seqcls.gates.quality_plot import plot_labels
 from seqcls.gates.rules import QualityRules, Verdict, judge, judged_labels, paired_test
 from seqcls.gates.scoring import Graph, Predictions, decide_vector, predict
 from seqcls.monitoring import reference as monitoring_reference
+from seqcls.registry.ledger import version_artifacts
 from seqcls.registry.runs import log_quality_evidence
 from seqcls.release import verdicts
 from seqcls.release.kept import OWN_EVAL_FILES, kept_eval_set
-from seqcls.release.keys import QUALITY_PARAMS
+from seqcls.release.keys import QUALITY_PARAMS, served_release_key
 from seqcls.release.records import (
     BAD_CASES,
     EVALUATION,
@@ -62,7 +63,7 @@ from seqcls.release.records import (
     serving_tokenizer,
 )
 from seqcls.release.workspace import Release, StepResult
-from seqcls.serving.published import served_graph
+from seqcls.serving.published import champion_graph
 from seqcls.serving.repository import Repository
 from seqcls.serving.state import current_state
 from seqcls.steps import record_refusal, require
@@ -81,7 +82,7 @@ def _champion(release: Release) -> tuple[Repository, int | None, dict[str, Any]]
     """The repository, the version served now (None: nothing yet) and its ``release.json``."""
     repo = Repository.from_settings(release.settings, release.config.model_name)
     version = current_state(repo.root, release.config.model_name).serving
-    info = repo.release_info(version) if version is not None else None
+    info = repo.recorded(version, repo.names.ensemble) if version is not None else None  # its pin, else its own
     return repo, version, info or {}
 
 
@@ -127,17 +128,43 @@ def candidate_graphs(release: Release) -> list[Graph]:
     return graphs
 
 
-def answer_all(release: Release, es: EvalSet, repo: Repository, champion_version: int | None) -> dict[str, Predictions]:
-    """The eval set through the candidate's graph(s) and, when one is served, the champion's published version."""
+def answer_all(
+    release: Release, es: EvalSet, repo: Repository, champion_version: int | None
+) -> tuple[dict[str, Predictions], dict[str, Any] | None]:
+    """The eval set through the candidate's graph(s) and, when one is served, the champion's published version;
+    and the override of the quality gate when the champion could not be re-scored (None otherwise)."""
     providers = runtime.choose_providers(release.config.provider, False)
     answers = {g.name: predict(g, es.texts, providers) for g in candidate_graphs(release)}
     if champion_version is not None:
         for stale in release.workspace.root.glob(f"{SCRATCH}*"):  # a killed run's copies (we hold the workspace lock)
             shutil.rmtree(stale, ignore_errors=True)
         with tempfile.TemporaryDirectory(prefix=SCRATCH, dir=release.workspace.root) as scratch:
-            graph = served_graph(repo, champion_version, Path(scratch))
+            # its published files; damaged or gone: a verified copy (pin + workspace, else MLflow's artifacts)
+            try:
+                graph, source = champion_graph(repo, champion_version, Path(scratch) / "repository")
+            except ServingError:
+                fp = current_state(repo.root, repo.model_name).fingerprint_of(champion_version)
+                key = served_release_key(repo, champion_version)
+                mlflow = version_artifacts(release.settings, repo.model_name, fp, key, Path(scratch) / "mlflow")
+                try:
+                    graph, source = champion_graph(
+                        repo, champion_version, Path(scratch) / "copy", [mlflow] if mlflow else []
+                    )
+                except ServingError as exc:
+                    refused = GateError(
+                        f"Quality gate cannot re-score the champion (Triton v{champion_version}) of "
+                        f"{release.config.model_name!r}: {exc}. Nothing was registered or published. Restore it "
+                        f"(`seqcls sync --model-name {release.config.model_name}`) if a copy turns up, or judge this "
+                        'release without the champion comparison: --override quality --reason "…" (recorded in the '
+                        "history)."
+                    )
+                    override = verdicts.override_for(release, "quality", refused)
+                    if override is None:
+                        raise refused from None
+                    return answers, override  # recorded as the gate's override (history, MLflow, release.json)
+            log.info("evaluate: champion Triton v%d scored from %s", champion_version, source)
             answers["champion"] = predict(graph, es.texts, providers)
-    return answers
+    return answers, None
 
 
 def shadow_sample(n: int, size: int = SHADOW_TEXTS) -> list[int]:
@@ -230,7 +257,7 @@ def run_gate(
     t0 = time.perf_counter()
     champion = f"Triton v{champion_version}" if champion_version is not None else "none (first release)"
     log.info("evaluate: %d labeled texts from %s (%s), champion %s", len(es.texts), es.path, es.source, champion)
-    answers = answer_all(release, es, repo, champion_version)
+    answers, override = answer_all(release, es, repo, champion_version)
     labels = list(release.checkpoint.labels)
     scores = {name: score(es.labels, p.labels, labels) for name, p in answers.items()}
     rules = QualityRules.from_mapping(release.config.to_dict())
@@ -243,12 +270,12 @@ def run_gate(
         log.warning("evaluate: %s", verdict.too_small_note())
     evaluation = write_evidence(release, es, answers, scores, verdict, champion_version, out)
     write_reference(release, answers["candidate"], es, out)
-    override = None
     if not verdict.passed:
         refused = GateError(refusal(release, es, champion_version, verdict.summary()))
-        override = verdicts.override_for(release, "quality", refused)
-        if override is None:
+        again = verdicts.override_for(release, "quality", refused)
+        if again is None:
             raise refused
+        override = again if override is None else {**override, "verdict": f"{override['verdict']}; {again['verdict']}"}
     c, ch = scores["candidate"], scores.get("champion")
     summary = {
         "passed": verdict.passed,

@@ -12,7 +12,8 @@ the release (the checkpoint's tokenizer files, the workspace's ONNX) is hashed a
 must equal the hash recorded when it was fingerprinted or written: publish ships exactly those
 bytes or nothing. Retention follows the recorded state: versions beyond ``retain`` are pruned, never
 the served, previous or candidate one, one the next ``retain - 1`` rollbacks would serve, or one a
-live config names. A release whose served version is missing or damaged is refused here, naming it.
+live config names. A served version that is missing or damaged is restored here from verified copies (its pin
+and release workspace); when none is left the release proceeds beside what Triton holds, saying so.
 """
 
 from __future__ import annotations
@@ -36,6 +37,8 @@ from seqcls.release import control, verdicts
 from seqcls.release.keys import release_values
 from seqcls.release.records import OUT_DIRS, Published, served_onnx, serving_tokenizer
 from seqcls.release.workspace import Release, StepResult
+from seqcls.serving import restore
+from seqcls.serving.pins import drop_pin, read_pin, write_pin
 from seqcls.serving.repository import (
     DIRECT_SOURCE,
     DIRECT_STEPS,
@@ -49,7 +52,7 @@ from seqcls.serving.repository import (
     render_config,
     source_dir,
 )
-from seqcls.serving.state import ServingState, current_state, write_state
+from seqcls.serving.state import ServingState, append_event, current_state, write_state
 from seqcls.steps import require
 
 log = logging.getLogger(__name__)
@@ -130,9 +133,12 @@ def publish_key(
 
 
 def find_published(repo: Repository, key: str) -> int | None:
+    """The newest intact version holding this release (same publish key) that went live with its verdicts: a
+    version published without them (a path that skipped the gates) is never reused — releasing through the
+    gates writes a new one, which is how `seqcls status` says to fix it."""
     for v in reversed(repo.complete_versions()):
-        info = repo.release_info(v)
-        if info and info.get("publish_key") == key and not repo.damaged_files(v):
+        info = repo.recorded(v, repo.names.ensemble)
+        if info and info.get("publish_key") == key and not repo.damaged_files(v) and not verdicts.unverified(info):
             return v
     return None
 
@@ -153,6 +159,7 @@ def prune(repo: Repository, retain: int, state: ServingState) -> list[int]:
             continue
         for m in models:
             shutil.rmtree(repo.root / m / str(v), ignore_errors=True)
+        drop_pin(repo.root, repo.model_name, v)
         removed.append(v)
     if removed:
         log.info("publish: pruned old versions %s (retain %d, kept %s)", removed, retain, sorted(live | recorded))
@@ -283,17 +290,23 @@ def _direct_steps(tmp: Path, vdir: Path, version: int, configs: dict[str, str], 
     return files
 
 
-def require_served_intact(repo: Repository, state: ServingState) -> None:
-    """A release cannot load a candidate beside a served version that is missing or damaged: say so now."""
+def served_damage(repo: Repository, state: ServingState) -> str | None:
+    """The served version, restored from verified copies (its pin and release workspace,
+    :mod:`seqcls.serving.restore`) where it is damaged and they exist; when no copy is left, what is wrong
+    with it — a release may still proceed beside what Triton holds in memory (said in the log and the
+    history), and only a restarted Triton loses it. None: intact. The caller holds the repository lock."""
     problems = [] if state.serving is None else repo.problems(state.serving)
-    if problems:
-        model = state.model_name
-        raise ServingError(
-            f"{model}: the served version {state.serving} is not intact ({'; '.join(problems[:5])}), so no release "
-            f"can be loaded beside it; nothing was published. Run `seqcls sync --model-name {model}` (it restores a "
-            f"version from its release workspace where it can), or serve the previous version with `seqcls rollback "
-            f"--model-name {model}`, then release again."
-        )
+    if problems and state.serving is not None and restore.restore_version(repo, state.serving).restored:
+        problems = repo.problems(state.serving)
+    if not problems:
+        return None
+    return (
+        f"served version {state.serving} of {state.model_name!r} is damaged ({'; '.join(problems[:3])}) and no "
+        "verified copy of it exists (no pin records it, or its release workspace is gone too): this release "
+        "proceeds; its candidate is smoke-tested beside what Triton still holds in memory (with the ensemble "
+        "pipeline, loading the candidate drops that: the public route does not answer from reload until expose), "
+        f"and a restarted Triton cannot load version {state.serving}"
+    )
 
 
 def allocate(repo: Repository, state: ServingState) -> int:
@@ -331,7 +344,11 @@ def publish(release: Release, options: ServingOptions | None = None, *, retain: 
         control.take_lease(repo.root, release.config.model_name, owner, STEP)
         with repo.lock(what=f"publish {release.config.model_name}"):
             state = current_state(repo.root, release.config.model_name)
-            require_served_intact(repo, state)
+            damage = served_damage(repo, state)
+            if damage is not None:
+                log.warning("publish: %s", damage)
+                append_event(repo.root, repo.model_name, "damaged", serving=state.serving, reason=damage,
+                             fingerprint=state.fingerprint_of(state.serving))  # fmt: skip
             version = find_published(repo, key)
             reused = version is not None
             if version is None:
@@ -347,6 +364,8 @@ def publish(release: Release, options: ServingOptions | None = None, *, retain: 
                             f"{repo.root}: writing version {version} failed ({exc}); {free / 1e6:.1f} MB free. Nothing "
                             "was published and nothing served changed; free space on the repository volume and retry."
                         ) from exc
+                    # every file hash also kept outside the version, beside the state: a deleted version can be restored
+                    write_pin(repo.root, repo.names, version, {m: tmp / m / str(version) for m in repo.names.models})
                     faults.point("publish:written")
                     for model in repo.names.models:  # composing models first, the ensemble last
                         (repo.root / model).mkdir(parents=True, exist_ok=True)
@@ -362,6 +381,9 @@ def publish(release: Release, options: ServingOptions | None = None, *, retain: 
                 )
             else:
                 log.info("publish: version %d already holds this release (files intact) — reusing it", version)
+                if read_pin(repo.root, repo.model_name, version) is None:  # published before pins: pin it now
+                    dirs = {m: repo.root / m / str(version) for m in repo.names.models}
+                    write_pin(repo.root, repo.names, version, dirs)
             pruned = prune(repo, retain, current_state(repo.root, release.config.model_name))
         summary = Published(
             version, reused, str(repo.root), key, options.to_dict(), pruned, repo.complete_versions()
