@@ -24,26 +24,9 @@ from seqcls.serving.pins import write_pin
 from seqcls.serving.repository import Repository
 from seqcls.serving.state import read_state, state_path, write_state
 from tests.helpers.demo_models import demo_eval_file, quick_demo_model
-from tests.helpers.drills import Drill
+from tests.helpers.drills import Drill, drill_test, served_answers
 
 NAME = ModelName("seqcls")
-TEXTS = ["the same text before and after", "一段固定的测试文本", "x"]
-DRILL = (pytest.mark.slow, pytest.mark.integration, pytest.mark.drill)
-
-
-def drill_test(test):
-    for mark in DRILL:
-        test = mark(test)
-    return test
-
-
-def _answers(d: Drill, model_name: str = NAME) -> list:
-    from seqcls.serving.client import TritonOps, endpoints_from_settings
-
-    preds, probs = TritonOps(endpoints_from_settings(d.settings)[0]).infer(
-        TEXTS, model=ModelName(model_name).names.ensemble
-    )
-    return [preds, [[round(float(p), 5) for p in row] for row in probs]]
 
 
 def _version_files(d: Drill, version: int, model_name: str = NAME) -> dict[str, str]:
@@ -65,7 +48,7 @@ def test_a_deleted_served_version_is_restored_by_one_sync_and_survives_a_restart
 ) -> None:
     d = drill
     d.release(tiny_checkpoint_src)
-    before, files = _answers(d), _version_files(d, 1)
+    before, files = served_answers(d, NAME), _version_files(d, 1)
     names = NAME.names
     # partly deleted: the graph and the record of its hashes
     (d.repo / names.model / "1" / "model.onnx").unlink()
@@ -90,7 +73,7 @@ def test_a_deleted_served_version_is_restored_by_one_sync_and_survives_a_restart
     try:
         _no_traceback(out)
         assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
-        assert _answers(d) == before
+        assert served_answers(d, NAME) == before
         _status_agrees(d)
     finally:
         assert d.cli("triton", "stop").returncode == 0

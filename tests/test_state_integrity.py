@@ -24,7 +24,7 @@ from seqcls.serving import state as state_file
 from seqcls.serving.lease import ReleaseLease
 from seqcls.serving.state import ServingState, current_state, read_state, state_path, write_state
 from seqcls.settings import Settings
-from tests.helpers.drills import Drill, timed_sync, write_record
+from tests.helpers.drills import Drill, drill_test, served_answers, timed_sync, write_record
 
 NAME = ModelName("seqcls")
 GARBAGE = {
@@ -359,25 +359,6 @@ def test_sync_does_not_restore_what_no_copy_matches(settings: Settings) -> None:
 
 # ---------------------------------------------------------------------------- drills: real Triton + sqlite MLflow
 
-DRILL = (pytest.mark.slow, pytest.mark.integration, pytest.mark.drill)
-TEXTS = ["the same text before and after", "一段固定的测试文本", "x"]
-
-
-def drill_test(test):
-    """Mark ``test`` as a drill (the unit tests above run in the fast tier)."""
-    for mark in DRILL:
-        test = mark(test)
-    return test
-
-
-def _answers(d: Drill, model_name: str = NAME) -> list:
-    from seqcls.serving.client import TritonOps, endpoints_from_settings
-
-    preds, probs = TritonOps(endpoints_from_settings(d.settings)[0]).infer(
-        TEXTS, model=ModelName(model_name).names.ensemble
-    )
-    return [preds, [[round(float(p), 5) for p in row] for row in probs]]
-
 
 def _no_traceback(out) -> None:
     assert "Traceback" not in out.stderr and "UnicodeDecodeError" not in out.stderr, out.stderr[-3000:]
@@ -409,7 +390,7 @@ def test_drill_lost_state_of_a_non_default_model_keeps_it_served(drill: Drill, t
     d = drill
     d.release(tiny_checkpoint_src)
     d.release(tiny_checkpoint_src, model_name="alpha")
-    before = {m: _answers(d, m) for m in (NAME, "alpha")}
+    before = {m: served_answers(d, m) for m in (NAME, "alpha")}
     state_path(d.repo, ModelName("alpha")).unlink()
     out = d.cli("status")
     _no_traceback(out)
@@ -418,7 +399,7 @@ def test_drill_lost_state_of_a_non_default_model_keeps_it_served(drill: Drill, t
         out = d.cli(*args)
         _no_traceback(out)
         assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
-        assert {m: _answers(d, m) for m in (NAME, "alpha")} == before
+        assert {m: served_answers(d, m) for m in (NAME, "alpha")} == before
     assert state_path(d.repo, ModelName("alpha")).is_file() and d.state(ModelName("alpha")).serving == 1
     d.assert_invariant(served=1)
 
@@ -429,7 +410,7 @@ def test_drill_garbage_state_of_one_model_leaves_the_others_served(drill: Drill,
     d = drill
     d.release(tiny_checkpoint_src)
     d.release(tiny_checkpoint_src, model_name="alpha")
-    before = {m: _answers(d, m) for m in (NAME, "alpha")}
+    before = {m: served_answers(d, m) for m in (NAME, "alpha")}
     path = state_path(d.repo, ModelName("alpha"))
     path.write_bytes(GARBAGE["binary"])
     # with a readable copy (.bak / log): a restart serves both models and records the copy again
@@ -437,7 +418,7 @@ def test_drill_garbage_state_of_one_model_leaves_the_others_served(drill: Drill,
     try:
         _no_traceback(out)
         assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
-        assert {m: _answers(d, m) for m in (NAME, "alpha")} == before
+        assert {m: served_answers(d, m) for m in (NAME, "alpha")} == before
         assert read_state(d.repo, ModelName("alpha")).serving == 1  # recorded again
     finally:
         _back_to_the_drill_server(d)
@@ -450,11 +431,11 @@ def test_drill_garbage_state_of_one_model_leaves_the_others_served(drill: Drill,
         out = d.cli(command)
         _no_traceback(out)
         assert out.returncode == 1 and str(path) in out.stdout + out.stderr, out.stdout[-2000:] + out.stderr[-2000:]
-    assert status(d.settings, [NAME])[0].agree and _answers(d) == before[NAME]
+    assert status(d.settings, [NAME])[0].agree and served_answers(d, NAME) == before[NAME]
     path.unlink()  # what the message advises when no copy is left: the configs say what alpha serves
     out = d.cli("sync")
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
-    assert {m: _answers(d, m) for m in (NAME, "alpha")} == before
+    assert {m: served_answers(d, m) for m in (NAME, "alpha")} == before
     d.assert_invariant(served=1)
 
 
@@ -463,14 +444,14 @@ def test_drill_failed_attempts_keep_the_served_fingerprint(drill: Drill, tiny_ch
     """Scenario 9: 25 failed attempts of one checkpoint pushed the served fingerprint out of the history."""
     d = drill
     d.release(tiny_checkpoint_src)
-    before = _answers(d)
+    before = served_answers(d, NAME)
     s = read_state(d.repo, NAME)
     for _ in range(25):  # what each failed attempt records: a candidate, then its abandon
         s = write_state(d.repo, _failed_attempts(s, 2, 1), expected_generation=s.generation)
     assert all(r.ok for r in timed_sync(d.settings, "9: 25 failed attempts", "fingerprint kept", module=MODULE))
     out = d.cli("status")
     assert out.returncode == 0, out.stdout[-3000:]
-    assert _answers(d) == before
+    assert served_answers(d, NAME) == before
     d.assert_invariant(served=1)
 
 
@@ -479,7 +460,7 @@ def test_drill_garbage_lease_is_reported_and_lease_break_fixes_it(drill: Drill, 
     """Scenario 10: binary garbage in a lease file: `status` and `seqcls lease break` both crashed."""
     d = drill
     d.release(tiny_checkpoint_src)
-    before = _answers(d)
+    before = served_answers(d, NAME)
     ReleaseLease(d.repo, NAME).path.write_bytes(GARBAGE["binary"])
     out = d.cli("status")
     _no_traceback(out)
@@ -487,7 +468,7 @@ def test_drill_garbage_lease_is_reported_and_lease_break_fixes_it(drill: Drill, 
     out = d.cli("lease", "break", "--model-name", NAME)
     _no_traceback(out)
     assert out.returncode == 0, out.stderr[-3000:]
-    assert _answers(d) == before
+    assert served_answers(d, NAME) == before
     d.assert_invariant(served=1)
 
 
@@ -498,7 +479,7 @@ def test_drill_damaged_served_and_missing_previous_versions(drill: Drill, tiny_c
     d.release(tiny_checkpoint_src)
     d.release(tiny_checkpoint_src, threshold=0.4)  # version 2, no new export
     assert (d.state().serving, d.state().previous) == (2, 1)
-    before = _answers(d)
+    before = served_answers(d, NAME)
     served_onnx = d.repo / ModelName(NAME).names.model / "2" / "model.onnx"
     digest = sha256_file(served_onnx)
     served_onnx.write_bytes(b"damaged by hand")  # restorable: the workspace holds the bytes publish shipped
@@ -515,7 +496,7 @@ def test_drill_damaged_served_and_missing_previous_versions(drill: Drill, tiny_c
     assert out.returncode == 1 and any(a.startswith("restored seqcls_model/2/model.onnx") for a in result["actions"])
     assert "previous version 1" in json.dumps(result["errors"]) and fix in json.dumps(result["errors"])
     assert sha256_file(served_onnx) == digest
-    assert _answers(d) == before
+    assert served_answers(d, NAME) == before
     out = d.cli("release", "--checkpoint", str(tiny_checkpoint_src))  # the fix it names
     assert out.returncode == 0, out.stderr[-3000:]
     last = out.stdout.strip().splitlines()[-1]  # what is served now, where, and where the time went

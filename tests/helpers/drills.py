@@ -156,6 +156,29 @@ def when(condition, action, *, timeout: float = 300.0) -> threading.Thread:
     return thread
 
 
+#: What marks a test as a drill (real Triton + MLflow; `-m "not drill"` leaves them out).
+DRILL = (pytest.mark.slow, pytest.mark.integration, pytest.mark.drill)
+#: Texts whose served answers a drill compares before and after what it does.
+PROBE_TEXTS = ["the same text before and after", "一段固定的测试文本", "x"]
+
+
+def drill_test(test):
+    """Mark ``test`` as a drill (the unit tests beside it run in the fast tier)."""
+    for mark in DRILL:
+        test = mark(test)
+    return test
+
+
+def served_answers(d: Drill, model_name: str) -> list:
+    """What ``model_name``'s public route answers to :data:`PROBE_TEXTS` now (probabilities rounded to 1e-5)."""
+    from seqcls.serving.client import TritonOps, endpoints_from_settings
+
+    preds, probs = TritonOps(endpoints_from_settings(d.settings)[0]).infer(
+        PROBE_TEXTS, model=ModelName(model_name).names.ensemble
+    )
+    return [preds, [[round(float(p), 5) for p in row] for row in probs]]
+
+
 def champion(settings: Settings, model_name: str = ModelName("seqcls")) -> int | None:
     from seqcls.registry.ledger import CHAMPION, alias_version
 
