@@ -19,10 +19,12 @@ from seqcls.checkpoints.checkpoint import sha256_file
 from seqcls.contract.names import ModelName
 from seqcls.errors import ServingError
 from seqcls.ops.status import status
+from seqcls.release.workspace import Workspace
 from seqcls.serving import restore
 from seqcls.serving.pins import write_pin
 from seqcls.serving.repository import Repository
 from seqcls.serving.state import read_state, state_path, write_state
+from seqcls.serving.statelog import log_path
 from tests.helpers.demo_models import demo_eval_file, quick_demo_model
 from tests.helpers.drills import Drill, drill_test, served_answers
 
@@ -178,6 +180,12 @@ def test_the_champion_is_rescored_from_a_verified_copy_or_the_refusal_names_the_
     assert (d.state().serving, d.state().previous) == (1, None)
     history = d.cli("history")
     assert "override" in history.stdout and "damaged" in history.stdout, history.stdout[-3000:]
+    # the override is the quality gate's verdict, as any override is: not a passed gate beside a history line
+    events = [json.loads(line) for line in log_path(d.repo, NAME).read_text(encoding="utf-8").splitlines()]
+    (override,) = [e for e in events if e.get("event") == "override"]
+    assert override["gate"] == "quality" and "cannot re-score the champion" in override["verdict"], override
+    quality = Workspace(Path(override["workspace"])).step("evaluate")["summary"]
+    assert quality["overridden"] is True and "cannot re-score" in quality["override"]["verdict"], quality
     assert d.cli("sync").returncode == 0  # removes what is left of version 2 (no rollback target)
     d.assert_invariant(served=1)
 
