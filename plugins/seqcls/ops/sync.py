@@ -215,10 +215,9 @@ def _clean(repo: Repository, keep: set[int]) -> list[str]:
     return removed
 
 
-def release_command(repo: Repository, version: int) -> str:
-    """The exact command that releases ``version``'s checkpoint again, as printed by status and sync: from its
-    release workspace's manifest (found through its pin or its own ``release.json``), with the eval set it was
-    judged on (the file, or its kept copy when the file is gone) — a release without it would be refused."""
+def _released_from(repo: Repository, version: int) -> tuple[str, str | None]:
+    """The checkpoint ``version`` was released from and the eval set it was judged on (the file, or its kept
+    copy when the file is gone), from its release workspace's manifest found through its pin or ``release.json``."""
     checkpoint, eval_set = "<its checkpoint>", None
     for model in repo.names.models:
         try:
@@ -232,14 +231,17 @@ def release_command(repo: Repository, version: int) -> str:
             break
         except (OSError, ValueError, KeyError, TypeError, AttributeError):
             continue
+    return checkpoint, eval_set
+
+
+def release_command(repo: Repository, version: int, *, override_reason: str | None = None) -> str:
+    """The exact command that releases ``version``'s checkpoint again, as printed by status and sync, with the
+    eval set it was judged on (a release without it would be refused); ``override_reason``: when it was judged on
+    one, with ``--override quality`` and that reason (the gate of a release without one compares nothing)."""
+    checkpoint, eval_set = _released_from(repo, version)
     with_eval = f" --eval-set {eval_set}" if eval_set else ""
-    return f"`seqcls release --checkpoint {checkpoint}{with_eval} --model-name {repo.model_name}`"
-
-
-def restore_version(repo: Repository, version: int) -> list[str]:
-    """Put back the missing or changed files (or whole directories) of ``version`` from verified copies
-    (:mod:`seqcls.serving.restore`); returns what was restored. The caller holds the repository lock."""
-    return restore.restore_version(repo, version).restored
+    override = f" --override quality --reason {shlex.quote(override_reason)}" if override_reason and eval_set else ""
+    return f"`seqcls release --checkpoint {checkpoint}{with_eval} --model-name {repo.model_name}{override}`"
 
 
 def version_problems(repo: Repository, state: ServingState) -> list[str]:
@@ -252,7 +254,6 @@ def version_problems(repo: Repository, state: ServingState) -> list[str]:
         if not missing and not changed:
             continue
         what = "; ".join(([f"missing {', '.join(missing)}"] if missing else []) + changed[:3])
-        command = release_command(repo, version)
         if role != "candidate" and restore.plan(repo, version).complete:
             problems.append(
                 f"{role} version {version} of {repo.model_name!r} is damaged ({what}): every file it lacks has a "
@@ -260,11 +261,11 @@ def version_problems(repo: Repository, state: ServingState) -> list[str]:
                 f"{repo.model_name}` restores it byte-identically"
             )
             continue
-        if (
-            role == "served" and " --eval-set " in command
-        ):  # its quality gate cannot re-score a champion no copy is left of
-            reason = f"served version {version} damaged, no verified copy left: released again"
-            command = f"{command[:-1]} --override quality --reason {shlex.quote(reason)}`"
+        # the quality gate cannot re-score a served champion no copy is left of: the command carries the override
+        reason = (
+            f"served version {version} damaged, no verified copy left: released again" if role == "served" else None
+        )
+        command = release_command(repo, version, override_reason=reason)
         fix = {
             "served": f"Triton keeps what it loaded, but a restart cannot load it: release it again ({command}; "
             f"a new version number) or `seqcls rollback --model-name {repo.model_name}`",
@@ -338,7 +339,7 @@ def _restore_live(repo: Repository, state: ServingState) -> list[str]:
     if damaged:
         with repo.lock(what=f"sync restore {repo.model_name}"):
             for version in damaged:
-                restored += restore_version(repo, version)
+                restored += restore.restore_version(repo, version).restored
     return restored
 
 
