@@ -115,6 +115,29 @@ def hf_checkpoints_src(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Pa
     }
 
 
+@pytest.fixture(scope="session")
+def hf_pickle_checkpoints_src(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The :func:`hf_checkpoints_src` models (same seeds, so the same tensors) saved as checkpoints saved before
+    safetensors were the default: ``{"bert": pytorch_model.bin, "deberta-v2": sharded pytorch_model-*.bin}``."""
+    pytest.importorskip("torch", reason="the torch extra (make setup-torch) is not installed")
+    from seqcls_tools.testing_hf import ARCHITECTURES, build_tiny_hf_checkpoint
+
+    root = tmp_path_factory.mktemp("hf-pickle-ckpt")
+    shards = {"deberta-v2": "40KB", "bert": None}
+    return {
+        arch: build_tiny_hf_checkpoint(
+            root / arch,
+            architecture=arch,
+            seed=i,
+            logit_scale=60.0,
+            golden=HF_GOLDEN,
+            safe_serialization=False,
+            max_shard_size=shards[arch],
+        )
+        for i, arch in enumerate(ARCHITECTURES)
+    }
+
+
 @pytest.fixture
 def tiny_checkpoint(tiny_checkpoint_src: Path, tmp_path: Path) -> Path:
     """A private copy of the tiny checkpoint, safe to damage."""

@@ -80,8 +80,13 @@ def test_bad_transformers_checkpoints_name_the_file(hf_checkpoints_src: dict[str
 
     pickled = _copy(src, tmp_path / "pickled")
     (pickled / "pytorch_model.bin").write_bytes(b"\x80\x04.")
-    with pytest.raises(CheckpointError, match=r"pytorch_model\.bin: .*safetensors only.*pickle"):
+    with pytest.raises(CheckpointError, match=r"pytorch_model\.bin: beside model\.safetensors — two sets of weights"):
         resolve_checkpoint(pickled)
+
+    tf = _copy(src, tmp_path / "tf")
+    (tf / "tf_model.h5").write_bytes(b"\x89HDF")
+    with pytest.raises(CheckpointError, match=r"tf_model\.h5: seqcls releases transformers checkpoints from"):
+        resolve_checkpoint(tf)
 
     no_tok = _copy(src, tmp_path / "no-tok")
     (no_tok / "tokenizer.json").unlink()

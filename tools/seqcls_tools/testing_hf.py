@@ -82,12 +82,15 @@ def build_tiny_hf_checkpoint(
     logit_scale: float = 1.0,
     vocab_size: int | None = None,
     complete: bool = True,
+    safe_serialization: bool = True,
+    max_shard_size: str | None = None,
 ) -> Path:
     """A randomly initialised tiny HF classifier of ``architecture`` saved as a real checkpoint directory.
 
     ``logit_scale`` multiplies the classifier weights (stable decisions, as a trained model's);
     ``vocab_size`` pads the vocabulary with ``[unusedN]`` tokens to a realistic embedding table
-    (the seed's Chinese DeBERTa has 21,128).
+    (the seed's Chinese DeBERTa has 21,128). ``safe_serialization=False`` saves ``pytorch_model.bin``
+    (a pickle, as checkpoints saved before safetensors were the default), sharded by ``max_shard_size``.
     """
     import torch
     from transformers import AutoModelForSequenceClassification, BertTokenizerFast
@@ -116,7 +119,8 @@ def build_tiny_hf_checkpoint(
     tokenizer = BertTokenizerFast(vocab_file=str(vocab_file), do_lower_case=True, tokenize_chinese_chars=True)
     tokenizer.model_max_length = max_position
     tokenizer.save_pretrained(str(out_dir))
-    model.save_pretrained(str(out_dir), safe_serialization=True)
+    shards = {"max_shard_size": max_shard_size} if max_shard_size else {}
+    model.save_pretrained(str(out_dir), safe_serialization=safe_serialization, **shards)
     (out_dir / "label.txt").write_text("\n".join(labels) + "\n", encoding="utf-8")
     if golden is not None:
         (out_dir / "golden.txt").write_text("\n".join(golden) + "\n", encoding="utf-8")

@@ -27,6 +27,7 @@ from pathlib import Path
 import seqcls_contract
 
 from seqcls.checkpoints.safeload import check_weight_file, scan_pickle
+from seqcls.checkpoints.torchload import TORCH_INDEX, TORCH_WEIGHTS, scan_torch_file, shard_files
 from seqcls.errors import CheckpointError
 
 WEIGHT_FILES = ("model_state.pdparams", "model.safetensors")
@@ -77,6 +78,9 @@ class Checkpoint:
     framework: str = "paddle"  # the adapter's name (seqcls.frameworks): "paddle" (PaddleNLP) or "transformers"
     architecture: str = ""
     source: Path | None = None
+    #: ``weights`` was converted at intake (``pytorch_model.bin`` -> ``model.safetensors``): what from, how
+    #: (:meth:`seqcls.checkpoints.torchload.Conversion.to_dict`); the fingerprint is over the files it came as.
+    converted: dict | None = None
 
     @property
     def origin(self) -> Path:
@@ -294,10 +298,24 @@ SHADOWING_FILES = ("model.safetensors.index.json", "model_state.pdparams.index.j
 
 
 def weights_path(root: Path) -> Path:
-    """The one weights file of the checkpoint; refused when PaddleNLP would load another (or shards)."""
+    """The one weights file of the checkpoint; refused when PaddleNLP would load another (or shards).
+
+    Without ``model_state.pdparams`` or ``model.safetensors``, PyTorch's ``pytorch_model.bin`` (or its
+    shard index) is the weights file — a transformers checkpoint's, converted at intake."""
     present = [w for w in WEIGHT_FILES if (root / w).exists() or (root / w).is_symlink()]
     if not present:
-        raise CheckpointError(f"{root}: no weights — expected one of {', '.join(WEIGHT_FILES)}.")
+        torch_files = [n for n in (TORCH_WEIGHTS, TORCH_INDEX) if (root / n).exists() or (root / n).is_symlink()]
+        if len(torch_files) > 1:
+            raise CheckpointError(
+                f"{root}: both {TORCH_WEIGHTS} and {TORCH_INDEX} — transformers would load {TORCH_WEIGHTS} and ignore "
+                "the shards the index lists; keep the files of one save."
+            )
+        if torch_files:
+            return root / torch_files[0]
+        raise CheckpointError(
+            f"{root}: no weights — expected one of {', '.join(WEIGHT_FILES)} (or, for a transformers checkpoint, "
+            f"{TORCH_WEIGHTS} or sharded pytorch_model-*.bin with {TORCH_INDEX})."
+        )
     if len(present) > 1:
         raise CheckpointError(
             f"{root}: both {' and '.join(present)} — PaddleNLP would load model.safetensors while the release "
@@ -313,9 +331,43 @@ def weights_path(root: Path) -> Path:
     return root / present[0]
 
 
-def find_weights(root: Path, allow_unsafe_pickle: bool = False) -> Path:
-    """:func:`weights_path`, its file checked, and a pickle scanned before anything unpickles it."""
+def is_torch_pickle(weights: Path) -> bool:
+    """Whether ``weights`` is PyTorch's pickled format (converted to safetensors at intake)."""
+    return weights.name in (TORCH_WEIGHTS, TORCH_INDEX)
+
+
+def weight_files(weights: Path) -> list[Path]:
+    """Every file the weights are made of: the file itself, or a shard index and the shards it lists."""
+    if weights.name != TORCH_INDEX:
+        return [weights]
+    root = weights.parent
+    shards = []
+    for name in shard_files(weights):
+        shard = inside_checkpoint(root, name)
+        if not shard.is_file():
+            raise CheckpointError(f"{shard}: missing — {weights} lists it as a shard of the model's weights.")
+        shards.append(shard)
+    return [weights, *shards]
+
+
+def find_weights(root: Path, allow_unsafe_pickle: bool = False, *, torch_pickles: bool = False) -> Path:
+    """:func:`weights_path`, its file checked, and a pickle scanned before anything unpickles it.
+
+    ``torch_pickles``: the framework reads PyTorch's ``pytorch_model.bin`` (scanned statically here,
+    loaded only by PyTorch's restricted unpickler at intake); otherwise such a file is refused."""
     weights = weights_path(root)
+    if is_torch_pickle(weights):
+        if not torch_pickles:
+            raise CheckpointError(
+                f"{weights}: PyTorch weights in a PaddleNLP checkpoint; PaddleNLP releases read model_state.pdparams "
+                "or model.safetensors — save the model with PaddleNLP's save_pretrained."
+            )
+        for path in weight_files(weights):
+            if path.name != TORCH_INDEX:
+                if path.stat().st_size == 0:
+                    raise CheckpointError(f"{path}: weight file is empty; copy the checkpoint again.")
+                scan_torch_file(path)
+        return weights
     check_weight_file(weights)
     if weights.suffix == ".pdparams":
         # a pickle: refuse any global but arrays before paddle ever unpickles it

@@ -55,7 +55,7 @@ _STRING_OPCODES = frozenset(
     {"STRING", "BINSTRING", "SHORT_BINSTRING", "UNICODE", "BINUNICODE", "SHORT_BINUNICODE", "BINUNICODE8"}
 )
 
-_WHAT_TO_DO = (
+WHAT_TO_DO = (
     "re-save the weights as model.safetensors with `save_pretrained(safe_serialization=True)`, "
     f"or, if you trust this file, set {ENV_ALLOW_UNSAFE_PICKLE}=1 (not recommended)"
 )
@@ -74,10 +74,12 @@ _UNKNOWN = _Unknown()
 
 
 def _refuse(path: Path, what: str) -> CheckpointError:
-    return CheckpointError(f"{path}: refused to load — {what}. Loading it could run code; {_WHAT_TO_DO}.")
+    return CheckpointError(f"{path}: refused to load — {what}. Loading it could run code; {WHAT_TO_DO}.")
 
 
-def _check_global(path: Path, module: object, name: object, pos: int, proto: int) -> None:
+def _check_global(
+    path: Path, module: object, name: object, pos: int, proto: int, allowed: frozenset[str], writer: str
+) -> None:
     if not isinstance(module, str) or not isinstance(name, str):
         raise _refuse(path, f"the pickle imports a global whose name cannot be determined statically (byte {pos})")
     if proto < 3:  # what Unpickler.find_class really imports (fix_imports maps Python 2 names)
@@ -86,11 +88,11 @@ def _check_global(path: Path, module: object, name: object, pos: int, proto: int
         elif module in _compat_pickle.IMPORT_MAPPING:
             module = _compat_pickle.IMPORT_MAPPING[module]
     qualified = f"{module}.{name}"
-    if qualified not in ALLOWED_GLOBALS:
+    if qualified not in allowed:
         raise _refuse(
             path,
-            f"the pickle imports {qualified} (byte {pos}), which paddle.save never writes for a state dict "
-            f"(allowed: {', '.join(sorted(ALLOWED_GLOBALS))})",
+            f"the pickle imports {qualified} (byte {pos}), which {writer} never writes for a state dict "
+            f"(allowed: {', '.join(sorted(allowed))})",
         )
 
 
@@ -111,7 +113,15 @@ def _pop(stack: list, n: int, path: Path, pos: int) -> list:
     return popped
 
 
-def _scan_stream(fh, path: Path) -> None:
+def scan_stream(
+    fh,
+    path: Path,
+    *,
+    allowed: frozenset[str] = ALLOWED_GLOBALS,
+    refused: frozenset[str] = _REFUSED_OPCODES,
+    writer: str = "paddle.save",
+) -> None:
+    """Simulate the opcode stream of ``fh``: every global it would import must be in ``allowed``."""
     stack: list = []
     memo: dict[int, object] = {}
     saw_stop = False
@@ -119,8 +129,8 @@ def _scan_stream(fh, path: Path) -> None:
     for op, arg, pos in pickletools.genops(fh):
         name = op.name
         pos = pos if pos is not None else -1
-        if name in _REFUSED_OPCODES:
-            raise _refuse(path, f"the pickle uses opcode {name} (byte {pos}), which paddle.save never writes")
+        if name in refused:
+            raise _refuse(path, f"the pickle uses opcode {name} (byte {pos}), which {writer} never writes")
         if name == "PROTO":
             proto = int(arg)
         if name == "STOP":
@@ -130,13 +140,13 @@ def _scan_stream(fh, path: Path) -> None:
             stack.append(arg.decode("latin1") if isinstance(arg, bytes) else arg)
         elif name in ("GLOBAL", "INST"):
             module, _, qualname = str(arg).partition(" ")
-            _check_global(path, module, qualname, pos, proto)
+            _check_global(path, module, qualname, pos, proto, allowed, writer)
             if name == "INST":
                 _pop_to_mark(stack, path, pos)
             stack.append(_UNKNOWN)
         elif name == "STACK_GLOBAL":
             module, qualname = _pop(stack, 2, path, pos)
-            _check_global(path, module, qualname, pos, proto)
+            _check_global(path, module, qualname, pos, proto, allowed, writer)
             stack.append(_UNKNOWN)
         elif name == "MARK":
             stack.append(_MARK)
@@ -201,7 +211,7 @@ def scan_pickle(path: Path, *, allow_unsafe: bool = False) -> None:
             if fh.read(4) == b"PK\x03\x04":
                 raise _refuse(path, "it is a zip archive, which paddle.save never writes for a state dict")
             fh.seek(0)
-            _scan_stream(fh, path)
+            scan_stream(fh, path)
     except CheckpointError:
         raise
     except PermissionError as exc:

@@ -20,7 +20,7 @@ import os
 import shutil
 import stat
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from seqcls.checkpoints.checkpoint import sha256_file
@@ -46,6 +46,9 @@ class Taken:
     files: dict[str, str]  # name in the snapshot -> sha256
     sizes: dict[str, int]
     origins: dict[str, str]  # name in the snapshot -> the file it was read from
+    #: name in the snapshot -> how it was made from files taken in and no longer kept (``pytorch_model.bin``
+    #: -> ``model.safetensors``: :meth:`seqcls.checkpoints.torchload.Conversion.to_dict`)
+    converted: dict[str, dict] = field(default_factory=dict)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=1, ensure_ascii=False, sort_keys=True)
@@ -120,9 +123,28 @@ def keep_only(taken: Taken, into: Path, names: set[str]) -> Taken:
         {n: d for n, d in taken.files.items() if n in names},
         {n: b for n, b in taken.sizes.items() if n in names},
         {n: o for n, o in taken.origins.items() if n in names},
+        taken.converted,
     )
     atomic_write(into / RECORD, kept.to_json())
     log.info("checkpoint snapshot: %s not kept (not read by this release)", ", ".join(drop))
+    return kept
+
+
+def converted(taken: Taken, into: Path, sources: list[str], name: str, how: dict) -> Taken:
+    """The record of snapshot ``into`` once ``sources`` were converted into its new file ``name`` (``how``):
+    the sources are removed from the copy, ``name`` hashed and recorded with what it was made from."""
+    digest = sha256_file(into / name)
+    for source in sources:
+        (into / source).unlink()
+    origin = taken.origins.get(sources[0], "")
+    kept = Taken(
+        taken.source,
+        {**{n: d for n, d in taken.files.items() if n not in sources}, name: digest},
+        {**{n: b for n, b in taken.sizes.items() if n not in sources}, name: (into / name).stat().st_size},
+        {**{n: o for n, o in taken.origins.items() if n not in sources}, name: origin},
+        {**taken.converted, name: how},
+    )
+    atomic_write(into / RECORD, kept.to_json())
     return kept
 
 
@@ -131,7 +153,13 @@ def read_record(snap: Path) -> Taken:
     path = snap / RECORD
     try:
         data = json.loads(path.read_bytes().decode("utf-8"))
-        return Taken(str(data["source"]), dict(data["files"]), dict(data["sizes"]), dict(data["origins"]))
+        return Taken(
+            str(data["source"]),
+            dict(data["files"]),
+            dict(data["sizes"]),
+            dict(data["origins"]),
+            dict(data.get("converted") or {}),
+        )
     except FileNotFoundError as exc:
         raise DamagedSnapshot(f"{path}: missing — {snap} is not a complete checkpoint snapshot.") from exc
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:

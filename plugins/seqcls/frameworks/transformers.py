@@ -5,13 +5,15 @@ Everything after the ONNX file — parity gate, registry, ensemble, smoke, rollb
 same for both frameworks; this module holds what differs for a ``transformers`` checkpoint.
 ``torch`` and ``transformers`` are the optional ``torch`` extra, imported only here and only
 when such a checkpoint is released (a Paddle-only user never imports them). Nothing read from the
-checkpoint executes code or reaches beyond it: weights from ``model.safetensors`` only,
+checkpoint executes code or reaches beyond it: weights from ``model.safetensors`` only (a
+``pytorch_model.bin`` is converted to it at intake through PyTorch's restricted unpickler:
+:mod:`seqcls.checkpoints.torchload`),
 ``trust_remote_code=False`` (an ``auto_map`` in ``config.json`` is never imported), local files
 only, and ``tokenizer_config.json`` may not name files outside the directory (checked up front).
 
 Checked up front, cheaply (no torch import), besides the common checks: a multi-label
-``*ForSequenceClassification`` (sigmoid per label), weights from ``model.safetensors`` only
-(``pytorch_model.bin`` is a pickle), and a tokenizer Triton can serve (``tokenizer.json``, or the
+``*ForSequenceClassification`` (sigmoid per label), one set of weights (``model.safetensors``, or
+``pytorch_model.bin`` / its shards, scanned statically), and a tokenizer Triton can serve (``tokenizer.json``, or the
 slow tokenizer's vocabulary it is converted from at export) whose ids fit the embedding table.
 
 Exporter: ``torch.onnx.export(..., dynamo=False)`` (TorchScript tracing) with ``dynamic_axes`` for
@@ -51,6 +53,7 @@ from seqcls.checkpoints.checkpoint import (
     read_json,
     read_vocab,
 )
+from seqcls.checkpoints.torchload import TORCH_INDEX, TORCH_WEIGHTS
 from seqcls.config import ReleaseConfig
 from seqcls.contract import shipped
 from seqcls.contract.runtime import feeds
@@ -75,8 +78,8 @@ ONNX_FILE = "model.onnx"
 SLOW_TOKENIZER_FILES = ("vocab.txt", "spm.model", "sentencepiece.bpe.model", "tokenizer.model")
 HF_TOKENIZER_FILES = ("tokenizer.json", *SLOW_TOKENIZER_FILES)
 HF_MODEL_FILES = (*MODEL_FILES, *(n for n in HF_TOKENIZER_FILES if n not in MODEL_FILES), "added_tokens.json")
-#: What ``transformers`` would read instead of (or besides) ``model.safetensors``: pickles.
-HF_PICKLE_WEIGHTS = OTHER_WEIGHT_FILES
+#: What ``transformers`` would read instead of (or besides) ``model.safetensors``: other libraries' weights.
+HF_OTHER_WEIGHTS = tuple(n for n in OTHER_WEIGHT_FILES if n != TORCH_WEIGHTS)
 
 
 def check_config(config: dict, path: Path) -> None:
@@ -97,13 +100,24 @@ def check_config(config: dict, path: Path) -> None:
 
 
 def refuse_other_weights(root: Path) -> None:
-    """Weights transformers could read besides ``model.safetensors`` are refused (pickles, Paddle's)."""
-    pickles = [n for n in HF_PICKLE_WEIGHTS if (root / n).exists() or (root / n).is_symlink()]
-    if pickles:
+    """Weights besides the one set a release reads are refused: a pickle beside ``model.safetensors``,
+    other libraries' (TensorFlow, Flax), Paddle's."""
+
+    def present(name: str) -> bool:
+        return (root / name).exists() or (root / name).is_symlink()
+
+    if present("model.safetensors"):
+        pickles = [n for n in (TORCH_WEIGHTS, TORCH_INDEX) if present(n)]
+        if pickles:
+            raise CheckpointError(
+                f"{root / pickles[0]}: beside model.safetensors — two sets of weights, and the release would record "
+                f"one while another reader could load the other; keep model.safetensors and remove {pickles[0]}."
+            )
+    others = [n for n in HF_OTHER_WEIGHTS if present(n)]
+    if others:
         raise CheckpointError(
-            f"{root / pickles[0]}: seqcls releases transformers checkpoints from model.safetensors only "
-            f"({pickles[0]} is read by pickle, which can run code); re-save with "
-            "save_pretrained(..., safe_serialization=True) and remove it."
+            f"{root / others[0]}: seqcls releases transformers checkpoints from model.safetensors or pytorch_model.bin "
+            f"(PyTorch's); re-save with save_pretrained(..., safe_serialization=True) and remove {others[0]}."
         )
     if (root / "model_state.pdparams").exists():
         raise CheckpointError(
@@ -419,7 +433,7 @@ class Transformers:
     def check_checkpoint(self, root: Path, config: dict, *, allow_unsafe_pickle: bool = False) -> Intake:
         check_config(config, root / "config.json")
         refuse_other_weights(root)
-        weights = find_weights(root, allow_unsafe_pickle)
+        weights = find_weights(root, allow_unsafe_pickle, torch_pickles=True)
         do_lower_case, vocab_size = read_tokenizer(root, config)
         return Intake(weights, do_lower_case, vocab_size)
 

@@ -26,7 +26,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from seqcls.checkpoints import snapshot
+from seqcls.checkpoints import snapshot, torchload
 from seqcls.checkpoints.checkpoint import (
     GOLDEN_FILE,
     LABEL_FILE,
@@ -34,11 +34,13 @@ from seqcls.checkpoints.checkpoint import (
     WEIGHT_FILES,
     Checkpoint,
     inside_checkpoint,
+    is_torch_pickle,
     num_labels_of,
     read_golden,
     read_labels,
     read_model_config,
     sha256_file,
+    weight_files,
     weights_path,
 )
 from seqcls.checkpoints.snapshot import SNAPSHOT_DIR
@@ -57,7 +59,9 @@ INTAKE_DIR = ".intake"  # <releases>/<model>/.intake/<pid>-<random>/: a snapshot
 READ_FILES = tuple(dict.fromkeys(name for framework in FRAMEWORKS for name in framework.model_files))
 #: What a snapshot takes from a checkpoint when present: every file a check reads or looks for by name,
 #: so the checks give the copy the verdict they would give the directory.
-TAKEN_FILES = tuple(dict.fromkeys((*READ_FILES, *WEIGHT_FILES, *OTHER_WEIGHT_FILES, GOLDEN_FILE)))
+TAKEN_FILES = tuple(
+    dict.fromkeys((*READ_FILES, *WEIGHT_FILES, *OTHER_WEIGHT_FILES, torchload.TORCH_INDEX, GOLDEN_FILE))
+)
 
 
 def _checkpoint_root(path: str | Path) -> Path:
@@ -71,7 +75,7 @@ def _checkpoint_root(path: str | Path) -> Path:
 
 def _refuse_outside_links(root: Path, *, skip: frozenset[str] = frozenset()) -> None:
     """Every file seqcls reads from the checkpoint must be in it (a symlink to ``../x`` outside is refused)."""
-    for name in (*READ_FILES, *WEIGHT_FILES, GOLDEN_FILE):
+    for name in (*READ_FILES, *WEIGHT_FILES, torchload.TORCH_WEIGHTS, torchload.TORCH_INDEX, GOLDEN_FILE):
         if name not in skip:
             inside_checkpoint(root, name)
 
@@ -100,18 +104,29 @@ def _read_model_labels(label_path: Path, num_labels: int, config_name: str) -> t
 
 
 def _hash_model_files(
-    root: Path, label_path: Path, weights: Path, framework: Framework, known: dict[str, str] | None = None
+    root: Path,
+    label_path: Path,
+    weights: Path,
+    framework: Framework,
+    known: dict[str, str] | None = None,
+    converted: dict | None = None,
 ) -> tuple[dict[str, str], str]:
     """sha256 of every model-defining file present (``known``: hashes taken as the files were copied), and
-    the fingerprint over them."""
+    the fingerprint over them. Weights converted at intake (``converted``) are fingerprinted as the files
+    they came as — the model as trained — so the operator's directory and its snapshot hash alike."""
     known = known or {}
     files: dict[str, str] = {}
     for name in framework.model_files:
         p = label_path if name == LABEL_FILE else root / name
         if p.exists():
             files[name] = known.get(name) or sha256_file(p)
-    files[weights.name] = known.get(weights.name) or sha256_file(weights)
-    fingerprint = hashlib.sha256("\n".join(f"{k}={v}" for k, v in sorted(files.items())).encode()).hexdigest()
+    for path in weight_files(weights):
+        files[path.name] = known.get(path.name) or sha256_file(path)
+    identity = dict(files)
+    if converted:
+        identity.pop(weights.name)
+        identity.update(converted["from"])
+    fingerprint = hashlib.sha256("\n".join(f"{k}={v}" for k, v in sorted(identity.items())).encode()).hexdigest()
     return files, fingerprint
 
 
@@ -123,11 +138,13 @@ def resolve_checkpoint(
     allow_unsafe_pickle: bool = False,
     known: dict[str, str] | None = None,
     source: Path | None = None,
+    converted: dict | None = None,
 ) -> Checkpoint:
     """Validate a checkpoint directory and fingerprint it (sha256 over the model-defining files).
 
     For a snapshot (:func:`take_checkpoint`): ``known`` are its files' hashes, taken as they were copied
-    or verified (not read again), ``source`` the directory it was taken from (recorded, and logged)."""
+    or verified (not read again), ``source`` the directory it was taken from (recorded, and logged),
+    ``converted`` how its weights were made from the files it was taken as (the snapshot record's)."""
     root = _checkpoint_root(path)
     given = ((LABEL_FILE, label_file), (GOLDEN_FILE, golden_file))  # files given explicitly may live anywhere
     _refuse_outside_links(root, skip=frozenset(name for name, file in given if file))
@@ -139,7 +156,7 @@ def resolve_checkpoint(
     labels = _read_model_labels(label_path, num_labels, config_path.name)
     golden_path = Path(golden_file).expanduser().resolve() if golden_file else root / GOLDEN_FILE
     golden = read_golden(golden_path) if (golden_file or golden_path.exists()) else None
-    files, fingerprint = _hash_model_files(root, label_path, weights, framework, known)
+    files, fingerprint = _hash_model_files(root, label_path, weights, framework, known, converted)
     golden_sha256 = ((known or {}).get(GOLDEN_FILE) or sha256_file(golden_path)) if golden else None
 
     ckpt = Checkpoint(
@@ -157,6 +174,7 @@ def resolve_checkpoint(
         framework=framework.name,
         architecture=str((config.get("architectures") or [""])[0]),
         source=source,
+        converted=converted,
     )
     log.info(
         "checkpoint %s (%s %s): %d labels, vocab %d, weights %s (%.1f MB), fingerprint %s",
@@ -189,9 +207,12 @@ def _origins(root: Path, label_file: str | Path | None, golden_file: str | Path 
         for name, file in ((LABEL_FILE, label_file), (GOLDEN_FILE, golden_file))
         if file
     }
-    weights_path(root)  # by name only: two weights files or a shard index are refused before copying anything
+    weights = weights_path(root)  # by name only: two weights files or a stray shard index refused before any copy
+    names = list(TAKEN_FILES)
+    if weights.name == torchload.TORCH_INDEX:  # the shards the index lists (plain names; checked again on the copy)
+        names += torchload.shard_files(inside_checkpoint(root, weights.name))
     origins = {}
-    for name in TAKEN_FILES:
+    for name in names:
         if name in given or not inside_checkpoint(root, name).is_file():
             continue
         target = (root / name).resolve()
@@ -231,10 +252,28 @@ def take_checkpoint(
     copy = staging.resolve()
     try:  # the fingerprint is over the hashes of the bytes copied: what the snapshot holds, by construction
         ckpt = resolve_checkpoint(copy, allow_unsafe_pickle=allow_unsafe_pickle, known=taken.files, source=root)
+        if is_torch_pickle(ckpt.weights):
+            ckpt, taken = _convert_torch(ckpt, taken, copy)
     except CheckpointError as exc:
         raise _at_source(exc, copy, root, origins) from exc
     read = set(ckpt.files) | ({GOLDEN_FILE} if ckpt.golden_texts else set())
     return ckpt, snapshot.keep_only(taken, staging, read)
+
+
+def _convert_torch(ckpt: Checkpoint, taken: snapshot.Taken, copy: Path) -> tuple[Checkpoint, snapshot.Taken]:
+    """The snapshot ``copy`` with its PyTorch pickles replaced by ``model.safetensors`` (restricted load):
+    every later step, the registry and the published version read safetensors only."""
+    sources = [p.name for p in weight_files(ckpt.weights)]
+    index = ckpt.weights.name if ckpt.weights.name == torchload.TORCH_INDEX else None
+    conversion = torchload.convert(
+        {n: ckpt.files[n] for n in sources}, copy, copy / torchload.SAFETENSORS, index=index
+    ).to_dict()
+    taken = snapshot.converted(taken, copy, sources, torchload.SAFETENSORS, conversion)
+    files = {
+        **{n: d for n, d in ckpt.files.items() if n not in sources},
+        torchload.SAFETENSORS: taken.files[torchload.SAFETENSORS],
+    }
+    return replace(ckpt, weights=copy / torchload.SAFETENSORS, files=files, converted=conversion), taken
 
 
 def check_snapshot(snap: Path, taken: snapshot.Taken, *, allow_unsafe_pickle: bool = False) -> Checkpoint:
@@ -243,7 +282,13 @@ def check_snapshot(snap: Path, taken: snapshot.Taken, *, allow_unsafe_pickle: bo
     root = Path(taken.source)
     origins = {name: Path(p) for name, p in taken.origins.items()}
     try:
-        return resolve_checkpoint(snap, allow_unsafe_pickle=allow_unsafe_pickle, known=taken.files, source=root)
+        return resolve_checkpoint(
+            snap,
+            allow_unsafe_pickle=allow_unsafe_pickle,
+            known=taken.files,
+            source=root,
+            converted=taken.converted.get(torchload.SAFETENSORS),
+        )
     except CheckpointError as exc:
         raise _at_source(exc, snap.resolve(), root, origins) from exc
 

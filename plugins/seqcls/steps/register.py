@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from seqcls import faults
+from seqcls.checkpoints.torchload import describe
 from seqcls.contract import shipped
 from seqcls.errors import StepOrderError
 from seqcls.frameworks import for_checkpoint
@@ -92,6 +93,8 @@ def lineage_tags(
         **release_tags(release),
     }
     tags.update({f"version.{k}": str(v) for k, v in versions.items() if k != "seqcls" and (k in used or k in COMMON)})
+    if ckpt.converted:  # the checkpoint came as a pickle: the registry says so, and from which files
+        tags["checkpoint.converted"] = describe(ckpt.converted)
     return tags
 
 
