@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from seqcls.localtriton import LocalTriton
+from seqcls_tools.teamstack import MlflowServer, Postgres, pg_bindir
 from tests.helpers.checkpoints import HF_GOLDEN
 from tests.helpers.drills import Drill, make_drill
 from tests.helpers.triton import dead_triton_sections, start_triton
@@ -192,6 +193,30 @@ def empty_mlflow_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
     uri = f"sqlite:///{tmp_path_factory.mktemp('mlflow-empty') / 'mlflow.db'}"
     MlflowClient(tracking_uri=uri, registry_uri=uri).search_registered_models(max_results=1)  # what a first use does
     return Path(uri[len("sqlite:///") :])
+
+
+@pytest.fixture(scope="session")
+def team_postgres() -> Iterator[Postgres]:
+    """A throwaway PostgreSQL cluster on loopback (Debian's postgresql), once per test session (per worker)."""
+    try:
+        pg_bindir()
+    except FileNotFoundError as exc:
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(f"{exc} — required under CI")
+        pytest.skip(str(exc))
+    pg = Postgres().start()
+    yield pg
+    pg.stop()
+
+
+@pytest.fixture(scope="session")
+def team_mlflow(team_postgres: Postgres, tmp_path_factory: pytest.TempPathFactory) -> Iterator[MlflowServer]:
+    """The compose file's MLflow server as a local process: PostgreSQL store and auth database, basic auth on,
+    proxied artifacts; once per session (drills may kill -9 it and start it again, same port and store)."""
+    server = MlflowServer(team_postgres, tmp_path_factory.mktemp("team-mlflow")).prepare()
+    server.start()
+    yield server
+    server.kill()
 
 
 @pytest.fixture

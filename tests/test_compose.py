@@ -57,6 +57,9 @@ COMPOSE_TIMEOUT_S = 60
 #: The one way the file may name the control key: a mandatory reference (compose fails without it).
 CONTROL_KEY_REF = re.compile(r"\$\{SEQCLS_TRITON_CONTROL_KEY:\?[^}]+\}")
 TEST_KEY = "compose-test-key-" + "0123456789abcdef" * 2
+#: The team stack's MLflow secrets: the basic-auth password (server admin, Connection, CLI) and Flask's key.
+MLFLOW_SECRETS = {"MLFLOW_ADMIN_PASSWORD": "compose-test-mlflow-pw", "MLFLOW_SECRET_KEY": "compose-test-flask"}
+MLFLOW_PASSWORD_REF = re.compile(r"\$\{MLFLOW_ADMIN_PASSWORD:\?[^}]+\}")
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -161,11 +164,13 @@ def _host_port(endpoint: str) -> tuple[str, int]:
 
 
 def _docker_compose(*args: str, cwd: Path = ROOT, key: str | None = TEST_KEY) -> subprocess.CompletedProcess[str]:
-    """``docker-compose`` with ``SEQCLS_TRITON_CONTROL_KEY=key`` in its environment (None: unset)."""
+    """``docker-compose`` with ``SEQCLS_TRITON_CONTROL_KEY=key`` in its environment (None: unset), and the
+    MLflow secrets."""
     binary = shutil.which("docker-compose")
     if binary is None:
         pytest.skip("docker-compose binary not installed (Debian: apt-get install -y docker-compose)")
     env = {k: v for k, v in os.environ.items() if k != settings.ENV_TRITON_CONTROL_KEY}
+    env.update(MLFLOW_SECRETS)
     if key is not None:
         env[settings.ENV_TRITON_CONTROL_KEY] = key
     return subprocess.run(
@@ -285,7 +290,33 @@ def test_no_literal_key_and_no_default_in_the_file() -> None:
     assert all(CONTROL_KEY_REF.fullmatch(r) for r in references), references
     flags = re.findall(r"triton-control-key=(\$\{[^}]*\}|[^\s\"']+)", text)
     for value in flags + re.findall(r'"password": "([^"]*)"', text):
-        assert CONTROL_KEY_REF.fullmatch(value), f"literal control key in the compose file: {value[:4]}…"
+        ok = CONTROL_KEY_REF.fullmatch(value) or MLFLOW_PASSWORD_REF.fullmatch(value)
+        assert ok, f"literal password in the compose file: {value[:4]}…"
+
+
+def test_mlflow_runs_on_postgres_with_basic_auth(services: dict) -> None:
+    """The team registry: MLflow's store and its auth database on the stack's postgres (created by the init
+    script the postgres service mounts), basic auth on, one password for the server's admin, the Airflow
+    Connection and the CLI — from .env only."""
+    mlflow = services["mlflow"]
+    options = _options(_command(mlflow))
+    env = _env(mlflow)
+    assert options["--backend-store-uri"].startswith("postgresql+psycopg2://mlflow:")
+    assert "@postgres:5432/" in options["--backend-store-uri"]
+    assert env["MLFLOW_AUTH_DATABASE_URI"].startswith("postgresql+psycopg2://mlflow:")
+    assert options["--app-name"] == "basic-auth"
+    assert MLFLOW_PASSWORD_REF.fullmatch(env["MLFLOW_ADMIN_PASSWORD"])
+    assert mlflow["depends_on"]["postgres"]["condition"] == "service_healthy"
+    init = _volume_mounts(services["postgres"]).get("/docker-entrypoint-initdb.d", "")
+    sql = (ROOT / init.removeprefix("./").split(":")[0]).glob("*.sql")
+    created = " ".join(p.read_text(encoding="utf-8") for p in sql)
+    for database in ("mlflow", "mlflow_auth"):
+        assert f"CREATE DATABASE {database} OWNER mlflow" in created
+    for name in AIRFLOW_SERVICES:
+        airflow = _env(services[name])
+        conn = json.loads(airflow["AIRFLOW_CONN_MLFLOW_DEFAULT"])
+        assert conn["login"] == airflow["MLFLOW_TRACKING_USERNAME"] == env["MLFLOW_ADMIN_USERNAME"]
+        assert conn["password"] == airflow["MLFLOW_TRACKING_PASSWORD"] == env["MLFLOW_ADMIN_PASSWORD"]
 
 
 @pytest.mark.parametrize("name", AIRFLOW_SERVICES)

@@ -35,7 +35,8 @@ from seqcls.release.intake import open_release
 from seqcls.serving.state import current_state
 from seqcls.settings import PROJECT_ROOT, Settings
 from seqcls.steps import run_release
-from tests.helpers.drills import RECORD, Drill, MlflowServer, champion, timed_sync, when, write_record
+from seqcls_tools.teamstack import MlflowServer
+from tests.helpers.drills import RECORD, Drill, champion, timed_sync, when, write_record
 from tests.helpers.triton import start_triton
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.drill]
@@ -384,15 +385,13 @@ def test_status_json_and_exit_codes(drill: Drill, tiny_checkpoint_src, caplog: p
         drill.server.start()
 
 
-# --- a real mlflow server killed at register, at promote and during undo ---------------------------
+# --- the team registry (PostgreSQL, basic auth) killed at register, at promote and during undo ------
 
 
-@pytest.fixture(scope="module")
-def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MlflowServer]:
-    server = MlflowServer(tmp_path_factory.mktemp("mlflow-server"))
-    server.start()
-    yield server
-    server.kill()
+@pytest.fixture
+def mlflow_server(team_mlflow: MlflowServer) -> MlflowServer:
+    """The team stack's registry: the compose file's MLflow server on PostgreSQL with basic auth."""
+    return team_mlflow
 
 
 @pytest.fixture
@@ -401,9 +400,9 @@ def mlflow_drill(drill: Drill, mlflow_server: MlflowServer, monkeypatch: pytest.
     if mlflow_server.proc is None or mlflow_server.proc.poll() is not None:
         mlflow_server.start()
     fast = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": "10"}
-    for key, value in {**fast, "SEQCLS_MLFLOW_TRACKING_URI": mlflow_server.url}.items():
+    for key, value in {**fast, **mlflow_server.client_env()}.items():
         monkeypatch.setenv(key, value)
-    drill.env.update(fast, SEQCLS_MLFLOW_TRACKING_URI=mlflow_server.url)
+    drill.env.update(fast, **mlflow_server.client_env())
     drill.settings = Settings.from_env()
     from seqcls.registry.ledger import client
 

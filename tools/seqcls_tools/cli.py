@@ -1,4 +1,5 @@
-"""The development subcommands of ``seqcls``: ``demo``, ``airflow-ui``, ``bench``, ``demo-checkpoint``.
+"""The development subcommands of ``seqcls``: ``demo``, ``airflow-ui``, ``team-registry``, ``bench``,
+``demo-checkpoint``.
 
 ``seqcls.cli.build_parser`` calls :func:`add_commands` on its subparsers. Every command function
 has the contract of ``seqcls.cli``'s own: ``(args) -> (exit code, printer)``, run while stdout is
@@ -82,6 +83,42 @@ def _cmd_airflow_ui(args: argparse.Namespace) -> tuple[int, Callable[[], None]]:
     )
 
 
+def _cmd_team_registry(args: argparse.Namespace) -> tuple[int, Callable[[], None]]:
+    """The compose file's MLflow server (PostgreSQL store, basic auth, proxied artifacts) as local processes
+    until Ctrl-C (or SIGTERM); both are throwaway: their data is removed at exit."""
+    import signal
+    import tempfile
+    import time
+
+    from seqcls_tools.teamstack import MlflowServer, Postgres
+
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+    pg = Postgres()
+    try:
+        pg.start()
+        with tempfile.TemporaryDirectory(prefix="seqcls-team-registry-") as root:
+            server = MlflowServer(pg, Path(root)).prepare()
+            try:
+                server.start()
+                exports = " ".join(f"{k}={v}" for k, v in server.client_env().items())
+                print(
+                    f"MLflow (compose service mlflow) on {server.url}, PostgreSQL on 127.0.0.1:{pg.port}; for the "
+                    f"seqcls CLI in another shell:\n  export {exports}\nCtrl-C stops both and removes their data.",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                while True:
+                    time.sleep(1)
+            finally:
+                server.kill()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        pg.stop()
+        signal.signal(signal.SIGTERM, previous)
+    return 0, lambda: print("stopped: the MLflow server and PostgreSQL (their data removed)")
+
+
 def _interrupt(*_: object) -> None:
     raise KeyboardInterrupt
 
@@ -93,7 +130,8 @@ def _cmd_bench(args: argparse.Namespace) -> tuple[int, Callable[[], None]]:
 
 
 def add_commands(sub: argparse._SubParsersAction) -> None:
-    """Register ``demo``, ``airflow-ui``, ``bench`` and ``demo-checkpoint`` on ``seqcls``'s subparsers."""
+    """Register ``demo``, ``airflow-ui``, ``team-registry``, ``bench`` and ``demo-checkpoint`` on ``seqcls``'s
+    subparsers."""
     from seqcls_tools import bench
 
     p = sub.add_parser("demo", help="the main job: train the demo model, release it through the Airflow DAG")
@@ -106,6 +144,11 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
         "--password", default=None, help="password of user admin (default: generated once per Airflow home, printed)"
     )
     p.set_defaults(func=_cmd_airflow_ui)
+    p = sub.add_parser(
+        "team-registry",
+        help="run the compose file's MLflow server on a throwaway PostgreSQL (basic auth) on 127.0.0.1 until Ctrl-C",
+    )
+    p.set_defaults(func=_cmd_team_registry)
     p = sub.add_parser("bench", help="benchmark every serving profile on a real local Triton (see docs/performance.md)")
     p.add_argument("--home", type=Path, default=None)
     p.set_defaults(func=_cmd_bench, bench_parser=p)

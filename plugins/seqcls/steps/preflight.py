@@ -125,7 +125,8 @@ def check_mlflow(settings: Settings, credentials: Mapping[str, str | None]) -> t
             if code in REFUSED or any(f"error code {status}" in detail for status in ("401", "403")):
                 return False, (
                     f"MLflow at {uri} refused the credentials ({detail[:120]}): set the Connection's login and "
-                    "password, or a token"
+                    "password, or a token (the CLI: MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD, or "
+                    "MLFLOW_TRACKING_TOKEN)"
                 )
             return False, f"MLflow at {uri} did not answer the registry call: {detail}"
     what = "registered models found" if found else "no registered model yet"

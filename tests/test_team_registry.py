@@ -1,0 +1,89 @@
+"""The team stack's registry for real: the compose file's ``mlflow`` service run as a local process on a
+throwaway PostgreSQL, basic auth on, artifacts proxied (``seqcls_tools.teamstack``).
+
+The compose file cannot run here (no container engine); its MLflow command line, environment and the
+postgres service's init script are what the local server is started from, so a change to one is a
+change to the other. The release drills that kill this server (register, promote, undo) are in
+``test_drills.py``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from seqcls_tools.compose_mlflow import auth_ini
+from seqcls_tools.teamstack import COMPOSE_FILE, MlflowServer, Postgres, compose_service, local_database_url
+from tests.helpers.drills import Drill
+
+# ----------------------------------------------------------------------------- the mapping (no server)
+
+
+def test_the_local_server_is_the_compose_service_with_hosts_and_secrets_mapped(tmp_path: Path) -> None:
+    class _NoInit(Postgres):
+        def run_init_scripts(self, compose_file: Path = COMPOSE_FILE) -> None:
+            self.ran = compose_file
+
+    pg = _NoInit(port=15432)
+    server = MlflowServer(pg, tmp_path, port=15000).prepare()
+    compose = compose_service("mlflow")
+    flags = {a.split("=", 1)[0]: a.partition("=")[2] for a in server.argv if a.startswith("--")}
+    # every flag of the compose command is there; only hosts, ports and volumes changed
+    assert set(flags) == {str(a).split("=", 1)[0] for a in compose["command"] if str(a).startswith("--")}
+    assert "--serve-artifacts" in server.argv
+    assert flags["--backend-store-uri"] == "postgresql+psycopg2://mlflow:mlflow@127.0.0.1:15432/mlflow"
+    assert flags["--artifacts-destination"] == str(tmp_path / "artifacts")
+    assert (flags["--host"], flags["--port"], flags["--app-name"]) == ("127.0.0.1", "15000", "basic-auth")
+    assert "127.0.0.1:15000" in flags["--allowed-hosts"].split(",")
+    # the .env secrets are generated, never the compose file's ${…} text; the ini holds the admin
+    assert "${" not in json.dumps(server.env) and server.env["MLFLOW_ADMIN_PASSWORD"] == server.password
+    assert server.env["MLFLOW_AUTH_DATABASE_URI"].endswith("@127.0.0.1:15432/mlflow_auth")
+    ini = Path(server.env["MLFLOW_AUTH_CONFIG_PATH"])
+    assert ini.stat().st_mode & 0o077 == 0
+    assert f"admin_password = {server.password}" in ini.read_text(encoding="utf-8")
+    assert pg.ran == COMPOSE_FILE
+
+
+def test_the_image_entrypoint_names_a_missing_variable() -> None:
+    with pytest.raises(SystemExit, match="set MLFLOW_ADMIN_PASSWORD"):
+        auth_ini({"MLFLOW_ADMIN_USERNAME": "seqcls", "MLFLOW_AUTH_DATABASE_URI": "postgresql://x"})
+
+
+def test_a_database_url_must_name_the_postgres_service() -> None:
+    with pytest.raises(ValueError, match="expected the compose service postgres"):
+        local_database_url("postgresql+psycopg2://u:p@elsewhere:5432/db", Postgres(port=1))
+
+
+# ----------------------------------------------------------------------------- a release through it
+
+
+@pytest.mark.slow
+@pytest.mark.integration
+def test_a_release_registers_in_postgres_behind_basic_auth(
+    drill: Drill, team_mlflow: MlflowServer, team_postgres: Postgres, tiny_checkpoint_src: Path
+) -> None:
+    env = {**team_mlflow.client_env(), "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0"}
+    # the wrong password: refused by the server, nothing reaches Triton or the registry
+    denied = drill.cli(
+        "release", "--checkpoint", str(tiny_checkpoint_src), "--model-name", "teamreg",
+        **{**env, "MLFLOW_TRACKING_PASSWORD": "not-the-password"},
+    )  # fmt: skip
+    assert denied.returncode != 0
+    assert "refused the credentials" in denied.stderr and "MLFLOW_TRACKING_PASSWORD" in denied.stderr, denied.stderr
+    assert not team_postgres.query("mlflow", "SELECT name FROM registered_models WHERE name = 'teamreg'")
+    assert not (drill.repo / "teamreg").exists()
+
+    out = drill.cli("release", "--checkpoint", str(tiny_checkpoint_src), "--model-name", "teamreg", "--json", **env)
+    assert out.returncode == 0, out.stderr[-3000:]
+    # the registry is PostgreSQL: the version and its champion alias are rows there
+    versions = team_postgres.query("mlflow", "SELECT version FROM model_versions WHERE name = 'teamreg'")
+    aliases = team_postgres.query(
+        "mlflow", "SELECT alias, version FROM registered_model_aliases WHERE name = 'teamreg'"
+    )
+    assert versions == [(1,)] and ("champion", 1) in aliases, (versions, aliases)
+    # artifacts went through the server's proxy into its artifact store, not beside the client
+    assert list((team_mlflow.root / "artifacts").rglob("MLmodel")), "no model artifacts in the proxied store"
+    status = drill.cli("status", "--model-name", "teamreg", **env)
+    assert status.returncode == 0, status.stdout[-2000:]
