@@ -237,3 +237,39 @@ def test_keep_refused_must_not_be_negative(settings: Settings) -> None:
         [sys.executable, "-m", "seqcls.cli", "gc", "--keep-refused", "-1"], capture_output=True, text=True
     )
     assert out.returncode == 2 and "--keep-refused" in out.stderr
+
+
+def test_after_promote_collects_with_the_run_s_keep_refused_and_never_raises(
+    settings: Settings, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from types import SimpleNamespace
+
+    refused = [_workspace(settings, i, refused=f"2026-01-0{i}T00:00:00+00:00") for i in range(1, 4)]
+    monkeypatch.setattr(gc_mod.control, "release_owner", lambda release: "release:seqcls:0123456789abcdef:01234567")
+    release = SimpleNamespace(config=SimpleNamespace(model_name=NAME), settings=settings)
+    done = gc_mod.after_promote(release, keep_refused=1)  # type: ignore[arg-type]
+    assert done is not None and done.ok
+    assert [(ws / "failed").exists() for ws in refused] == [False, False, True]
+    assert ReleaseLease(Path(str(settings.triton_repository)), NAME).holder() is None  # given back
+
+    def broken(*args, **kwargs):
+        raise OSError("disk gone")
+
+    monkeypatch.setattr(gc_mod, "gc", broken)
+    assert gc_mod.after_promote(release) is None  # type: ignore[arg-type]
+    assert "gc after promote of seqcls failed (the release is not affected): disk gone" in caplog.text
+
+
+def test_keep_refused_is_a_dag_param_and_a_models_file_default(tmp_path: Path) -> None:
+    from seqcls.airflow.models_file import load_models
+    from seqcls.airflow.params import run_params
+    from seqcls.errors import InputError
+
+    assert run_params("seqcls")["keep_refused"]["default"] is None
+    path = tmp_path / "seqcls-models.yaml"
+    path.write_text("models:\n  - name: alpha\n    params:\n      keep_refused: 2\n")
+    (alpha,) = load_models(path)
+    assert alpha.params["keep_refused"] == 2
+    path.write_text("models:\n  - name: alpha\n    params:\n      keep_refused: -1\n")
+    with pytest.raises(InputError, match=r"params\.keep_refused: keep_refused must be a whole number ≥ 0"):
+        load_models(path)

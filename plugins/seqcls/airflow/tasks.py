@@ -206,7 +206,7 @@ def run_task_step(
                 undone = journal.undo_attempt(settings, model, attempt.id, reason=kwargs.get("reason", ""))
                 result.summary["journal"] = undone
         if name == "promote":
-            after_promote(release)  # retention (bounded, logged): its failure is never the task's
+            after_promote(release, keep_refused=as_params(params).get("keep_refused"))  # bounded, logged, never fails
     summary = report(result, ti=ti, settings=settings, model_name=release.config.model_name)
     return {**summary, "model_name": release.config.model_name, "fingerprint": release.checkpoint.fingerprint}
 

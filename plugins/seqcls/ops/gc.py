@@ -485,12 +485,13 @@ def _apply(plan: _Plan, trash: _Trash, t0: float, budget: float | None) -> None:
     m.applied = True
 
 
-def after_promote(release: Release, *, budget: float = GC_BUDGET) -> GcResult | None:
+def after_promote(release: Release, *, keep_refused: int | None = None, budget: float = GC_BUDGET) -> GcResult | None:
     """The model's retention right after its promote (``gc --apply``, as the release's lease owner, bounded by
-    ``budget``): logged; a failure is a warning, never the release's (returns None then)."""
-    model = release.config.model_name
+    ``budget``; ``keep_refused``: the run's, else the setting): logged; a failure is a warning, never the
+    release's (returns None then)."""
+    model, owner = release.config.model_name, control.release_owner(release)
     try:
-        done = gc(release.settings, [model], apply=True, budget=budget, owner=control.release_owner(release))
+        done = gc(release.settings, [model], apply=True, keep_refused=keep_refused, budget=budget, owner=owner)
     except Exception as exc:
         log.warning("gc after promote of %s failed (the release is not affected): %s", model, exc)
         return None
