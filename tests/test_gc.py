@@ -273,3 +273,18 @@ def test_keep_refused_is_a_dag_param_and_a_models_file_default(tmp_path: Path) -
     path.write_text("models:\n  - name: alpha\n    params:\n      keep_refused: -1\n")
     with pytest.raises(InputError, match=r"params\.keep_refused: keep_refused must be a whole number ≥ 0"):
         load_models(path)
+
+
+def test_the_candidate_of_a_release_in_flight_or_awaiting_approval_is_kept(settings: Settings) -> None:
+    _workspace(settings, 1)
+    _workspace(settings, 2)
+    _publish(settings, 1, 1)
+    _publish(settings, 2, 2)
+    state = (
+        ServingState.empty(NAME).with_candidate(1, _fp(1), "t").promoted(1, _fp(1), "t").with_candidate(2, _fp(2), "t")
+    )
+    write_state(Path(str(settings.triton_repository)), state, expected_generation=0)
+    result = gc(settings)
+    kept = {Path(i.path).name: i.reasons for m in result.models for i in m.items if not i.collect}
+    assert any("candidate Triton v2 (a release in flight or awaiting approval)" in r for r in kept[_fp(2)[:16]])
+    assert result.freed()["workspace"] == 0

@@ -220,10 +220,11 @@ def _why_kept(settings: Settings, model: ModelName, retain: int) -> dict[Path, l
         for p in paths:
             why.setdefault(p, []).append(reason)
 
-    roles = {state.serving: "served", state.previous: "previous", state.candidate: "candidate (a release in flight)"}
+    candidate = "candidate Triton v{} (a release in flight or awaiting approval)"
+    roles = {state.serving: "served Triton v{}", state.previous: "previous Triton v{}", state.candidate: candidate}
     for version, role in roles.items():
         if version is not None:
-            keep(_workspace_of(settings, repo, state, version), f"{role} Triton v{version}")
+            keep(_workspace_of(settings, repo, state, version), role.format(version))
     live = set(state.live_versions())
     for version in sorted(state.protected_versions(depth=retain - 1) - live):
         keep(_workspace_of(settings, repo, state, version), f"rollback target Triton v{version} (retain {retain})")
