@@ -288,3 +288,25 @@ def test_the_candidate_of_a_release_in_flight_or_awaiting_approval_is_kept(setti
     kept = {Path(i.path).name: i.reasons for m in result.models for i in m.items if not i.collect}
     assert any("candidate Triton v2 (a release in flight or awaiting approval)" in r for r in kept[_fp(2)[:16]])
     assert result.freed()["workspace"] == 0
+
+
+def test_mlflow_unreadable_collects_nothing_of_the_model(settings: Settings, monkeypatch: pytest.MonkeyPatch) -> None:
+    from seqcls.errors import RegistryError
+
+    ws = _workspace(settings, 1)
+
+    def down(settings, model):
+        raise RegistryError("MLflow at sqlite:///x: unreachable")
+
+    monkeypatch.setattr(gc_mod, "_registry_fingerprints", down)
+    result = gc(settings, apply=True)
+    assert not result.ok and "unreachable" in result.models[0].error
+    assert all((ws / h).is_dir() for h in HEAVY[:3])  # it cannot tell which version is champion
+
+
+def test_a_time_budget_leaves_the_rest_for_the_next_gc(settings: Settings) -> None:
+    workspaces = [_workspace(settings, i) for i in (1, 2)]
+    result = gc(settings, apply=True, budget=0.0)
+    assert result.models[0].deferred == 2 and result.freed()["workspace"] == 0
+    assert all((ws / h).is_dir() for ws in workspaces for h in HEAVY[:3])
+    assert "2 more left for the next gc" in "\n".join(result.lines())
