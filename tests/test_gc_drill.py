@@ -18,6 +18,8 @@ from seqcls.contract.names import ModelName
 from seqcls.localtriton import LocalTriton
 from seqcls.ops.disk import HEAVY
 from seqcls.ops.trash import leftovers
+from seqcls.serving import restore
+from seqcls.serving.pins import pin_path
 from seqcls.serving.published import champion_graph
 from seqcls.serving.repository import Repository
 from tests.helpers.drills import Drill, drill_test, make_drill, served_answers
@@ -94,15 +96,26 @@ def test_gc_after_releases_a_kill_9_mid_gc_and_rollbacks_to_every_kept_version(
     assert _gc_json(d, "--apply")["ok"]
     assert not any((workspaces[2] / h).exists() for h in HEAVY)
 
-    # the served champion's graph: its live file gone, sync restores it from the kept workspace, and the quality
-    # gate's re-scoring finds it (live, then a verified copy)
+    for version in (4, 5, 6, 7):  # the served version and every rollback target: kept whole
+        assert all((_workspace(d, version) / h).is_dir() for h in ("checkpoint", "static", "onnx")), version
+
+    # the served champion's graph: its live file gone and (so that the workspace is the only copy) its pin set
+    # aside — the quality gate's re-scoring still finds it, and sync restores it, from the kept workspace
     repo = Repository.from_settings(d.settings, NAME)
+    pin = pin_path(d.repo, NAME, 7)
+    pinned = pin.read_bytes()
+    pin.unlink()
     onnx = d.repo / NAME.names.model / "7" / "model.onnx"
     digest = sha256_file(onnx)
     onnx.unlink()
-    _, source = champion_graph(repo, 7, tmp_path / "champion")
-    assert "verified copy" in source
-    assert d.cli("sync").returncode == 0 and sha256_file(onnx) == digest
+    try:
+        _, source = champion_graph(repo, 7, tmp_path / "champion")
+        assert "verified copy" in source
+        sources = restore.plan(repo, 7).sources
+        assert sources[digest].is_relative_to(_workspace(d, 7)), sources
+        assert d.cli("sync").returncode == 0 and sha256_file(onnx) == digest
+    finally:
+        pin.write_bytes(pinned)
 
     # every version the policy keeps is a working rollback target
     served = {7: served_answers(d, NAME)}
