@@ -31,6 +31,8 @@ from seqcls.localtriton import LocalTriton, TritonServerConfig
 from seqcls.monitoring.drift import DRIFT, NOT_ENOUGH, DriftReport, Thresholds
 from seqcls.monitoring.live import monitor
 from seqcls.notify.commands import notify_outcome
+from seqcls.ops.gc import GC_HELP, after_promote, gc
+from seqcls.ops.gc import add_arguments as add_gc_arguments
 from seqcls.ops.history import history as serving_history
 from seqcls.ops.history import lines as history_lines
 from seqcls.ops.status import status
@@ -170,6 +172,14 @@ def _cmd_sync(args: argparse.Namespace) -> tuple[int, Printer]:
     return code, show
 
 
+def _cmd_gc(args: argparse.Namespace) -> tuple[int, Printer]:
+    """Dry run unless ``--apply``; exit 1 when a model was left alone (its lease held, MLflow unreadable)."""
+    names = [args.model_name] if args.model_name else None
+    result = gc(_ops_settings(args), names, apply=args.apply, keep_refused=args.keep_refused)
+    text = json.dumps(result.to_dict(), indent=2, default=str) if args.json else "\n".join(result.lines())
+    return (0 if result.ok else 1), lambda: print(text)
+
+
 def _cmd_lease(args: argparse.Namespace) -> tuple[int, Printer]:
     import getpass
 
@@ -236,6 +246,8 @@ def _cmd_step(args: argparse.Namespace) -> tuple[int, Printer]:
     release = _release_from_args(args)
     kwargs = {"reason": args.reason or "requested from the CLI"} if args.command == "rollback" else {}
     result = step(args.command)(release, **kwargs)
+    if args.command == "promote":
+        after_promote(release)  # retention: logged, never this command's failure
     return 0, lambda: _print_results(args, release.workspace.root, [result])
 
 
@@ -296,6 +308,8 @@ def _cmd_release(args: argparse.Namespace) -> tuple[int, Printer]:
         return 2, lambda: print(message, file=sys.stderr)
     resolved = time.perf_counter() - t0
     results = run_release(release, until=args.until)
+    if any(r.step == "promote" for r in results):
+        after_promote(release)  # retention: logged, never the release's failure
     total = time.perf_counter() - t0
 
     def show() -> None:
@@ -489,6 +503,10 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--reason", default=None, help="why (recorded in the serving history)")
     _add_status_sync_parsers(sub)
     _add_history_parser(sub)
+    p = sub.add_parser("gc", help=GC_HELP)
+    add_gc_arguments(p)
+    _add_ops_args(p)
+    p.set_defaults(func=_cmd_gc)
     p = sub.add_parser("lease", help="the per-model release lease: `lease break` removes a stuck one")
     p.add_argument("action", choices=["break"])
     p.add_argument("--model-name", type=ModelName, required=True)

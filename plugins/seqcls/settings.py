@@ -45,6 +45,10 @@ ENV_EVAL_SET_MAX_MB = "SEQCLS_EVAL_SET_MAX_MB"  # the largest eval set a release
 ENV_EVAL_SET_MAX_TEXTS = "SEQCLS_EVAL_SET_MAX_TEXTS"  # the most labeled texts a release scores (default 200000)
 DEFAULT_EVAL_SET_MAX_MB = 50
 DEFAULT_EVAL_SET_MAX_TEXTS = 200_000
+ENV_GC_KEEP_REFUSED = "SEQCLS_GC_KEEP_REFUSED"  # `seqcls gc`: refused attempts whose evidence (failed/) is kept
+ENV_GC_MIN_AGE = "SEQCLS_GC_MIN_AGE"  # `seqcls gc`: seconds a workspace is left alone after its last write
+DEFAULT_GC_KEEP_REFUSED = 5
+DEFAULT_GC_MIN_AGE = 3600.0
 #: Set (not read) around paddle2onnx: ``"0"`` forbids polygraphy from pip-installing at conversion.
 ENV_POLYGRAPHY_AUTOINSTALL = "POLYGRAPHY_AUTOINSTALL_DEPS"
 
@@ -268,6 +272,11 @@ class Settings:
     #: The largest eval set a release reads and the most texts it scores (SEQCLS_EVAL_SET_MAX_MB / _TEXTS).
     eval_set_max_mb: float = DEFAULT_EVAL_SET_MAX_MB
     eval_set_max_texts: int = DEFAULT_EVAL_SET_MAX_TEXTS
+    #: Retention (``seqcls gc``): the newest refused attempts per model whose evidence is kept
+    #: (SEQCLS_GC_KEEP_REFUSED), and how long a workspace is left alone after its last write (SEQCLS_GC_MIN_AGE,
+    #: seconds: a release may be between two steps of it).
+    gc_keep_refused: int = DEFAULT_GC_KEEP_REFUSED
+    gc_min_age: float = DEFAULT_GC_MIN_AGE
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "home", Path(self.home).expanduser().resolve())
@@ -300,6 +309,11 @@ class Settings:
                 parse_layout(self.serving_layout)
         if not (self.eval_set_max_mb > 0 and self.eval_set_max_texts > 0):
             raise InputError(f"{ENV_EVAL_SET_MAX_MB} and {ENV_EVAL_SET_MAX_TEXTS} must be positive")
+        keep = self.gc_keep_refused
+        if isinstance(keep, bool) or not isinstance(keep, int) or keep < 0:
+            raise InputError(f"{ENV_GC_KEEP_REFUSED} / keep_refused must be an integer ≥ 0, got {keep!r}")
+        if not self.gc_min_age >= 0:
+            raise InputError(f"{ENV_GC_MIN_AGE} must be seconds ≥ 0, got {self.gc_min_age!r}")
         if self.triton_control_key is not None:
             key = str(self.triton_control_key).strip()
             source = f"{ENV_TRITON_CONTROL_KEY} / the Triton Connection's password"
@@ -329,6 +343,8 @@ class Settings:
             "serving_pipeline": (env.get(ENV_SERVING_PIPELINE) or "ensemble").strip().lower(),
             "eval_set_max_mb": _number(env, ENV_EVAL_SET_MAX_MB, float, DEFAULT_EVAL_SET_MAX_MB),
             "eval_set_max_texts": _number(env, ENV_EVAL_SET_MAX_TEXTS, int, DEFAULT_EVAL_SET_MAX_TEXTS),
+            "gc_keep_refused": _number(env, ENV_GC_KEEP_REFUSED, int, DEFAULT_GC_KEEP_REFUSED),
+            "gc_min_age": _number(env, ENV_GC_MIN_AGE, float, DEFAULT_GC_MIN_AGE),
         }
         for key, value in overrides.items():
             if key not in values:
@@ -491,6 +507,17 @@ ENVIRONMENT: tuple[EnvVar, ...] = (
         ENV_EVAL_SET_MAX_TEXTS,
         str(DEFAULT_EVAL_SET_MAX_TEXTS),
         "The most labeled texts a release scores (each is run through the candidate and the champion).",
+    ),
+    EnvVar(
+        ENV_GC_KEEP_REFUSED,
+        str(DEFAULT_GC_KEEP_REFUSED),
+        "`seqcls gc`: per model, the newest refused attempts whose evidence (`failed/`) is kept.",
+        "`seqcls gc --keep-refused` / models file keep_refused",
+    ),
+    EnvVar(
+        ENV_GC_MIN_AGE,
+        f"{DEFAULT_GC_MIN_AGE:.0f}",
+        "`seqcls gc`: seconds a release workspace is left alone after its last write (a release may be between steps).",
     ),
     EnvVar(
         ENV_PADDLE_PYTHON, "the same interpreter", "Interpreter for the heavy Paddle tasks (@task.external_python)."

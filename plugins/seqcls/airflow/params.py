@@ -57,6 +57,15 @@ def run_params(model_name: str, root: str = "") -> dict[str, dict[str, Any]]:
             "description": "End as skipped when the checkpoint already is the MLflow champion (always on for "
             "scheduled and asset-triggered runs). Turn off to release it again, e.g. after a Triton restart.",
         },
+        "keep_refused": {
+            "default": None,
+            "type": ["integer", "null"],
+            "minimum": 0,
+            "title": "Refused attempts kept",
+            "description": "Retention after this run's promote (`seqcls gc`): the newest N refused attempts of the "
+            "model keep their evidence (failed/); older ones are collected. Empty: SEQCLS_GC_KEEP_REFUSED (5).",
+            "section": EXPERT_SECTION,
+        },
         "triton_conn_id": {
             "default": "triton_default",
             "type": "string",

@@ -43,6 +43,7 @@ from seqcls.airflow.report import report
 from seqcls.airflow.roots import LATEST, locate_checkpoint
 from seqcls.contract.names import ModelName
 from seqcls.errors import InputError, ServingError, StepOrderError
+from seqcls.ops.gc import after_promote
 from seqcls.ops.sync import sync
 from seqcls.registry import journal
 from seqcls.registry.ledger import champion_fingerprint, champion_release_key
@@ -204,6 +205,8 @@ def run_task_step(
             if name == "rollback":
                 undone = journal.undo_attempt(settings, model, attempt.id, reason=kwargs.get("reason", ""))
                 result.summary["journal"] = undone
+        if name == "promote":
+            after_promote(release, keep_refused=as_params(params).get("keep_refused"))  # bounded, logged, never fails
     summary = report(result, ti=ti, settings=settings, model_name=release.config.model_name)
     return {**summary, "model_name": release.config.model_name, "fingerprint": release.checkpoint.fingerprint}
 

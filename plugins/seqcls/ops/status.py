@@ -19,6 +19,7 @@ from typing import Any
 
 from seqcls.contract.names import ModelName
 from seqcls.errors import SeqclsError, ServingError
+from seqcls.ops.disk import DiskUse, disk_use
 from seqcls.ops.sync import models_in, operator_models, release_command, verdict_problems, version_problems
 from seqcls.registry.ledger import CANDIDATE, CHAMPION, aliased_version, client, find_version, version_label
 from seqcls.release import control, verdicts
@@ -42,6 +43,8 @@ class ModelStatus:
     registry: dict[str, Any]
     lease: dict[str, Any] | None
     problems: list[str] = field(default_factory=list)
+    #: Bytes on disk by kind (:class:`~seqcls.ops.gc.DiskUse`): what ``seqcls gc`` keeps bounded.
+    disk: dict[str, int] = field(default_factory=dict)
 
     @property
     def agree(self) -> bool:
@@ -85,6 +88,8 @@ class ModelStatus:
                 f"{_aliased(reg.get('candidate'), reg.get('candidate_triton'))}"
             )
         out.append(f"  lease: {self.lease['holder'] if self.lease else 'free'}")
+        if self.disk:
+            out.append(DiskUse(**self.disk).line())
         out += [f"  ✗ {p}" for p in self.problems] or ["  ✓ served == recorded == champion"]
         return out
 
@@ -225,6 +230,10 @@ def model_status(settings: Settings, model_name: ModelName) -> ModelStatus:
         _registry(settings, model_name, repo, state),
         {"holder": holder.describe(), "dead": dead} if holder else None,
     )
+    try:
+        status.disk = disk_use(settings, model_name).to_dict()
+    except OSError as exc:  # disk use is information, never a disagreement
+        log.warning("status %s: disk use not measured (%s)", model_name, exc)
     status.problems += _state_problems(repo, state) + version_problems(repo, state)
     status.problems += verdict_problems(repo, state)
     if lease_problem:

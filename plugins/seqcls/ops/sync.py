@@ -8,7 +8,8 @@ MLflow outage, per model:
 3. a damaged state file is recorded again from its newest readable copy (``.bak`` or the log), a
    lost one from what the log or the configs say is served — only after that state converged;
 4. the MLflow ``champion`` alias is moved to the registered version of the served fingerprint;
-5. half-written publish/candidate directories left by a killed process are removed.
+5. half-written publish/candidate directories left by a killed process are removed, and so is what a
+   killed ``seqcls gc`` had already moved aside (:func:`seqcls.ops.gc.finish_leftovers`).
 
 A live release in flight is left alone (its candidate stays); sync never changes *what* should
 be served — that only releases and rollbacks do, under the lease. One model's damage (an
@@ -33,6 +34,7 @@ from typing import Any
 
 from seqcls.contract.names import CLASSIC, DEFAULT_MODEL, ModelName
 from seqcls.errors import SeqclsError, ServingError
+from seqcls.ops.trash import finish_leftovers
 from seqcls.registry import journal
 from seqcls.registry.ledger import mirror_champion
 from seqcls.release import control, verdicts
@@ -402,4 +404,7 @@ def sync(settings: Settings, model_names: Sequence[str] | None = None) -> list[S
             result.registry,
         )
         results.append(result)
+    trash = finish_leftovers(settings)  # an interrupted gc's trash: nothing refers to it
+    if trash:
+        log.info("sync: removed what an interrupted gc had moved aside: %s", ", ".join(trash))
     return results

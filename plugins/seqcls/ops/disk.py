@@ -1,0 +1,116 @@
+"""How much a model's releases hold on disk, by kind: what ``seqcls status`` shows and ``seqcls gc`` bounds."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from seqcls.contract.names import ModelName
+from seqcls.release.kept import KEPT
+from seqcls.release.workspace import FAILED_DIR, MANIFEST
+from seqcls.settings import Settings
+
+#: A workspace's heavy artifacts: the checkpoint snapshot, the static export, the ONNX graphs, a step's staging.
+#: Everything else of it (manifest, reports, records: kilobytes) is its evidence and stays.
+HEAVY = ("checkpoint", "static", "onnx", ".staging")
+
+
+def tree_bytes(path: Path) -> int:
+    """Bytes of the files under ``path`` (a file: its size), links not followed; 0 when it is gone."""
+    try:
+        st = path.lstat()
+    except OSError:
+        return 0
+    if not path.is_dir() or path.is_symlink():
+        return st.st_size
+    total = 0
+    stack = [path]
+    while stack:
+        try:
+            with os.scandir(stack.pop()) as it:
+                for entry in it:
+                    try:
+                        if entry.is_dir(follow_symlinks=False):
+                            stack.append(Path(entry.path))
+                        else:
+                            total += entry.stat(follow_symlinks=False).st_size
+                    except OSError:
+                        continue
+        except OSError:
+            continue
+    return total
+
+
+def megabytes(n: int) -> str:
+    return f"{n / 1e6:.2f} MB"
+
+
+def read_manifest(root: Path) -> dict[str, Any] | None:
+    """A workspace's manifest; {} when it has none, None when it is unreadable (then nothing of it is collected)."""
+    try:
+        data = json.loads((root / MANIFEST).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def workspaces(settings: Settings, model: str) -> list[Path]:
+    """Every release workspace of ``model`` (``<home>/releases/<model>/<fp16>/``)."""
+    root = settings.releases_dir / model
+    return sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")) if root.is_dir() else []
+
+
+def evalset_refs(manifest: dict[str, Any] | None) -> set[str]:
+    """The names of the kept eval-set copies (``<home>/evalsets/``) a workspace's manifest refers to."""
+    kept = (manifest or {}).get(KEPT) or {}
+    return {Path(str(e.get("copy"))).name for e in kept.values() if isinstance(e, dict) and e.get("copy")}
+
+
+@dataclass
+class DiskUse:
+    """Bytes one model's releases hold, by kind."""
+
+    workspaces: int = 0  # number of release workspaces
+    heavy: int = 0
+    failed: int = 0
+    evidence: int = 0
+    triton: int = 0
+    evalsets: int = 0  # the eval-set copies its workspaces refer to (shared with other models)
+
+    def to_dict(self) -> dict[str, int]:
+        return asdict(self)
+
+    def line(self) -> str:
+        total, mb = self.heavy + self.failed + self.evidence, megabytes
+        return (
+            f"  disk: {mb(total)} in {self.workspaces} release workspaces (heavy {mb(self.heavy)}, failed/ "
+            f"{mb(self.failed)}, evidence {mb(self.evidence)}); Triton repository {mb(self.triton)}; eval sets "
+            f"{mb(self.evalsets)}"
+        )
+
+
+def disk_use(settings: Settings, model: ModelName) -> DiskUse:
+    """What ``model`` holds on disk now: its workspaces by kind, its Triton models, the eval sets it refers to."""
+    use = DiskUse()
+    refs: set[str] = set()
+    for ws in workspaces(settings, model):
+        use.workspaces += 1
+        total = tree_bytes(ws)
+        heavy = sum(tree_bytes(ws / n) for n in HEAVY)
+        failed = tree_bytes(ws / FAILED_DIR)
+        use.heavy += heavy
+        use.failed += failed
+        use.evidence += total - heavy - failed
+        refs |= evalset_refs(read_manifest(ws))
+    repo = Path(str(settings.triton_repository))
+    use.triton = sum(tree_bytes(repo / m) for m in model.names.all)
+    use.evalsets = sum(tree_bytes(settings.eval_sets_dir / r) for r in refs)
+    return use
+
+
+__all__ = ["HEAVY", "DiskUse", "disk_use", "evalset_refs", "megabytes", "read_manifest", "tree_bytes", "workspaces"]

@@ -1,0 +1,510 @@
+"""``seqcls gc``: retention for what releases leave in the release home, so a scheduled release stays bounded.
+
+Every release writes a workspace (``<home>/releases/<model>/<fp16>/``: the checkpoint snapshot, the static
+export, the ONNX graphs, reports) and nothing removed them. gc keeps whole every workspace that serving,
+rollback, restore or the quality gate's champion re-scoring may read — the served, previous and candidate
+versions, the rollback targets within ``retain``, every version still published or pinned in the Triton
+repository (``seqcls sync`` restores those from their workspace), the MLflow champion and previous champion,
+a workspace written in the last ``gc_min_age`` seconds or locked by a step — and collects from the others
+only their heavy artifacts (:data:`HEAVY`). Each release's small evidence stays: ``manifest.json`` (what ran,
+every output's hash), the gate reports, ``evaluation.json``, the step records. The ``failed/`` leftovers are
+kept for the newest ``gc_keep_refused`` refused attempts and collected for the rest; an eval-set copy (kept
+once per home by content) is collected when no kept workspace of any model refers to it.
+
+Safe under faults: gc holds each model's release lease (refused at once, naming the holder, while a release
+holds it) and each workspace's lock while it moves things; what it collects is first renamed into
+``<home>/.gc-trash/<pid>-<n>/`` (the same file system: one rename, never half a directory in a workspace), then
+deleted. A gc killed midway leaves only trash that the next gc or ``seqcls sync`` deletes. Dry run by default.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import errno
+import json
+import logging
+import os
+import shutil
+import socket
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from seqcls import faults
+from seqcls.contract.names import ModelName
+from seqcls.errors import SeqclsError
+from seqcls.files import atomic_write, held, replace_dir, replace_file
+from seqcls.ops.disk import HEAVY, evalset_refs, megabytes, read_manifest, tree_bytes, workspaces
+from seqcls.ops.sync import models_in, operator_models
+from seqcls.ops.trash import finish_leftovers, leftovers, trash_root
+from seqcls.registry.ledger import CHAMPION, FINGERPRINT_TAG, PREVIOUS, aliased_version, client
+from seqcls.release import control
+from seqcls.release.workspace import FAILED_DIR, MANIFEST, Release, Workspace
+from seqcls.serving.lease import ReleaseLease
+from seqcls.serving.pins import PIN_PREFIX
+from seqcls.serving.repository import Repository
+from seqcls.serving.state import ServingState, current_state
+from seqcls.settings import Settings
+
+log = logging.getLogger(__name__)
+
+#: Rollback depth kept whole: the Triton versions publish keeps (its ``retain``, 3 unless a caller says).
+DEFAULT_RETAIN = 3
+#: Seconds the retention run after a promote may spend collecting (what is left waits for the next gc).
+GC_BUDGET = 60.0
+
+#: The kinds gc reports, in its order.
+WORKSPACE, FAILED, EVALSET, LEFTOVER = "workspace", "failed", "evalset", "leftover"
+KINDS = {
+    WORKSPACE: "release workspaces' heavy artifacts",
+    FAILED: "failed/ leftovers",
+    EVALSET: "eval-set copies no longer referenced",
+    LEFTOVER: "leftovers of an interrupted gc",
+}
+#: What the ``gc`` record in a collected workspace's manifest is called.
+GC_RECORD = "gc"
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat(timespec="seconds")
+
+
+@dataclass
+class Item:
+    """One thing gc looked at: collected (``collect``: what it frees) or kept, and why."""
+
+    kind: str
+    path: str
+    bytes: int
+    collect: bool
+    reasons: list[str] = field(default_factory=list)
+    parts: list[str] = field(default_factory=list)  # collect: the paths (relative to ``path``) that go
+
+    def line(self) -> str:
+        what = f"{self.path}" + (f" ({', '.join(self.parts)})" if self.parts else "")
+        if self.collect:
+            return f"  collect {KINDS[self.kind]}: {what} — {megabytes(self.bytes)}"
+        return f"  keep {what} — {'; '.join(self.reasons)}"
+
+
+@dataclass
+class ModelGc:
+    """What gc did (or would do) for one model."""
+
+    model_name: str
+    items: list[Item] = field(default_factory=list)
+    error: str | None = None
+    applied: bool = False
+    deferred: int = 0  # items left for the next gc (its time budget ran out)
+
+    def freed(self) -> dict[str, int]:
+        out = dict.fromkeys(KINDS, 0)
+        for item in self.items:
+            if item.collect:
+                out[item.kind] += item.bytes
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "freed": self.freed()}
+
+
+@dataclass
+class GcResult:
+    """Per model, plus what belongs to the whole home (eval-set copies, an interrupted gc's trash)."""
+
+    apply: bool
+    models: list[ModelGc] = field(default_factory=list)
+    home: list[Item] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return not any(m.error for m in self.models)
+
+    def freed(self) -> dict[str, int]:
+        out = dict.fromkeys(KINDS, 0)
+        for part in (*(m.freed() for m in self.models), ModelGc("", self.home).freed()):
+            for kind, n in part.items():
+                out[kind] += n
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "apply": self.apply,
+            "ok": self.ok,
+            "freed": self.freed(),
+            "seconds": round(self.seconds, 3),
+            "models": [m.to_dict() for m in self.models],
+            "home": [asdict(i) for i in self.home],
+        }
+
+    def lines(self) -> list[str]:
+        freed = self.freed()
+        verb = "freed" if self.apply else "would free (dry run: nothing deleted; --apply deletes)"
+        total = sum(freed.values())
+        parts = ", ".join(f"{KINDS[k]} {megabytes(n)}" for k, n in freed.items() if n)
+        out = [f"gc: {verb} {megabytes(total)}" + (f" — {parts}" if parts else "")]
+        for m in self.models:
+            out.append(f"{m.model_name}:" + (f" ✗ {m.error}" if m.error else ""))
+            out += [i.line() for i in m.items]
+            if m.deferred:
+                out.append(f"  {m.deferred} more left for the next gc (time budget)")
+        if self.home:
+            out.append("home (shared by every model):")
+            out += [i.line() for i in self.home]
+        return out
+
+
+# ---------------------------------------------------------------------------- what is kept, and why
+
+
+def _refusal(manifest: dict[str, Any]) -> str | None:
+    """When a gate refused this attempt: the finished_at of its failed gate step, else None."""
+    for step in ("validate", "evaluate"):
+        rec = (manifest.get("steps") or {}).get(step) or {}
+        if rec.get("status") == "failed" and str(rec.get("error", "")).startswith("GateError"):
+            return str(rec.get("finished_at") or manifest.get("updated_at") or "")
+    return None
+
+
+def _versions_of(repo: Repository, state: ServingState) -> set[int]:
+    """Every Triton version of the model the repository still holds or pins, and the state names."""
+    versions = {v for m in repo.names.models for v in repo.versions(m)}
+    prefix = f"{PIN_PREFIX}{repo.model_name}.v"
+    for pin in repo.root.glob(f"{prefix}*.json"):
+        number = pin.name[len(prefix) : -len(".json")]
+        if number.isdigit():
+            versions.add(int(number))
+    return versions | set(state.live_versions())
+
+
+def _workspace_of(settings: Settings, repo: Repository, state: ServingState, version: int) -> set[Path]:
+    """The workspace(s) ``version`` was published from: its ``release.json``/pin, and its state fingerprint."""
+    found: set[Path] = set()
+    for model in repo.names.models:
+        info = repo.recorded(version, model) or {}
+        if isinstance(info.get("workspace"), str):
+            found.add(Path(info["workspace"]).resolve())
+        if isinstance(info.get("fingerprint"), str):
+            found.add((settings.releases_dir / repo.model_name / info["fingerprint"][:16]).resolve())
+    fp = state.fingerprint_of(version)
+    if fp:
+        found.add((settings.releases_dir / repo.model_name / fp[:16]).resolve())
+    return found
+
+
+def _registry_fingerprints(settings: Settings, model: str) -> dict[str, str]:
+    """Fingerprint → why (MLflow champion / previous champion). MLflow unreadable: a RegistryError (gc then
+    collects nothing of the model: it cannot tell what the quality gate re-scores)."""
+    c = client(settings)
+    out: dict[str, str] = {}
+    for alias in (CHAMPION, PREVIOUS):
+        mv = aliased_version(c, model, alias)
+        fp = mv.tags.get(FINGERPRINT_TAG) if mv is not None else None
+        if fp:
+            out.setdefault(fp[:16], f"MLflow {alias} (v{mv.version})")
+    return out
+
+
+def _why_kept(settings: Settings, model: ModelName, retain: int) -> dict[Path, list[str]]:
+    """Workspace → why it is kept whole (serving, rollback, restore and the champion need it)."""
+    repo = Repository.from_settings(settings, model)
+    state = current_state(repo.root, model)
+    why: dict[Path, list[str]] = {}
+
+    def keep(paths: set[Path], reason: str) -> None:
+        for p in paths:
+            why.setdefault(p, []).append(reason)
+
+    candidate = "candidate Triton v{} (a release in flight or awaiting approval)"
+    roles = {state.serving: "served Triton v{}", state.previous: "previous Triton v{}", state.candidate: candidate}
+    for version, role in roles.items():
+        if version is not None:
+            keep(_workspace_of(settings, repo, state, version), role.format(version))
+    live = set(state.live_versions())
+    for version in sorted(state.protected_versions(depth=retain - 1) - live):
+        keep(_workspace_of(settings, repo, state, version), f"rollback target Triton v{version} (retain {retain})")
+    for version in sorted(_versions_of(repo, state) - state.protected_versions(depth=retain - 1)):
+        keep(_workspace_of(settings, repo, state, version), f"Triton v{version} published/pinned (sync restores it)")
+    for fp16, reason in _registry_fingerprints(settings, model).items():
+        keep({(settings.releases_dir / model / fp16).resolve()}, reason)
+    return why
+
+
+# ---------------------------------------------------------------------------- the command line
+
+GC_HELP = (
+    "retention: what release workspaces, failed/ leftovers and eval-set copies can go, and why the rest is kept; "
+    "a dry run unless --apply"
+)
+
+
+def _count(text: str) -> int:
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"expected a whole number ≥ 0, got {text!r}")
+    return int(text)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """``seqcls gc``'s own flags (the CLI adds --home/--grpc/--json), written beside what they steer."""
+    p.add_argument("--model-name", type=ModelName, default=None, help="one model (default: every model with releases)")
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--dry-run", dest="apply", action="store_false", help="only say what would go (default)")
+    mode.add_argument("--apply", dest="apply", action="store_true", help="collect it, under each model's lease")
+    p.add_argument("--keep-refused", type=_count, default=None, metavar="N",
+                   help="the newest N refused attempts per model keep their evidence (default "
+                   "$SEQCLS_GC_KEEP_REFUSED or 5)")  # fmt: skip
+    p.set_defaults(apply=False)
+
+
+# ---------------------------------------------------------------------------- the plan
+
+
+@dataclass
+class _Plan:
+    model: ModelGc
+    moves: list[tuple[Path, list[Path]]] = field(default_factory=list)  # workspace → what to collect of it
+    refs: set[str] = field(default_factory=set)  # eval-set copies the kept workspaces refer to
+
+
+def _plan_model(settings: Settings, model: ModelName, keep_refused: int, retain: int) -> _Plan:
+    plan = _Plan(ModelGc(str(model)))
+    kept = _why_kept(settings, model, retain)
+    now = time.time()
+    refused: list[tuple[str, Path]] = []
+    manifests: dict[Path, dict[str, Any] | None] = {}
+    for ws in workspaces(settings, model):
+        manifests[ws] = manifest = read_manifest(ws)
+        if manifest and ws.resolve() not in kept:
+            when = _refusal(manifest)
+            if when is not None:
+                refused.append((when, ws))
+    newest_refused = {ws for _, ws in sorted(refused, reverse=True)[:keep_refused]}
+    for ws, manifest in manifests.items():
+        reasons = list(kept.get(ws.resolve(), []))
+        try:
+            age = now - (ws / MANIFEST).stat().st_mtime
+        except OSError:
+            age = now - ws.stat().st_mtime
+        if age < settings.gc_min_age:
+            reasons.append(f"written {age:.0f}s ago (< {settings.gc_min_age:.0f}s: a release may be between steps)")
+        if manifest is None:
+            reasons.append(f"{ws / MANIFEST} is unreadable: nothing of it is collected")
+        if reasons:
+            plan.model.items.append(Item(WORKSPACE, str(ws), tree_bytes(ws), False, reasons))
+            plan.refs |= evalset_refs(manifest)
+            continue
+        heavy = [ws / name for name in HEAVY if (ws / name).exists()]
+        if ws in newest_refused:
+            plan.model.items.append(
+                Item(FAILED, str(ws / FAILED_DIR), tree_bytes(ws / FAILED_DIR), False,
+                     [f"one of the newest {keep_refused} refused attempts (refused {_refusal(manifest)})"])
+            )  # fmt: skip
+            plan.refs |= evalset_refs(manifest)
+        elif (ws / FAILED_DIR).exists():
+            failed = ws / FAILED_DIR
+            plan.model.items.append(Item(FAILED, str(ws), tree_bytes(failed), True, parts=[FAILED_DIR]))
+            heavy.append(failed)
+        if any(p.name in HEAVY for p in heavy):
+            names = [p.name for p in heavy if p.name in HEAVY]
+            plan.model.items.append(Item(WORKSPACE, str(ws), sum(tree_bytes(ws / n) for n in names), True, parts=names))
+        if heavy:
+            plan.moves.append((ws, heavy))
+    return plan
+
+
+def _evalset_items(settings: Settings, refs: set[str]) -> list[Item]:
+    directory = settings.eval_sets_dir
+    items = []
+    now = time.time()
+    for copy in sorted(directory.iterdir()) if directory.is_dir() else ():
+        if copy.name.startswith(".") or not copy.is_file():
+            continue
+        if copy.name in refs:
+            items.append(Item(EVALSET, str(copy), tree_bytes(copy), False, ["referenced by a kept release workspace"]))
+        elif now - copy.stat().st_mtime < settings.gc_min_age:
+            items.append(Item(EVALSET, str(copy), tree_bytes(copy), False, ["kept less than gc_min_age ago"]))
+        else:
+            items.append(Item(EVALSET, str(copy), tree_bytes(copy), True))
+    return items
+
+
+# ---------------------------------------------------------------------------- crash-safe removal
+
+
+class _Trash:
+    """One gc's trash directory: each collected path is renamed into it (one rename, same file system)."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.root = trash_root(settings) / f"{os.getpid()}-{int(time.time() * 1000)}"
+        self.n = 0
+
+    def take(self, path: Path) -> bool:
+        """Move ``path`` aside; False (and a warning) when it cannot be renamed there (another file system)."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.n += 1
+        try:
+            (replace_dir if path.is_dir() else replace_file)(path, self.root / f"{self.n}-{path.name}")
+        except FileNotFoundError:
+            return True  # already gone
+        except OSError as exc:
+            if exc.errno == errno.EXDEV:
+                log.warning("gc: %s is on another file system than %s; left in place", path, self.root)
+                return False
+            raise
+        return True
+
+    def empty(self) -> None:
+        faults.point("gc:before-delete")
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+def _collect_workspace(trash: _Trash, ws: Path, paths: list[Path]) -> None:
+    """Under the workspace's lock (a step writing it makes gc skip it): move ``paths`` aside, then record in
+    the manifest what was collected (a later release of the same checkpoint redoes the steps whose outputs
+    went: their recorded hashes no longer match)."""
+    with held(ws / ".lock", timeout=0, what=f"gc of release {ws.name}", error=SeqclsError):
+        moved = {}
+        for p in paths:
+            size = tree_bytes(p)
+            if trash.take(p):
+                moved[p.name] = size
+                faults.point("gc:after-move")
+        w = Workspace(ws)
+        manifest = w.read()
+        record = manifest.setdefault(GC_RECORD, {"collected": {}})
+        record["collected"].update(moved)
+        record["at"] = _now()
+        atomic_write(w.manifest_path, json.dumps(manifest, indent=2, ensure_ascii=False, default=str))
+
+
+@contextlib.contextmanager
+def _model_lease(settings: Settings, model: str, owner: str | None) -> Iterator[None]:
+    """The model's release lease, taken at once or refused naming its holder (LeaseError)."""
+    lease = ReleaseLease(Path(str(settings.triton_repository)), model)
+    me = owner or f"gc:{socket.gethostname()}:{os.getpid()}"
+    lease.acquire(me, kind="process", step="gc", timeout=0)
+    try:
+        yield
+    finally:
+        lease.release(me)
+
+
+def gc_models(settings: Settings) -> list[ModelName]:
+    """Models with a recorded state or a directory of release workspaces."""
+    names = set(models_in(Path(str(settings.triton_repository))))
+    root = settings.releases_dir
+    for p in root.iterdir() if root.is_dir() else ():
+        if p.is_dir() and not p.name.startswith("."):
+            with contextlib.suppress(SeqclsError):
+                names.add(ModelName(p.name))
+    return sorted(names)
+
+
+def gc(
+    settings: Settings,
+    model_names: Sequence[str] | None = None,
+    *,
+    apply: bool = False,
+    keep_refused: int | None = None,
+    retain: int = DEFAULT_RETAIN,
+    budget: float | None = None,
+    owner: str | None = None,
+) -> GcResult:
+    """Plan (and with ``apply``, do) the collection for every (or the named) model; see the module docstring.
+
+    ``budget``: seconds after which no further workspace is collected (what is left is said, for the next
+    gc). ``owner``: the lease owner to take each model's lease as (default ``gc:<host>:<pid>``)."""
+    t0 = time.perf_counter()
+    keep_refused = settings.gc_keep_refused if keep_refused is None else keep_refused
+    if keep_refused < 0 or retain < 1:
+        raise SeqclsError(f"gc: keep_refused must be ≥ 0 (got {keep_refused}) and retain ≥ 1 (got {retain})")
+    result = GcResult(apply)
+    named = operator_models(model_names)
+    models = named or gc_models(settings)
+    refs: set[str] = set()
+    all_models = set(gc_models(settings))
+    for other in all_models - set(models):  # models gc leaves alone: every release of theirs counts as a reference
+        for ws in workspaces(settings, other):
+            refs |= evalset_refs(read_manifest(ws))
+    result.home += [Item(LEFTOVER, str(p), tree_bytes(p), True) for p in leftovers(settings)]
+    if apply:
+        finish_leftovers(settings)
+    trash = _Trash(settings)
+    for model in models:
+        try:
+            with _model_lease(settings, model, owner) if apply else contextlib.nullcontext():
+                plan = _plan_model(settings, model, keep_refused, retain)
+                refs |= plan.refs
+                if apply:
+                    _apply(plan, trash, t0, budget)
+        except Exception as exc:  # one model's problem: reported, collects nothing of it; the others go on
+            log.warning("gc %s: %s", model, exc, exc_info=not isinstance(exc, SeqclsError))
+            error = str(exc) if isinstance(exc, SeqclsError) else f"{type(exc).__name__}: {exc}"
+            result.models.append(ModelGc(str(model), error=error))
+            for ws in workspaces(settings, model):  # nothing of it collected: all its eval sets stay referenced
+                refs |= evalset_refs(read_manifest(ws))
+            continue
+        result.models.append(plan.model)
+    evalsets = _evalset_items(settings, refs)
+    if apply and (budget is None or time.perf_counter() - t0 < budget):
+        for item in evalsets:
+            if item.collect and not trash.take(Path(item.path)):
+                item.collect, item.reasons = False, ["on another file system than the trash: left in place"]
+    elif apply:
+        for item in evalsets:
+            item.collect, item.reasons = False, ["left for the next gc (time budget)"]
+    result.home += evalsets
+    if apply:
+        trash.empty()
+        freed = result.freed()
+        log.info("gc: freed %s in %.1fs (%s)", megabytes(sum(freed.values())), time.perf_counter() - t0,
+                 ", ".join(f"{k} {megabytes(n)}" for k, n in freed.items()))  # fmt: skip
+    result.seconds = time.perf_counter() - t0
+    return result
+
+
+def _apply(plan: _Plan, trash: _Trash, t0: float, budget: float | None) -> None:
+    """Collect the plan's workspaces; one in use (a step holds its lock) or past the budget is kept, said so."""
+    m = plan.model
+    for ws, paths in plan.moves:
+        items = [i for i in m.items if i.collect and i.path == str(ws)]
+        if budget is not None and time.perf_counter() - t0 > budget:
+            m.deferred += 1
+            for i in items:
+                i.collect, i.reasons = False, ["left for the next gc (time budget)"]
+            continue
+        try:
+            _collect_workspace(trash, ws, paths)
+        except SeqclsError as exc:  # a step holds the workspace lock: in use, kept
+            for i in items:
+                i.collect, i.reasons = False, [f"in use ({exc})"]
+    m.applied = True
+
+
+def after_promote(release: Release, *, keep_refused: int | None = None, budget: float = GC_BUDGET) -> GcResult | None:
+    """The model's retention right after its promote (``gc --apply``, as the release's lease owner, bounded by
+    ``budget``; ``keep_refused``: the run's, else the setting): logged; a failure is a warning, never the
+    release's (returns None then)."""
+    model, owner = release.config.model_name, control.release_owner(release)
+    try:
+        done = gc(release.settings, [model], apply=True, keep_refused=keep_refused, budget=budget, owner=owner)
+    except Exception as exc:
+        log.warning("gc after promote of %s failed (the release is not affected): %s", model, exc)
+        return None
+    for m in done.models:
+        if m.error:
+            log.warning("gc after promote of %s: nothing collected — %s", m.model_name, m.error)
+    freed = done.freed()
+    kinds = ", ".join(f"{KINDS[k]} {megabytes(n)}" for k, n in freed.items() if n) or "nothing to collect"
+    log.info(
+        "gc after promote of %s: freed %s in %.1fs (%s)", model, megabytes(sum(freed.values())), done.seconds, kinds
+    )
+    return done
+
+
+__all__ = ["KINDS", "GcResult", "Item", "ModelGc", "add_arguments", "after_promote", "gc"]
