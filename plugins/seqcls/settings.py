@@ -246,6 +246,17 @@ def parse_layout(text: str, *, source: str = ENV_SERVING_LAYOUT) -> tuple[int, i
     return instances, threads
 
 
+def model_repository_source_from_env() -> Path:
+    """Only the serving source directory (what importing the shipped modules checks): a mistake in another
+    setting is reported by the command that reads it, not as an import error of every module."""
+    value = os.environ.get(ENV_MODEL_REPOSITORY_SOURCE)
+    return Path(value) if value else PROJECT_ROOT / "model_repository"
+
+
+#: ``s3://``, ``gs://``, ``as://``, ``https://``…: a URI, which ``Path`` would silently turn into ``./s3:/…``.
+_OBJECT_STORE = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*):/")
+
+
 @dataclass(frozen=True)
 class Settings:
     """Resolved locations and endpoints; build with :meth:`from_env` and override fields."""
@@ -286,6 +297,14 @@ class Settings:
             raise InputError(f"device {self.device!r} is not one of {', '.join(DEVICES)}")
         if self.triton_repository is None:
             object.__setattr__(self, "triton_repository", self.home / "triton" / "model_repository")
+        if scheme := _OBJECT_STORE.match(str(self.triton_repository)):
+            raise InputError(
+                f"{ENV_TRITON_REPOSITORY} (or the Triton Connection's extra repository) is {self.triton_repository!r}, "
+                f"an object store ({scheme.group(1).lower()}://): seqcls publishes to a POSIX directory that every "
+                "Triton replica mounts (atomic renames and flock) and has no object-store backend — set it to that "
+                "directory (the compose file's /models, the Kubernetes RWX claim's mount)."
+            )
+        object.__setattr__(self, "triton_repository", Path(self.triton_repository))
         if not self.triton_grpc:
             object.__setattr__(self, "triton_grpc", (DEFAULT_GRPC,))
             if not self.triton_metrics:  # the local default server: its metrics port too
@@ -325,7 +344,7 @@ class Settings:
         env = os.environ
         values: dict[str, object] = {
             "home": default_home(),
-            "triton_repository": Path(env[ENV_TRITON_REPOSITORY]) if env.get(ENV_TRITON_REPOSITORY) else None,
+            "triton_repository": env.get(ENV_TRITON_REPOSITORY) or None,  # checked (not a URI), then a Path
             "triton_grpc": _split_endpoints(env.get(ENV_TRITON_GRPC, "")),
             "triton_http": _split_endpoints(env.get(ENV_TRITON_HTTP, "")),
             "triton_metrics": _split_endpoints(env.get(ENV_TRITON_METRICS, "")),

@@ -29,7 +29,7 @@ import seqcls_text
 
 from seqcls.contract.names import MODEL, POSTPROCESS, TOKENIZER
 from seqcls.errors import InputError
-from seqcls.settings import Settings
+from seqcls.settings import Settings, model_repository_source_from_env
 
 COMMON_DIR = "common"
 CONTRACT = "seqcls_contract"
@@ -96,7 +96,7 @@ def _check_source(source: Path | None) -> None:
 
 def common_dir(settings: Settings | None = None) -> Path:
     """The directory of the shipped modules: the files imported here, hashed by validate, copied by publish."""
-    _check_source((settings or Settings.from_env()).model_repository_source)
+    _check_source(settings.model_repository_source if settings else model_repository_source_from_env())
     return INSTALLED_DIR
 
 
