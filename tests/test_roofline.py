@@ -192,3 +192,18 @@ def test_this_host_measured_roofline_bounds_a_real_gemm() -> None:
     achieved = 2 * 30 * 768 * 3072 / seconds / 1e9
     # the roof is the best 1024³ GEMM; a skinny one may match it, not beat it by more than timing noise
     assert achieved <= 1.3 * host.peaks["fp32"].gflops, (achieved, host.peaks["fp32"])
+
+
+def test_the_module_prints_each_measurement_with_the_medium_model_s_roof(monkeypatch, capsys) -> None:
+    import json
+
+    peaks = {"fp32": roofline.Peak("fp32", 200.0, "x"), "int8": roofline.Peak("int8", 800.0, "y")}
+    host = roofline.HostRoofline("CPU", ("avx2",), 2, 20.0, "copy", peaks)
+    monkeypatch.setattr(roofline, "measure_host", lambda threads: host)
+    roofline.main(["--repeat", "2", "--tokens", "30"])
+    out = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert len(out) == 2 and out[0]["host"]["bandwidth_gb_s"] == 20.0
+    fp32 = out[0]["medium_model_batch1"]["fp32"]
+    assert fp32["compute_texts_per_s"] == pytest.approx(200e9 / MEDIUM.flops_per_text(30))
+    assert fp32["memory_texts_per_s"] == pytest.approx(20e9 / MEDIUM.weight_bytes("fp32"))
+    assert fp32["limit"] == "compute" and out[0]["medium_model_batch1"]["int8"]["limit"] == "compute"

@@ -385,3 +385,41 @@ def model_cost(shape: ModelShape, tokens: Mapping[str, Any]) -> dict[str, Any]:
         "gflops_per_text": round(shape.flops_per_text(mean) / 1e9, 3),
         "weight_mb": {p: round(shape.weight_bytes(p) / 1e6, 1) for p in WEIGHT_BYTES},
     }
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m seqcls_tools.bench.roofline``: this host's roofline alone, ``--repeat`` times (its spread on a
+    shared machine), and the medium model's roofline rates at ``--tokens``."""
+    import argparse
+    import json
+
+    from seqcls_tools.bench.model import MEDIUM
+
+    parser = argparse.ArgumentParser(prog="python -m seqcls_tools.bench.roofline", description=main.__doc__)
+    parser.add_argument("--threads", type=int, default=None, help="cores to measure on (default: every usable one)")
+    parser.add_argument("--repeat", type=int, default=1, help="measure this many times")
+    parser.add_argument("--tokens", type=float, default=30.0, help="tokens per text for the model's cost")
+    args = parser.parse_args(argv)
+    m = MEDIUM  # the bench's model builds intermediate = 4 × hidden (seqcls_tools.testing)
+    shape = ModelShape(m.num_layers, m.hidden_size, 4 * m.hidden_size, m.vocab_size or 0, m.num_labels)
+    flops = shape.flops_per_text(args.tokens)
+    for _ in range(args.repeat):
+        host = measure_host(args.threads)
+        rates = {
+            p: asdict(
+                roofline_rate(
+                    peak_flops=peak.gflops * 1e9,
+                    bandwidth_bytes=host.bandwidth_gb_s * 1e9,
+                    flops_per_text=flops,
+                    weight_bytes=shape.weight_bytes(p),
+                    batch=1,
+                )
+            )
+            for p, peak in host.peaks.items()
+        }
+        print(json.dumps({"host": host.to_dict(), "medium_model_batch1": rates}, ensure_ascii=False))
+
+
+if __name__ == "__main__":
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    main()
