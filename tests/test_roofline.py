@@ -166,32 +166,36 @@ def test_client_cores_keep_two_decimals() -> None:
 
 
 @pytest.mark.slow
-def test_this_host_measured_roofline_bounds_a_real_gemm() -> None:
-    """A real measurement (about 2 s): bandwidth and peaks are finite and positive, the bf16 peak is measured
-    exactly where the CPU multiplies bf16, and a GEMM of the model's own shape (30 tokens through a 768 × 3072
-    feed-forward weight) runs no faster than the measured fp32 roof: a peak measured too low, or counted with
-    the wrong FLOPs, fails here."""
+def test_this_host_measured_roofline_bounds_the_model_s_own_gemms() -> None:
+    """A real measurement (seconds): bandwidth and peaks are finite and positive, the bf16 peak is measured
+    exactly where the CPU multiplies bf16, and the model's other layer shapes at 40 tokens (attention's output
+    projection, the second feed-forward product), timed apart from the peak's shapes, run no faster than the
+    fp32 roof: a peak measured on too few shapes, or counted with the wrong FLOPs, fails here. Peak and layers
+    alternate over three rounds and each side keeps its best, so a busy machine slows both alike."""
     import onnxruntime as ort
 
-    host = roofline.measure_host(2, quick=True)
-    assert math.isfinite(host.bandwidth_gb_s) and host.bandwidth_gb_s > 0
-    assert host.threads >= 1 and host.seconds < 30 and host.cpu_model
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads, opts.inter_op_num_threads = 2, 1
+    layers = {}
+    for m, k, n in ((40, 768, 768), (40, 3072, 768)):
+        graph = roofline._matmul_model("fp32", m, k, n).SerializeToString()
+        session = ort.InferenceSession(graph, opts, providers=["CPUExecutionProvider"])
+        layers[m, k, n] = (session, np.random.default_rng(1).random((m, k), dtype=np.float32))
+    peak, achieved = 0.0, 0.0
     flags = seqcls_engine.cpu_flags()
-    assert ("bf16" in host.peaks) == bool(flags & {"avx512_bf16", "amx_bf16"}), (host.peaks, host.not_measured)
-    for peak in host.peaks.values():
-        assert math.isfinite(peak.gflops) and peak.gflops > 0, peak
+    for _ in range(3):
+        host = roofline.measure_host(2, quick=True)
+        assert math.isfinite(host.bandwidth_gb_s) and host.bandwidth_gb_s > 0
+        assert host.threads >= 1 and host.seconds < 30 and host.cpu_model
+        assert ("bf16" in host.peaks) == bool(flags & {"avx512_bf16", "amx_bf16"}), (host.peaks, host.not_measured)
+        assert all(math.isfinite(p.gflops) and p.gflops > 0 for p in host.peaks.values()), host.peaks
+        peak = max(peak, host.peaks["fp32"].gflops)
+        for (m, k, n), (session, a) in layers.items():
+            seconds = roofline._best(lambda s=session, a=a: s.run(None, {"A": a}), repeats=30, budget_s=0.3)
+            achieved = max(achieved, 2 * m * k * n / seconds / 1e9)
     if flags & {"avx512_vnni", "amx_int8"}:  # VNNI's u8×s8 dot products do 4× fp32's multiply-adds per lane
         assert host.peaks["int8"].gflops > host.peaks["fp32"].gflops, host.peaks
-
-    opts = ort.SessionOptions()
-    opts.intra_op_num_threads, opts.inter_op_num_threads = host.threads, 1
-    model = roofline._matmul_model("fp32", 30, 768, 3072)
-    session = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
-    a = np.random.default_rng(1).random((30, 768), dtype=np.float32)
-    seconds = roofline._best(lambda: session.run(None, {"A": a}), repeats=30, budget_s=0.5)
-    achieved = 2 * 30 * 768 * 3072 / seconds / 1e9
-    # the roof is the best 1024³ GEMM; a skinny one may match it, not beat it by more than timing noise
-    assert achieved <= 1.3 * host.peaks["fp32"].gflops, (achieved, host.peaks["fp32"])
+    assert achieved <= 1.2 * peak, (achieved, peak)
 
 
 def test_the_module_prints_each_measurement_with_the_medium_model_s_roof(monkeypatch, capsys) -> None:

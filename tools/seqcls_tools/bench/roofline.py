@@ -21,7 +21,7 @@ import os
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -42,9 +42,11 @@ PRECISION_FLAGS = {
     "bf16": ("avx512_bf16", "amx_bf16"),
     "int8": ("avx512_vnni", "avx_vnni", "amx_int8"),
 }
-#: GEMM shape of the peak microbenchmark (M = N = K): large enough to run at the kernels' peak, small enough
-#: that one multiply takes milliseconds.
-GEMM_SIZE = 1024
+Shapes = tuple[tuple[int, int, int], ...]
+#: GEMM shapes (M, K, N) of the peak microbenchmark; the peak is the fastest. A square one, and a BERT-base
+#: feed-forward layer at 32 and 128 tokens: ONNX Runtime's kernels can run a short, wide product faster than
+#: the square, and a roof below what the model's own layers reach would not bound them.
+PEAK_SHAPES: Shapes = ((1024, 1024, 1024), (32, 768, 3072), (128, 768, 3072))
 
 
 @dataclass(frozen=True)
@@ -212,41 +214,56 @@ def _matmul_model(precision: str, m: int, k: int, n: int):
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
-def _ort_gemm(precision: str, threads: int, size: int, budget_s: float) -> Peak:
+def _best_shape(precision: str, run_shape: Callable[[int, int, int], float], shapes: Shapes) -> Peak:
+    """The fastest of ``shapes`` ((M, K, N), each timed by ``run_shape`` in seconds), as 2·M·K·N per second."""
+    rates = {shape: 2 * math.prod(shape) / run_shape(*shape) for shape in shapes}
+    (m, k, n), rate = max(rates.items(), key=lambda kv: kv[1])
+    return Peak(precision, round(rate / 1e9, 1), f"[{m}×{k}]·[{k}×{n}], best of {len(shapes)} shapes")
+
+
+def _ort_gemm(precision: str, threads: int, shapes: Shapes, budget_s: float) -> Peak:
     import onnxruntime as ort
 
     opts = ort.SessionOptions()
     opts.intra_op_num_threads, opts.inter_op_num_threads = threads, 1
-    graph = _matmul_model(precision, size, size, size).SerializeToString()
-    session = ort.InferenceSession(graph, sess_options=opts, providers=["CPUExecutionProvider"])
     rng = np.random.default_rng(1)
-    a = rng.integers(0, 255, (size, size), dtype=np.uint8) if precision == "int8" else rng.random((size, size), "f4")
-    seconds = _best(lambda: session.run(None, {"A": a}), repeats=50, budget_s=budget_s)
+
+    def run(m: int, k: int, n: int) -> float:
+        graph = _matmul_model(precision, m, k, n).SerializeToString()
+        session = ort.InferenceSession(graph, sess_options=opts, providers=["CPUExecutionProvider"])
+        a = rng.integers(0, 255, (m, k), dtype=np.uint8) if precision == "int8" else rng.random((m, k), "f4")
+        return _best(lambda: session.run(None, {"A": a}), repeats=50, budget_s=budget_s)
+
+    peak = _best_shape(precision, run, shapes)
     op = "MatMulInteger (u8 × s8)" if precision == "int8" else "MatMul"
-    how = f"onnxruntime {ort.__version__} {op} {size}³, {threads} thread(s)"
-    return Peak(precision, round(2 * size**3 / seconds / 1e9, 1), how)
+    return replace(peak, how=f"onnxruntime {ort.__version__} {op} {peak.how}, {threads} thread(s)")
 
 
-def _openvino_gemm(threads: int, size: int, budget_s: float) -> Peak:
+def _openvino_gemm(threads: int, shapes: Shapes, budget_s: float) -> Peak:
     """fp32 MatMul compiled by OpenVINO at bf16, as the bf16 profile compiles its graph (``seqcls_engine``)."""
     import openvino as ov
 
     core = ov.Core()
-    model = core.read_model(_matmul_model("fp32", size, size, size).SerializeToString(), b"")
     config = {"PERFORMANCE_HINT": "LATENCY", "INFERENCE_PRECISION_HINT": "bf16", "INFERENCE_NUM_THREADS": threads}
-    compiled = core.compile_model(model, "CPU", config)
-    used = compiled.get_property("INFERENCE_PRECISION_HINT")
-    used_name = used.get_type_name() if hasattr(used, "get_type_name") else str(used)
-    if used_name != "bf16":
-        raise RuntimeError(f"OpenVINO compiled the GEMM at {used_name}, not bf16")
-    request = compiled.create_infer_request()
-    a = np.random.default_rng(1).random((size, size), "f4")
-    seconds = _best(lambda: request.infer({0: a}), repeats=50, budget_s=budget_s)
-    how = f"OpenVINO {ov.__version__.split('-')[0]} MatMul at bf16 {size}³ (f32 in/out), {threads} thread(s)"
-    return Peak("bf16", round(2 * size**3 / seconds / 1e9, 1), how)
+    rng = np.random.default_rng(1)
+
+    def run(m: int, k: int, n: int) -> float:
+        model = core.read_model(_matmul_model("fp32", m, k, n).SerializeToString(), b"")
+        compiled = core.compile_model(model, "CPU", config)
+        used = compiled.get_property("INFERENCE_PRECISION_HINT")
+        used_name = used.get_type_name() if hasattr(used, "get_type_name") else str(used)
+        if used_name != "bf16":
+            raise RuntimeError(f"OpenVINO compiled the GEMM at {used_name}, not bf16")
+        request = compiled.create_infer_request()
+        a = rng.random((m, k), "f4")
+        return _best(lambda: request.infer({0: a}), repeats=50, budget_s=budget_s)
+
+    peak = _best_shape("bf16", run, shapes)
+    version = ov.__version__.split("-")[0]
+    return replace(peak, how=f"OpenVINO {version} MatMul at bf16 (f32 in/out) {peak.how}, {threads} thread(s)")
 
 
-def measure_host(threads: int | None = None, *, size: int = GEMM_SIZE, quick: bool = False) -> HostRoofline:
+def measure_host(threads: int | None = None, *, shapes: Shapes = PEAK_SHAPES, quick: bool = False) -> HostRoofline:
     """Bandwidth and the matrix peaks on ``threads`` cores (default: every usable one); about 5-10 s, ``quick``
     about 2 s. A precision the CPU has no instructions for, or whose engine is missing, is named, not faked."""
     t0 = time.perf_counter()
@@ -254,17 +271,17 @@ def measure_host(threads: int | None = None, *, size: int = GEMM_SIZE, quick: bo
     usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     threads = max(1, min(threads or usable, usable))
     flags = seqcls_engine.cpu_flags()
-    budget = 0.5 if quick else 1.5
-    bandwidth, bandwidth_how = stream_bandwidth(threads, mb=64 if quick else 256, budget_s=budget * 2)
+    budget = 0.15 if quick else 0.5  # per shape
+    bandwidth, bandwidth_how = stream_bandwidth(threads, mb=64 if quick else 256, budget_s=6 * budget)
     peaks: dict[str, Peak] = {}
     missing: dict[str, str] = {}
     for precision in ("fp32", "int8"):
-        peaks[precision] = _ort_gemm(precision, threads, size, budget)
+        peaks[precision] = _ort_gemm(precision, threads, shapes, budget)
     if not flags & set(PRECISION_FLAGS["int8"]):
         missing["int8 (VNNI/AMX)"] = "no avx512_vnni, avx_vnni or amx_int8: the int8 peak is ORT's AVX2 u8s8 path"
     if flags & set(PRECISION_FLAGS["bf16"]):
         try:
-            peaks["bf16"] = _openvino_gemm(threads, size, budget)
+            peaks["bf16"] = _openvino_gemm(threads, shapes, budget)
         except (ImportError, RuntimeError) as exc:
             missing["bf16"] = f"OpenVINO bf16 GEMM did not run: {exc}"
     else:
