@@ -28,6 +28,7 @@ CONDITION_SECTIONS = (
     "releases",
     "batch_dependence",
     "hot_reload",
+    "roofline",
 )
 CELL_KEYS = ("sentences_per_s", "p50_ms", "p95_ms", "p99_ms", "triton_batch", "cpu_cores", "rss", "failed")
 
@@ -201,7 +202,13 @@ def test_bench_quick_cli(tmp_path: Path) -> None:
         "conditions",
     } <= set(results)
     assert results["meta"]["mode"] == "quick" and results["meta"]["loadavg_start"]
-    assert set(results["releases"]) == {"fp32", "fp32-fused", "int8"}
+    # bf16 exactly where the host multiplies bf16 (issue 40: it was left out even then)
+    from seqcls.spec import host_refusal
+
+    bf16 = host_refusal("bf16", providers=("CPUExecutionProvider",)) is None
+    assert set(results["releases"]) == {"fp32", "fp32-fused", "int8", *(["bf16"] if bf16 else [])}
+    assert results["meta"]["profiles"] == list(results["releases"])
+    assert ("bf16" in results["meta"]["profiles_left_out"]) == (not bf16)
     for rel in results["releases"].values():
         assert {"steps", "gate_passed", "gate"} <= set(rel)
     assert results["releases"]["fp32-fused"]["convert"]["optimize"]["attention_fused"] >= 1
@@ -248,9 +255,29 @@ def test_bench_quick_cli(tmp_path: Path) -> None:
         rows = [line for line in table if line.startswith(f"| {name} | tokenizer ")]
         assert len(rows) == (0 if results["configs"][name].get("skipped") else 6), name
     assert "## Ratios vs targets" in md
+    _assert_roofline(results, md, proc.stdout)
     assert (out / "plot.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     _assert_conditions(results, md)
     _assert_lone(results, md)
+
+
+def _assert_roofline(results: dict, md: str, stdout: str) -> None:
+    """The roofline (issue 40): measured host, the model's cost, a fraction for each served profile's rates."""
+    roof = results["roofline"]
+    assert roof["host"]["bandwidth_gb_s"] > 0 and roof["host"]["peaks"]["fp32"]["gflops"] > 0
+    assert roof["model"]["gflops_per_text"] > 0 and roof["model"]["tokens"] == results["corpus"]["tokens"]["mean"]
+    served = {n for n, e in results["configs"].items() if e.get("cells") and e.get("group") != "variant"}
+    rows = roof["profiles"]
+    assert {r["profile"] for r in rows} == served
+    for name in served:
+        where = {r["where"] for r in rows if r["profile"] == name}
+        assert where == {"served, 8 clients", "served, 1 client", "in process"}, (name, where)
+    for r in rows:
+        assert r["texts_per_s"] > 0 and r["roofline_texts_per_s"] > 0 and r["fraction"] > 0, r
+        assert r["fraction"] == pytest.approx(r["texts_per_s"] / r["roofline_texts_per_s"]), r
+    section = md.split("## Roofline")[1].split("\n## ")[0]
+    assert all(f"| {r['profile']} | {r['where']} | " in section for r in rows)
+    assert "## Roofline" in stdout  # the console summary prints it too
 
 
 def _assert_conditions(results: dict, md: str) -> None:

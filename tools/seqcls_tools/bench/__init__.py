@@ -3,15 +3,17 @@
 Profiles: ``classic`` (the PaddleNLP ``triton_serving`` sample rendered by our renderer:
 paddlenlp tokenizer, no dynamic batching, ORT ``basic``, one instance, per-request), ``fp32``
 with the default CPU options plus variants (batching strategies, padding, instances × threads),
-``fp32-fused`` and ``int8`` (served with the winning fp32 options). Measured in one run: the
-in-process limit (HF tokenizer + ONNX Runtime, no server) per batch size; each configuration at
-1/4/8 clients with single-text and 8-text requests (sentences/s, p50/p95/p99, Triton's executed
-batch sizes, CPU and RSS of server and python stubs); a lone request's time per part (sequential
-single-text requests split by Triton's statistics per composing model, beside the same work in
-process); tokenizer throughput (HF vs paddlenlp); a hot reload under load; the release steps'
-timings. Every table of the report names its conditions (CPU and flags, threads, batch and
-request shape, token lengths, load generator). Output: ``results.json``, ``results.md``,
-``plot.png`` in ``--out`` and the ratios against the issue's targets, printed last.
+``fp32-fused``, ``int8`` and, where the host runs it, ``bf16`` (served with the winning fp32
+options). Measured in one run: the host's roofline (:mod:`.roofline`: bandwidth and matrix peaks;
+every profile's rates are reported as a fraction of it); the in-process limit (HF tokenizer + ONNX
+Runtime, no server) per batch size; each configuration at 1/4/8 clients with single-text and
+8-text requests (sentences/s, p50/p95/p99, Triton's executed batch sizes, CPU and RSS of server
+and python stubs); a lone request's time per part (sequential single-text requests split by
+Triton's statistics per composing model, beside the same work in process); tokenizer throughput
+(HF vs paddlenlp); a hot reload under load; the release steps' timings. Every table of the report
+names its conditions (CPU and flags, threads, batch and request shape, token lengths, load
+generator). Output: ``results.json``, ``results.md``, ``plot.png`` in ``--out`` and the ratios
+against the issue's targets, printed last.
 
 ``--quick`` runs the same code on a tiny model with tiny budgets (about a minute, for CI);
 the full run builds the ERNIE-3.0-medium-shaped model and takes about 20 minutes on 2 cores.

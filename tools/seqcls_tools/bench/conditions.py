@@ -163,6 +163,21 @@ def _hot_reload(results: dict[str, Any]) -> Conditions | None:
     }
 
 
+def _roofline(results: dict[str, Any]) -> Conditions | None:
+    roof = results.get("roofline") or {}
+    if not roof.get("profiles"):
+        return None
+    host = roof["host"]
+    served = _served(results.get("configs", {}), {r["profile"] for r in roof["profiles"]})
+    return {
+        "threads": f"roofline measured on {host['threads']} thread(s); the rates: {_threads(served)}",
+        "batch": "texts per execution as each row says (the roofline's weight-stream reuse); " + _batching(served),
+        "request": "1 text per request, 8 and 1 clients; in process: one text at a time",
+        "load": "8 clients: the head-to-head's median (perf_analyzer where it ran), else the serving matrix; "
+        "1 client: the serving matrix; in process: the in-process limit, batch 1",
+    }
+
+
 #: section -> (what its conditions say beyond the machine's, whose token lengths: the load's or the golden texts')
 _BUILDERS = {
     "serving": (_serving, "tokens"),
@@ -174,6 +189,7 @@ _BUILDERS = {
     "releases": (_releases, "golden_tokens"),
     "batch_dependence": (_batch_dependence, "golden_tokens"),
     "hot_reload": (_hot_reload, "tokens"),
+    "roofline": (_roofline, "tokens"),
 }
 #: The report sections that hold tables, in report order.
 SECTIONS = tuple(_BUILDERS)

@@ -16,6 +16,13 @@ def _fmt(value, digits: int = 1) -> str:
     return str(value)
 
 
+def _cores(value: float | None) -> str:
+    """CPU cores, two decimals: a load generator's 0.02–0.04 cores must not print as 0.0; a share below 0.01 says so."""
+    if value is None:
+        return "—"
+    return "< 0.01" if 0 < value < 0.005 else f"{value:.2f}"
+
+
 def _header(results: dict[str, Any]) -> list[str]:
     meta = results.get("meta", {})
     machine = meta.get("machine", {})
@@ -59,7 +66,7 @@ def _serving_rows(name: str, entry: dict[str, Any]) -> list[str]:
             f"{_fmt(cell['sentences_per_s'])} | {_fmt(cell['p50_ms'])} | {_fmt(cell['p95_ms'])} | "
             f"{_fmt(cell['p99_ms'])} | {_fmt(cell['triton_batch'].get('seqcls_model'), 2)} | "
             f"{_fmt(cell['triton_batch'].get('tokenizer'), 2)} | "
-            f"{_fmt(cores.get('total'), 2)} / {_fmt(cores.get('client'), 2)} | "
+            f"{_cores(cores.get('total'))} / {_cores(cores.get('client'))} | "
             f"{_fmt(cell.get('cpu_ms_per_sentence'))} | {cell['failed']} |"
         )
     return rows
@@ -133,7 +140,7 @@ def _head_to_head(results: dict[str, Any]) -> list[str]:
         for name, e in h2h["configs"].items():
             lines.append(
                 f"| {name} | {_fmt(e.get(f'pa_median_{top}c_sentences_per_s'))} | "
-                f"{_fmt(e.get('pa_median_1c_p95_ms'))} | {_fmt(e.get(f'pa_median_{top}c_client_cores'))} |"
+                f"{_fmt(e.get('pa_median_1c_p95_ms'))} | {_cores(e.get(f'pa_median_{top}c_client_cores'))} |"
             )
     return lines
 
@@ -376,11 +383,67 @@ def _hot_reload(results: dict[str, Any]) -> list[str]:
     ]
 
 
+def _peaks(host: dict[str, Any]) -> str:
+    peaks = "; ".join(f"{p} **{v['gflops']:.0f} GFLOP/s** ({v['how']})" for p, v in host.get("peaks", {}).items())
+    missing = "; ".join(f"{p}: {why}" for p, why in host.get("not_measured", {}).items())
+    return peaks + (f"; not measured — {missing}" if missing else "")
+
+
+def _unmeasured(results: dict[str, Any]) -> list[str]:
+    """The profiles the roofline table has no row for, and why (a failed gate, a host without the instructions)."""
+    why = {
+        n: e.get("skipped") or e.get("error") or "not measured"
+        for n, e in results.get("configs", {}).items()
+        if e.get("group") != "variant" and not e.get("cells")
+    }
+    why.update(results.get("meta", {}).get("profiles_left_out", {}))
+    return [f"- no row for {', '.join(f'{n} ({reason})' for n, reason in why.items())}"] if why else []
+
+
+def roofline_section(results: dict[str, Any]) -> list[str]:
+    """The host's roofline, the model's cost per text, and each profile's rates as a fraction of its roofline."""
+    roof = results.get("roofline") or {}
+    host, model, rows = roof.get("host"), roof.get("model"), roof.get("profiles")
+    if not (host and model and rows):
+        return []
+    shape = model["shape"]
+    weights = ", ".join(f"{p} {mb:.1f} MB" for p, mb in model["weight_mb"].items())
+    table = [
+        f"| {r['profile']} | {r['where']} | {r['precision']} | {r['batch']:.2g} | {_fmt(r['texts_per_s'])} | "
+        f"{r['roofline_texts_per_s']:.1f} | {r['limit']} | "
+        f"{_fmt(r['fraction'], 2)} |"
+        for r in rows
+    ]
+    return [
+        "",
+        "## Roofline: each profile against this host's limit",
+        "",
+        *_conditions(results, "roofline"),
+        f"- host: {host['cpu_model']}, matrix flags {', '.join(host['flags']) or 'none'}; measured on "
+        f"{host['threads']} thread(s) in {host['seconds']} s before any server started",
+        f"- memory bandwidth **{host['bandwidth_gb_s']:.1f} GB/s** ({host['bandwidth_how']})",
+        f"- matrix peaks: {_peaks(host)}",
+        f"- model: {shape['layers']} layers, hidden {shape['hidden']}, intermediate {shape['intermediate']}, vocab "
+        f"{shape['vocab']}, {shape['labels']} labels — {shape['encoder_matmul_params'] / 1e6:.1f} M encoder matrix "
+        f"weights + {shape['head_params'] / 1e6:.2f} M head; at {model['tokens']:.1f} tokens ({model['tokens_from']}) "
+        f"**{model['gflops_per_text']:.2f} GFLOP per text**; weights streamed per execution: {weights}",
+        "- roofline = min(peak / FLOPs per text, bandwidth × texts per execution / weight bytes); texts per "
+        "execution is 1 where each text runs alone (int8, bf16, per-text fp32 of mixed lengths, in process)",
+        *_unmeasured(results),
+        "",
+        "| profile | rate | precision | texts per execution | sentences/s | roofline sentences/s | bound | "
+        "fraction of roofline |",
+        "|---|---|---|---:|---:|---:|---|---:|",
+        *table,
+    ]
+
+
 #: The report's sections, in order (the ratios close it).
 SECTIONS = (
     _header,
     _serving,
     _head_to_head,
+    roofline_section,
     lone_section,
     _inprocess,
     _memory,

@@ -10,6 +10,8 @@ from seqcls.serving.repository import ServingOptions
 from seqcls_tools.bench.model import MEDIUM, TINY, ModelSpec
 
 PROFILES = ("fp32", "fp32-fused", "int8")
+#: Profiles the bench adds where this host can build and serve them (``seqcls.spec.host_refusal`` says why not).
+HOST_PROFILES = ("bf16",)
 CLIENTS = (1, 4, 8)
 TEXTS_PER_REQUEST = (1, 8)
 #: In-process runs: (texts per batch, each text run on its own). "8 per text" is what a model
@@ -85,6 +87,16 @@ class ServingConfig:
             f"ORT {o.graph_optimization_level}",
         ]
         return ", ".join(parts)
+
+
+def host_profiles() -> tuple[tuple[str, ...], dict[str, str]]:
+    """The profiles this run releases: :data:`PROFILES`, plus each of :data:`HOST_PROFILES` this host can run
+    (bf16: a CPU with avx512_bf16 or amx_bf16, OpenVINO importable); and why each other one is left out."""
+    from seqcls.spec import host_refusal
+
+    refusals = {p: host_refusal(p, providers=("CPUExecutionProvider",)) for p in HOST_PROFILES}
+    left_out = {p: r for p, r in refusals.items() if r}
+    return (*PROFILES, *(p for p in HOST_PROFILES if p not in left_out)), left_out
 
 
 def fp32_variants() -> list[ServingConfig]:

@@ -46,11 +46,11 @@ def bench_release(checkpoint: Path, profile: str, settings):
     return open_release(checkpoint, ReleaseConfig(profile=profile), settings)
 
 
-def run_releases(checkpoint: Path, home: Path) -> dict[str, Any]:
+def run_releases(checkpoint: Path, home: Path, profiles: tuple[str, ...] = PROFILES) -> dict[str, Any]:
     from seqcls.steps import run_release
 
     out: dict[str, Any] = {}
-    for profile in PROFILES:
+    for profile in profiles:
         release = bench_release(checkpoint, profile, bench_settings(home))
         t0 = time.perf_counter()
         entry: dict[str, Any] = {"profile": profile, "steps": {}}
@@ -77,7 +77,9 @@ def run_releases(checkpoint: Path, home: Path) -> dict[str, Any]:
     return out
 
 
-def batch_dependence(checkpoint: Path, home: Path, texts: list[str], batch: int = 16) -> dict[str, Any]:
+def batch_dependence(
+    checkpoint: Path, home: Path, texts: list[str], batch: int = 16, profiles: tuple[str, ...] = PROFILES
+) -> dict[str, Any]:
     """Does a text's answer depend on what it is batched with? Each profile's served model on the
     golden texts, each text alone vs in padded batches of ``batch`` (how validate runs them),
     tokenized by the release's serving tokenizer and fed the inputs the session declares (the
@@ -92,16 +94,18 @@ def batch_dependence(checkpoint: Path, home: Path, texts: list[str], batch: int 
     import numpy as np
 
     from seqcls.contract import shipped
-    from seqcls.release.records import served_onnx, serving_tokenizer
+    from seqcls.release.records import effective_profile, served_onnx, serving_tokenizer
 
     text_mod, decide_mod = shipped.text(), shipped.decide()
     out: dict[str, Any] = {}
-    for profile in PROFILES:
+    for profile in profiles:
         release = bench_release(checkpoint, profile, bench_settings(home))
         model = served_onnx(release.workspace)
         if not model.is_file():
             continue
-        (session,) = measure.ort_sessions(model, workers=1, intra_op_threads=1, graph_level="all")
+        (session,) = measure.ort_sessions(
+            model, workers=1, intra_op_threads=1, graph_level="all", profile=effective_profile(release)
+        )
         serving = serving_tokenizer(release)
         max_length = release.config.max_length
         ids = text_mod.encode(serving.build(text_mod, max_length), texts)

@@ -2,8 +2,9 @@
 
 Order of work (all in one process; every server it starts is stopped before it returns):
 
+0. the host's roofline (:mod:`.roofline`: bandwidth and matrix peaks, seconds, before any server starts);
 1. corpus + checkpoint (seeded), then the release core (export → convert → validate) once per
-   profile — ``fp32``, ``fp32-fused``, ``int8`` — timed step by step;
+   profile — ``fp32``, ``fp32-fused``, ``int8``, and ``bf16`` where the host runs it — timed step by step;
 2. tokenizer throughput, HF ``tokenizers`` (what serving runs) vs PaddleNLP's tokenizer;
 3. for each serving configuration: a fresh local Triton (nvidia-pytriton's ``tritonserver``,
    loopback, own repository) → ``publish`` + ``reload`` + ``smoke`` through the library → the
@@ -11,12 +12,13 @@ Order of work (all in one process; every server it starts is stopped before it r
    (:mod:`.lone`; not for the variants) → load cells (1/4/8
    clients × 1/8 texts per request) with Triton's batch statistics and the CPU/RSS of the server
    and each python stub → stop;
-4. hot reload under load on the last server (another release published and loaded while
+4. hot reload under load on int8's server (another release published and loaded while
    clients keep sending);
-5. head-to-head: classic and the contenders (fp32 winner, fp32-fused, int8) all up at once,
+5. head-to-head: classic and the contenders (fp32 winner, fp32-fused, int8, bf16) all up at once,
    the headline cells (8 clients and 1 client, single text) interleaved over a few rounds —
    the ratios use these medians, because the machine's other load drifts between the
-   sequential measurements of step 3.
+   sequential measurements of step 3;
+6. every profile's served and in-process rate as a fraction of its roofline (:func:`.roofline.profile_rows`).
 
 ``classic`` is the PaddleNLP sample rendered by our renderer (paddlenlp tokenizer, no dynamic
 batching, ORT ``basic`` graph level, one instance, per-request). The fp32 variants try the other
@@ -35,18 +37,26 @@ from __future__ import annotations
 import logging
 import shutil
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from seqcls.serving.repository import ServingOptions
-from seqcls_tools.bench import conditions
+from seqcls_tools.bench import conditions, roofline
 from seqcls_tools.bench.corpus import make_corpus, make_labels
 from seqcls_tools.bench.head_to_head import head_to_head
 from seqcls_tools.bench.machine import loadavg, machine_facts
 from seqcls_tools.bench.model import build_checkpoint
-from seqcls_tools.bench.plan import CLASSIC, CLIENTS, TEXTS_PER_REQUEST, BenchConfig, ServingConfig, fp32_variants
+from seqcls_tools.bench.plan import (
+    CLASSIC,
+    CLIENTS,
+    TEXTS_PER_REQUEST,
+    BenchConfig,
+    ServingConfig,
+    fp32_variants,
+    host_profiles,
+)
 from seqcls_tools.bench.profiles import batch_dependence, run_releases
 from seqcls_tools.bench.serving import serve_or_skip
 from seqcls_tools.bench.tokens import corpus_facts, tokenizer_benchmark
@@ -54,7 +64,8 @@ from seqcls_tools.bench.tokens import corpus_facts, tokenizer_benchmark
 __all__ = ["BenchConfig", "pick_winner", "run_bench"]
 
 log = logging.getLogger("seqcls_tools.bench")
-OPTIMISED = ("fp32-fused", "int8")
+#: The optimised profiles served with the fp32 winner's options, those this host runs (:func:`host_profiles`).
+OPTIMISED = ("fp32-fused", "int8", "bf16")
 
 
 @dataclass
@@ -114,7 +125,10 @@ def pick_winner(configs: dict[str, dict[str, Any]]) -> str | None:
 
 def _meta(cfg: BenchConfig) -> dict[str, Any]:
     assert cfg.budget is not None
+    profiles, left_out = host_profiles()
     return {
+        "profiles": list(profiles),
+        "profiles_left_out": left_out,
         "mode": "quick" if cfg.quick else "full",
         "started": datetime.now(UTC).isoformat(timespec="seconds"),
         "machine": machine_facts(),
@@ -129,6 +143,10 @@ def _prepare(cfg: BenchConfig, work: Path, home: Path, results: dict[str, Any]) 
     """Corpus and checkpoint, the releases, batch dependence and the tokenizers: everything before serving."""
     assert cfg.spec is not None and cfg.budget is not None
     budget = cfg.budget
+    profiles = tuple(results["meta"]["profiles"])
+    # first, while no server runs: the host's bandwidth and matrix peaks, on the threads a model instance uses
+    host = roofline.measure_host(ServingOptions().intra_op_threads, quick=cfg.quick)
+    results["roofline"] = {"host": host.to_dict()}
     corpus = make_corpus(budget.corpus, seed=cfg.seed)
     labels = make_labels(cfg.spec.num_labels)
     checkpoint = work / "checkpoint"
@@ -137,8 +155,10 @@ def _prepare(cfg: BenchConfig, work: Path, home: Path, results: dict[str, Any]) 
     model_facts["build_seconds"] = round(time.perf_counter() - t0, 2)
     results["model"] = model_facts
     results["corpus"] = corpus_facts(corpus, checkpoint, golden=budget.golden)
-    results["releases"] = run_releases(checkpoint, home)
-    results["batch_dependence"] = batch_dependence(checkpoint, home, corpus[-budget.golden :])
+    shape = roofline.ModelShape.from_config(checkpoint / "config.json", labels=cfg.spec.num_labels)
+    results["roofline"]["model"] = roofline.model_cost(shape, results["corpus"]["tokens"])
+    results["releases"] = run_releases(checkpoint, home, profiles)
+    results["batch_dependence"] = batch_dependence(checkpoint, home, corpus[-budget.golden :], profiles=profiles)
     results["tokenizers"] = tokenizer_benchmark(checkpoint, corpus, budget)
     results["configs"] = {}
     return _Run(cfg, checkpoint, home, work, corpus, results)
@@ -163,9 +183,11 @@ def _winner_options(run: _Run) -> tuple[str | None, ServingOptions]:
 
 
 def _serve_optimised(run: _Run, winner: str | None, chosen: ServingOptions) -> None:
-    """fp32-fused and int8 with the winner's options; the last one served also hot-reloads under load."""
-    last = [p for p in OPTIMISED if run.results["releases"][p].get("gate_passed")]
-    for profile in OPTIMISED:
+    """fp32-fused, int8 and (where the host runs it) bf16 with the winner's options; int8's server (fp32-fused's if
+    int8 failed its gate) also hot-reloads under load, as before bf16 was benched."""
+    optimised = [p for p in OPTIMISED if p in run.results["releases"]]
+    last = [p for p in ("fp32-fused", "int8") if run.results["releases"].get(p, {}).get("gate_passed")]
+    for profile in optimised:
         config = ServingConfig(profile, profile, chosen, "main", f"options of {winner}")
         reload_to = None
         if last and profile == last[-1]:
@@ -214,6 +236,8 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
         results["meta"]["loadavg_end"] = loadavg()
         results["meta"]["seconds"] = round(time.perf_counter() - t_start, 1)
         results["meta"]["finished"] = datetime.now(UTC).isoformat(timespec="seconds")
+    if "roofline" in results:
+        results["roofline"]["profiles"] = [asdict(row) for row in roofline.profile_rows(results)]
     results["conditions"] = conditions.sections(results)
     results["ratios"] = report.ratios(results)
     report.write_all(results, cfg.out)
