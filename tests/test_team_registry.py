@@ -87,3 +87,48 @@ def test_a_release_registers_in_postgres_behind_basic_auth(
     assert list((team_mlflow.root / "artifacts").rglob("MLmodel")), "no model artifacts in the proxied store"
     status = drill.cli("status", "--model-name", "teamreg", **env)
     assert status.returncode == 0, status.stdout[-2000:]
+
+
+@pytest.mark.slow
+@pytest.mark.integration
+def test_seqcls_team_registry_serves_until_ctrl_c_and_removes_its_data(team_postgres: Postgres, tmp_path: Path) -> None:
+    """The command a developer runs: both servers up, the exports printed, SIGTERM stops both, data removed.
+    (``team_postgres`` only for its rule: PostgreSQL must be installed — skipped without it, failed under CI.)"""
+    import base64
+    import os
+    import re
+    import signal
+    import subprocess
+    import sys
+    import time
+    import urllib.request
+
+    err = tmp_path / "stderr.txt"
+    with open(err, "wb") as fh:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "seqcls.cli", "team-registry"], stdout=subprocess.PIPE, stderr=fh, text=True
+        )
+    try:
+        deadline = time.monotonic() + 180
+        pattern = r"data in (\S+)\); .*\n  export (\S+)=(\S+) (\S+)=(\S+) (\S+)=(\S+)"
+        while not (found := re.search(pattern, err.read_text(errors="replace"))):
+            assert proc.poll() is None and time.monotonic() < deadline, err.read_text(errors="replace")[-3000:]
+            time.sleep(0.5)
+        data = Path(found.group(1))
+        exports = dict(zip(found.groups()[1::2], found.groups()[2::2], strict=True))
+        url = exports["SEQCLS_MLFLOW_TRACKING_URI"]
+        auth = f"{exports['MLFLOW_TRACKING_USERNAME']}:{exports['MLFLOW_TRACKING_PASSWORD']}"
+        request = urllib.request.Request(
+            f"{url}/api/2.0/mlflow/registered-models/search",
+            headers={"Authorization": "Basic " + base64.b64encode(auth.encode()).decode()},
+        )
+        assert urllib.request.urlopen(request, timeout=10).status == 200
+        assert (data / "data" / "PG_VERSION").is_file()
+    finally:
+        os.kill(proc.pid, signal.SIGTERM)
+        out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err.read_text(errors="replace")[-3000:]
+    assert "stopped: the MLflow server and PostgreSQL" in out
+    assert not data.exists()
+    with pytest.raises(OSError):
+        urllib.request.urlopen(f"{url}/health", timeout=3)

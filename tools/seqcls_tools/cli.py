@@ -43,7 +43,6 @@ def _cmd_airflow_ui(args: argparse.Namespace) -> tuple[int, Callable[[], None]]:
     """Airflow's components and the local Triton until Ctrl-C (or SIGTERM), which ends only what this
     started: a Triton that was already running (``seqcls triton start``, a kept demo) keeps running."""
     import signal
-    import time
 
     from seqcls.localtriton import LocalTriton, TritonServerConfig
     from seqcls.settings import Settings
@@ -60,16 +59,12 @@ def _cmd_airflow_ui(args: argparse.Namespace) -> tuple[int, Callable[[], None]]:
             stack = AirflowStack(root, settings, port=args.port, password=args.password)
             try:
                 stack.start()
-                print(
+                _until_interrupted(
                     f"Airflow UI: {stack.url}  (user {USER}, password {stack.password}); DAG seqcls_release — "
                     f"trigger it with a checkpoint directory. Triton gRPC {settings.triton_grpc[0]}"
                     + (" (already running: left running at exit)" if was_running else "")
-                    + ". Ctrl-C stops what this started.",
-                    file=sys.stderr,
-                    flush=True,
+                    + ". Ctrl-C stops what this started."
                 )
-                while True:
-                    time.sleep(1)
             finally:
                 stack.stop()
     except KeyboardInterrupt:
@@ -88,7 +83,6 @@ def _cmd_team_registry(args: argparse.Namespace) -> tuple[int, Callable[[], None
     until Ctrl-C (or SIGTERM); both are throwaway: their data is removed at exit."""
     import signal
     import tempfile
-    import time
 
     from seqcls_tools.teamstack import MlflowServer, Postgres
 
@@ -101,14 +95,11 @@ def _cmd_team_registry(args: argparse.Namespace) -> tuple[int, Callable[[], None
             try:
                 server.start()
                 exports = " ".join(f"{k}={v}" for k, v in server.client_env().items())
-                print(
-                    f"MLflow (compose service mlflow) on {server.url}, PostgreSQL on 127.0.0.1:{pg.port}; for the "
-                    f"seqcls CLI in another shell:\n  export {exports}\nCtrl-C stops both and removes their data.",
-                    file=sys.stderr,
-                    flush=True,
+                _until_interrupted(
+                    f"MLflow (compose service mlflow) on {server.url}, PostgreSQL on 127.0.0.1:{pg.port} "
+                    f"(data in {pg.root}); for the seqcls CLI in another shell:\n  export {exports}\n"
+                    "Ctrl-C stops both and removes their data."
                 )
-                while True:
-                    time.sleep(1)
             finally:
                 server.kill()
     except KeyboardInterrupt:
@@ -117,6 +108,15 @@ def _cmd_team_registry(args: argparse.Namespace) -> tuple[int, Callable[[], None
         pg.stop()
         signal.signal(signal.SIGTERM, previous)
     return 0, lambda: print("stopped: the MLflow server and PostgreSQL (their data removed)")
+
+
+def _until_interrupted(message: str) -> None:
+    """Say what runs and how to stop it, then wait for Ctrl-C (SIGTERM is turned into it by the caller)."""
+    import time
+
+    print(message, file=sys.stderr, flush=True)
+    while True:
+        time.sleep(1)
 
 
 def _interrupt(*_: object) -> None:
