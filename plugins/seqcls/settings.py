@@ -71,6 +71,8 @@ PIPELINES = ("ensemble", "direct")
 
 #: Project root when running from a checkout / editable install (model_repository/ lives there).
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
+#: The Triton model-repository template publish copies from (SEQCLS_MODEL_REPOSITORY_SOURCE overrides it).
+DEFAULT_MODEL_REPOSITORY_SOURCE = PROJECT_ROOT / "model_repository"
 
 
 def _split_endpoints(value: str) -> tuple[str, ...]:
@@ -250,7 +252,7 @@ def model_repository_source_from_env() -> Path:
     """Only the serving source directory (what importing the shipped modules checks): a mistake in another
     setting is reported by the command that reads it, not as an import error of every module."""
     value = os.environ.get(ENV_MODEL_REPOSITORY_SOURCE)
-    return Path(value) if value else PROJECT_ROOT / "model_repository"
+    return Path(value) if value else DEFAULT_MODEL_REPOSITORY_SOURCE
 
 
 #: ``s3://``, ``gs://``, ``as://``, ``https://``…: a URI, which ``Path`` would silently turn into ``./s3:/…``.
@@ -315,7 +317,7 @@ class Settings:
             db = self.home / "mlflow" / "mlflow.db"
             object.__setattr__(self, "mlflow_tracking_uri", f"sqlite:///{db}")
         if self.model_repository_source is None:
-            object.__setattr__(self, "model_repository_source", PROJECT_ROOT / "model_repository")
+            object.__setattr__(self, "model_repository_source", DEFAULT_MODEL_REPOSITORY_SOURCE)
         if self.checkpoints_root is None:
             object.__setattr__(self, "checkpoints_root", self.home / "checkpoints")
         if self.serving_pipeline not in PIPELINES:

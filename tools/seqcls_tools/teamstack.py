@@ -29,20 +29,14 @@ from urllib.parse import urlsplit, urlunsplit
 
 import yaml
 
+from seqcls.localtriton import free_port
+
 log = logging.getLogger(__name__)
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE_FILE = ROOT / "docker-compose.airflow.yml"
 #: Where Debian's packages put the server binaries (``pg_config --bindir`` is in -dev only).
 PG_BINDIRS = "/usr/lib/postgresql/*/bin"
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def pg_bindir() -> Path:
@@ -102,16 +96,9 @@ class Postgres:
                  time.perf_counter() - t0)  # fmt: skip
         return self
 
-    def url(self, database: str, user: str | None = None, password: str | None = None) -> str:
-        """A SQLAlchemy URL (psycopg2) of ``database``."""
-        user, password = user or self.superuser, password or self.password
-        return f"postgresql+psycopg2://{user}:{password}@127.0.0.1:{self.port}/{database}"
-
     def run_init_scripts(self, compose_file: Path = COMPOSE_FILE) -> None:
         """Run the ``*.sql`` files the compose file's postgres service mounts at ``/docker-entrypoint-initdb.d``
         (as the image does on an empty volume), in name order."""
-        import psycopg2
-
         source = ""
         for entry in compose_service("postgres", compose_file).get("volumes") or []:
             parts = str(entry).split(":")
@@ -119,9 +106,7 @@ class Postgres:
                 source = parts[0]
         if not source:
             return
-        conn = psycopg2.connect(
-            host="127.0.0.1", port=self.port, user=self.superuser, password=self.password, dbname="postgres"
-        )
+        conn = self.connect("postgres")
         conn.autocommit = True  # CREATE DATABASE cannot run in a transaction
         try:
             for script in sorted((compose_file.parent / source).glob("*.sql")):
@@ -132,12 +117,16 @@ class Postgres:
         finally:
             conn.close()
 
-    def query(self, database: str, sql: str) -> list[tuple]:
+    def connect(self, database: str):
+        """A psycopg2 connection to ``database`` as the superuser."""
         import psycopg2
 
-        conn = psycopg2.connect(
+        return psycopg2.connect(
             host="127.0.0.1", port=self.port, user=self.superuser, password=self.password, dbname=database
         )
+
+    def query(self, database: str, sql: str) -> list[tuple]:
+        conn = self.connect(database)
         try:
             with conn.cursor() as cur:
                 cur.execute(sql)

@@ -143,6 +143,11 @@ def read_index(path: Path) -> dict[str, str]:
     return {str(k): v for k, v in weight_map.items()}
 
 
+def is_weight_file(name: str) -> bool:
+    """Whether ``name`` is one of PyTorch's pickled weight files: the single file, a shard or the shard index."""
+    return name in (TORCH_WEIGHTS, TORCH_INDEX) or SHARD_NAME.fullmatch(name) is not None
+
+
 def shard_files(index: Path) -> list[str]:
     """The shard file names the index at ``index`` lists, in order."""
     return sorted(set(read_index(index).values()))

@@ -94,18 +94,27 @@ class DiskUse:
         )
 
 
+def _entries(ws: Path) -> list[Path]:
+    try:
+        return list(ws.iterdir())
+    except OSError:
+        return []
+
+
 def disk_use(settings: Settings, model: ModelName) -> DiskUse:
     """What ``model`` holds on disk now: its workspaces by kind, its Triton models, the eval sets it refers to."""
     use = DiskUse()
     refs: set[str] = set()
     for ws in workspaces(settings, model):
         use.workspaces += 1
-        total = tree_bytes(ws)
-        heavy = sum(tree_bytes(ws / n) for n in HEAVY)
-        failed = tree_bytes(ws / FAILED_DIR)
-        use.heavy += heavy
-        use.failed += failed
-        use.evidence += total - heavy - failed
+        for entry in _entries(ws):  # each file walked once, counted by the top-level entry it is under
+            size = tree_bytes(entry)
+            if entry.name in HEAVY:
+                use.heavy += size
+            elif entry.name == FAILED_DIR:
+                use.failed += size
+            else:
+                use.evidence += size
         refs |= evalset_refs(read_manifest(ws))
     repo = Path(str(settings.triton_repository))
     use.triton = sum(tree_bytes(repo / m) for m in model.names.all)

@@ -43,17 +43,15 @@ from seqcls.ops.sync import models_in, operator_models
 from seqcls.ops.trash import finish_leftovers, leftovers, trash_root
 from seqcls.registry.ledger import CHAMPION, FINGERPRINT_TAG, PREVIOUS, aliased_version, client
 from seqcls.release import control
-from seqcls.release.workspace import FAILED_DIR, MANIFEST, Release, Workspace
+from seqcls.release.workspace import FAILED_DIR, MANIFEST, Release, Workspace, workspace_dir
 from seqcls.serving.lease import ReleaseLease
 from seqcls.serving.pins import PIN_PREFIX
-from seqcls.serving.repository import Repository
+from seqcls.serving.repository import DEFAULT_RETAIN, Repository
 from seqcls.serving.state import ServingState, current_state
 from seqcls.settings import Settings
 
 log = logging.getLogger(__name__)
 
-#: Rollback depth kept whole: the Triton versions publish keeps (its ``retain``, 3 unless a caller says).
-DEFAULT_RETAIN = 3
 #: Seconds the retention run after a promote may spend collecting (what is left waits for the next gc).
 GC_BUDGET = 60.0
 
@@ -190,10 +188,10 @@ def _workspace_of(settings: Settings, repo: Repository, state: ServingState, ver
         if isinstance(info.get("workspace"), str):
             found.add(Path(info["workspace"]).resolve())
         if isinstance(info.get("fingerprint"), str):
-            found.add((settings.releases_dir / repo.model_name / info["fingerprint"][:16]).resolve())
+            found.add(workspace_dir(settings, repo.model_name, info["fingerprint"]).resolve())
     fp = state.fingerprint_of(version)
     if fp:
-        found.add((settings.releases_dir / repo.model_name / fp[:16]).resolve())
+        found.add(workspace_dir(settings, repo.model_name, fp).resolve())
     return found
 
 
@@ -231,7 +229,7 @@ def _why_kept(settings: Settings, model: ModelName, retain: int) -> dict[Path, l
     for version in sorted(_versions_of(repo, state) - state.protected_versions(depth=retain - 1)):
         keep(_workspace_of(settings, repo, state, version), f"Triton v{version} published/pinned (sync restores it)")
     for fp16, reason in _registry_fingerprints(settings, model).items():
-        keep({(settings.releases_dir / model / fp16).resolve()}, reason)
+        keep({workspace_dir(settings, model, fp16).resolve()}, reason)
     return why
 
 
@@ -424,11 +422,10 @@ def gc(
     if keep_refused < 0 or retain < 1:
         raise SeqclsError(f"gc: keep_refused must be ≥ 0 (got {keep_refused}) and retain ≥ 1 (got {retain})")
     result = GcResult(apply)
-    named = operator_models(model_names)
-    models = named or gc_models(settings)
+    all_models = gc_models(settings)
+    models = operator_models(model_names) or all_models
     refs: set[str] = set()
-    all_models = set(gc_models(settings))
-    for other in all_models - set(models):  # models gc leaves alone: every release of theirs counts as a reference
+    for other in set(all_models) - set(models):  # models gc leaves alone: every release of theirs counts as a reference
         for ws in workspaces(settings, other):
             refs |= evalset_refs(read_manifest(ws))
     result.home += [Item(LEFTOVER, str(p), tree_bytes(p), True) for p in leftovers(settings)]

@@ -263,7 +263,7 @@ def take_checkpoint(
 def _convert_torch(ckpt: Checkpoint, taken: snapshot.Taken, copy: Path) -> tuple[Checkpoint, snapshot.Taken]:
     """The snapshot ``copy`` with its PyTorch pickles replaced by ``model.safetensors`` (restricted load):
     every later step, the registry and the published version read safetensors only."""
-    sources = [p.name for p in weight_files(ckpt.weights)]
+    sources = [name for name in ckpt.files if torchload.is_weight_file(name)]  # as fingerprinted: no re-read
     index = ckpt.weights.name if ckpt.weights.name == torchload.TORCH_INDEX else None
     conversion = torchload.convert(
         {n: ckpt.files[n] for n in sources}, copy, copy / torchload.SAFETENSORS, index=index

@@ -36,6 +36,8 @@ log = logging.getLogger(__name__)
 
 SNAPSHOT = "config.snapshot.pbtxt"
 LOCK_FILE = ".seqcls-publish.{model}.lock"
+#: Triton versions of a model a publish keeps (older ones are pruned): the rollback depth gc keeps whole too.
+DEFAULT_RETAIN = 3
 
 # The serving contract's enums, defined once in model_repository/common/seqcls_contract.py.
 _contract = shipped.contract()

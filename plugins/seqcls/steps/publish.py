@@ -40,6 +40,7 @@ from seqcls.release.workspace import Release, StepResult
 from seqcls.serving import restore
 from seqcls.serving.pins import drop_pin, read_pin, write_pin
 from seqcls.serving.repository import (
+    DEFAULT_RETAIN,
     DIRECT_SOURCE,
     DIRECT_STEPS,
     DIRECT_STEPS_FILE,
@@ -59,7 +60,6 @@ log = logging.getLogger(__name__)
 
 STEP = "publish"
 OUT_DIR = OUT_DIRS[STEP]
-DEFAULT_RETAIN = 3
 #: Where a version is assembled before its renames (``seqcls sync`` removes one whose pid is gone).
 TMP_PUBLISH = ".tmp-publish.{model}.{pid}-{version}"
 #: An empty *file* of this name in every python model version: the stub's Python cannot write bytecode
