@@ -44,6 +44,8 @@ EXPECTED_SERVICES = {
     "airflow-scheduler",
     "airflow-dag-processor",
     "airflow-triggerer",
+    "airflow-worker",
+    "redis",
     "mlflow",
     "triton",
     "prometheus",
@@ -210,6 +212,8 @@ def test_healthchecks_probe_the_documented_endpoints(services: dict) -> None:
     assert "8974/health" in probe("airflow-scheduler") or "SchedulerJob" in probe("airflow-scheduler")
     assert "DagProcessorJob" in probe("airflow-dag-processor")
     assert "TriggererJob" in probe("airflow-triggerer")
+    assert "inspect ping" in probe("airflow-worker")
+    assert "redis-cli ping" in probe("redis")
     assert "/health" in probe("mlflow")
     assert "/v2/health/live" in probe("triton")
     assert "/-/healthy" in probe("prometheus")
@@ -355,7 +359,7 @@ def test_triton_gpu_reservation_and_shm(services: dict) -> None:
 @pytest.mark.parametrize("name", AIRFLOW_SERVICES)
 def test_airflow_environment(services: dict, name: str) -> None:
     env = _env(services[name])
-    assert env.get("AIRFLOW__CORE__EXECUTOR") == "LocalExecutor"
+    assert env.get("AIRFLOW__CORE__EXECUTOR") == "CeleryExecutor"
     assert env.get("AIRFLOW__CORE__LOAD_EXAMPLES", "").lower() == "false"
     assert 1 <= int(env.get("AIRFLOW__CORE__PARALLELISM", "32")) <= 8, "keep parallelism small"
     assert "@postgres" in env.get("AIRFLOW__DATABASE__SQL_ALCHEMY_CONN", "")
@@ -503,9 +507,29 @@ def test_airflow_startup_chain(services: dict) -> None:
         depends = services[name]["depends_on"]
         assert depends["airflow-init"]["condition"] == "service_completed_successfully", name
         assert depends["postgres"]["condition"] == "service_healthy", name
-    scheduler = services["airflow-scheduler"]["depends_on"]
-    for target in ("airflow-apiserver", "mlflow", "triton"):
-        assert scheduler[target]["condition"] == "service_healthy"
+        assert depends["redis"]["condition"] == "service_healthy", name
+    for runner in ("airflow-scheduler", "airflow-worker"):  # the worker runs the tasks; LocalExecutor: the scheduler
+        depends = services[runner]["depends_on"]
+        for target in ("airflow-apiserver", "mlflow", "triton"):
+            assert depends[target]["condition"] == "service_healthy", (runner, target)
+
+
+def test_celery_executor_on_redis_with_two_workers(services: dict) -> None:
+    """The official compose's convention: CeleryExecutor, a Redis broker, the result backend on the
+    metadata database, and at least two workers so one run's tasks can land on different workers."""
+    env = _env(services["airflow-scheduler"])
+    assert env["AIRFLOW__CORE__EXECUTOR"] == "CeleryExecutor"
+    broker = urlsplit(env["AIRFLOW__CELERY__BROKER_URL"])
+    assert (broker.scheme, broker.hostname, broker.port) == ("redis", "redis", 6379)
+    backend = urlsplit(env["AIRFLOW__CELERY__RESULT_BACKEND"])
+    database = urlsplit(env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"])
+    assert backend.scheme == "db+postgresql" and backend.hostname == database.hostname == "postgres"
+    assert backend.path == database.path
+    worker = services["airflow-worker"]
+    assert _command(worker) == ["celery", "worker"]
+    assert worker["deploy"]["replicas"] >= 2
+    assert _env(worker)["AIRFLOW__CORE__EXECUTOR"] == "CeleryExecutor"  # the common environment, merged
+    assert int(_env(worker)["AIRFLOW__CELERY__WORKER_CONCURRENCY"]) >= 1
 
 
 # ----------------------------------------------------------------------------- images
