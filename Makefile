@@ -25,7 +25,7 @@ PERF_DIR := $(VENV)/perf-analyzer
 PERF_STAMP := $(PERF_DIR)/.installed-$(shell cat $(PERF_LOCK) 2>/dev/null | sha256sum | cut -c1-12)
 PYTEST_ARGS ?=
 
-.PHONY: setup setup-torch setup-perf system-deps lock demo test lint docs clean-demo airflow-ui bench
+.PHONY: setup setup-torch setup-perf system-deps lock demo test lint docs clean-demo airflow-ui bench stack
 
 setup: $(STAMP)
 
@@ -98,6 +98,11 @@ demo: setup
 # login admin / seqcls-demo, until Ctrl-C.
 airflow-ui: setup
 	.venv/bin/seqcls airflow-ui
+
+# The compose file's stack as local processes (PostgreSQL, MLflow server, Redis, Triton, Airflow with the
+# CeleryExecutor and two workers) on 127.0.0.1 until Ctrl-C; needs `make system-deps` (postgresql, redis-server).
+stack: setup
+	.venv/bin/seqcls team-stack
 
 # The serving benchmark (see docs/performance.md); QUICK=1 for the seconds-long harness check.
 bench: setup-perf

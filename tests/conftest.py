@@ -26,6 +26,7 @@ os.environ.setdefault("FLAGS_call_stack_level", "0")
 #: after these, in its usual order.)
 LONG_FILES = (
     "test_airflow_dag.py",
+    "test_team_stack.py",
     "test_drills.py",
     "test_demo_main.py",
     "test_airflow_ui.py",

@@ -523,7 +523,7 @@ def test_celery_executor_on_redis_with_two_workers(services: dict) -> None:
     assert (broker.scheme, broker.hostname, broker.port) == ("redis", "redis", 6379)
     backend = urlsplit(env["AIRFLOW__CELERY__RESULT_BACKEND"])
     database = urlsplit(env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"])
-    assert backend.scheme == "db+postgresql" and backend.hostname == database.hostname == "postgres"
+    assert backend.scheme == "db+postgresql+psycopg2" and backend.hostname == database.hostname == "postgres"
     assert backend.path == database.path
     worker = services["airflow-worker"]
     assert _command(worker) == ["celery", "worker"]

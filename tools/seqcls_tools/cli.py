@@ -9,6 +9,7 @@ routed to stderr, the printer called afterwards to write the results to stdout.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 from collections.abc import Callable
@@ -110,6 +111,37 @@ def _cmd_team_registry(args: argparse.Namespace) -> tuple[int, Callable[[], None
     return 0, lambda: print("stopped: the MLflow server and PostgreSQL (their data removed)")
 
 
+def _cmd_team_stack(args: argparse.Namespace) -> tuple[int, Callable[[], None]]:
+    """The compose file's whole stack as local processes (PostgreSQL, MLflow server, Redis, Triton, Airflow
+    with the CeleryExecutor and its workers) until Ctrl-C (or SIGTERM); throwaway unless ``--root``."""
+    import signal
+    import tempfile
+
+    from seqcls_tools.teamstack import TeamStack
+
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+    with contextlib.ExitStack() as cleanup:
+        root = args.root or Path(cleanup.enter_context(tempfile.TemporaryDirectory(prefix="seqcls-team-stack-")))
+        stack = TeamStack(Path(root), models_file=args.models_file, password=args.password)
+        try:
+            stack.start()
+            assert stack.airflow is not None and stack.settings is not None
+            exports = " ".join(f"{k}={v}" for k, v in stack.cli_env().items())
+            _until_interrupted(
+                f"Airflow (CeleryExecutor, {stack.airflow.workers} workers) {stack.airflow.url}  "
+                f"(user admin, password {stack.airflow.stack.password}); MLflow {stack.mlflow.url}; "
+                f"Triton gRPC {stack.settings.triton_grpc[0]}; checkpoints root {stack.settings.checkpoints_root}; "
+                f"logs {stack.airflow.stack.logs}.\nFor the seqcls CLI in another shell:\n  export {exports}\n"
+                "Ctrl-C stops everything" + ("." if args.root else " and removes its data.")
+            )
+        except KeyboardInterrupt:
+            pass
+        finally:
+            stack.stop()
+            signal.signal(signal.SIGTERM, previous)
+    return 0, lambda: print("stopped: Airflow, its workers, Redis, Triton, the MLflow server and PostgreSQL")
+
+
 def _until_interrupted(message: str) -> None:
     """Say what runs and how to stop it, then wait for Ctrl-C (SIGTERM is turned into it by the caller)."""
     import time
@@ -149,6 +181,15 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
         help="run the compose file's MLflow server on a throwaway PostgreSQL (basic auth) on 127.0.0.1 until Ctrl-C",
     )
     p.set_defaults(func=_cmd_team_registry)
+    p = sub.add_parser(
+        "team-stack",
+        help="run the compose file's services (PostgreSQL, MLflow, Redis, Triton, Airflow on Celery) on 127.0.0.1 "
+        "until Ctrl-C",
+    )
+    p.add_argument("--root", type=Path, default=None, help="keep everything here (default: a throwaway directory)")
+    p.add_argument("--models-file", type=Path, default=None, help="the release DAGs' models file (default: none)")
+    p.add_argument("--password", default=None, help="password of the Airflow user admin (default: generated)")
+    p.set_defaults(func=_cmd_team_stack)
     p = sub.add_parser("bench", help="benchmark every serving profile on a real local Triton (see docs/performance.md)")
     p.add_argument("--home", type=Path, default=None)
     p.set_defaults(func=_cmd_bench, bench_parser=p)

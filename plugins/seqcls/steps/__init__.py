@@ -199,7 +199,14 @@ def record_refusal(release: Release, gate: str, exc: BaseException) -> None:
         if not log_path(root, model).exists() and not state_path(root, model).exists():
             # a model never released: a refusal leaves the repository exactly as it was (no file that
             # would make status and sync list a model that serves nothing); MLflow and the workspace keep it
-            log.info("%s refusal of %s not in the serving log: nothing of %s was ever released", gate, model, model)
+            log.info(
+                "%s refusal of %s not in the serving log: nothing of %s was ever released to %s "
+                "(SEQCLS_TRITON_REPOSITORY)",
+                gate,
+                model,
+                model,
+                root,
+            )
             return
         try:
             serving = current_state(root, model).serving

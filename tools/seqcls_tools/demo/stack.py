@@ -206,6 +206,8 @@ class AirflowStack:
         self.port = port
         self.url = f"http://{LOOPBACK}:{port}"
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        #: a process's working directory, by name (the team stack's Celery workers each have their own)
+        self.cwd: dict[str, Path] = {}
         self.logs = self.root / "logs"
         self.env = airflow_env(self.root, settings)
         for conn_id in CONNECTIONS:  # would hide the database's rows from tasks (the variables win)
@@ -287,7 +289,7 @@ class AirflowStack:
         for name, cmd in self.commands().items():
             out = open(self.logs / f"{name}.log", "ab")  # noqa: SIM115 (owned by the child)
             self.procs[name] = subprocess.Popen(
-                cmd, env=self.env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+                cmd, env=self.env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, cwd=self.cwd.get(name)
             )
             out.close()
         deadline = time.monotonic() + timeout

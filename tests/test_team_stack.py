@@ -1,0 +1,348 @@
+"""Scheduled retraining on the team stack, run for real: the compose file's services as local processes.
+
+One stack for the module (``seqcls_tools.teamstack.TeamStack``): PostgreSQL (Airflow's metadata and
+MLflow's store), the ``mlflow server`` with basic auth and proxied artifacts, Redis, a local Triton,
+and Airflow 3 with the compose file's **CeleryExecutor and two Celery workers**, each in a working
+directory of its own, sharing only what the compose volumes stand for (SEQCLS_HOME, the Triton
+repository, the checkpoints root, the task logs).
+
+Two models at once, from a models file: ``seqcls`` on ``@daily`` (its data intervals run by the real
+scheduler as one-day backfills) and ``beta`` on its checkpoints Asset (a training stand-in drops a
+marked checkpoint and posts the Asset event over Airflow's REST API). Four intervals: a good retrain is
+promoted, a worse one refused by the quality gate, an unchanged one skipped as champion, a broken one
+(vocab) refused at parity — for both models, with the notifications received, and ``seqcls history``
+telling the same story as Airflow's run list. Served == recorded == champion at the end.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import shutil
+import subprocess
+import sys
+import time
+from collections import Counter
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+from seqcls.release.completion import mark_complete
+from tests.helpers.demo_models import demo_eval_file, quick_demo_model, worse_retrain
+from tests.helpers.receivers import JsonReceiver
+
+pytestmark = [pytest.mark.slow, pytest.mark.integration]
+
+MODELS = {"seqcls": "'@daily'", "beta": "asset"}
+DAG_IDS = {"seqcls": "seqcls_release", "beta": "seqcls_release__beta"}
+#: interval → (what training produced, the outcome the release must end with)
+PLAN = [
+    ("good", "promoted"),
+    ("worse", "refused"),
+    ("unchanged", "skipped"),
+    ("broken-vocab", "refused"),
+]
+FIRST_DAY = datetime(2026, 11, 1, tzinfo=UTC)
+RUN_TIMEOUT = 420
+
+
+def _models_file(path: Path, notify_url: str) -> Path:
+    lines = ["models:"]
+    for name, schedule in MODELS.items():
+        lines += [
+            f"  - name: {name}",
+            f"    schedule: {schedule}",
+            f"    checkpoints_root: {name}",
+            "    eval_set: eval.txt",
+            f"    notify: ['{notify_url}']",
+        ]
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+def _broken_vocab(good: Path, out: Path) -> Path:
+    shutil.copytree(good, out)
+    vocab = (out / "vocab.txt").read_text(encoding="utf-8").splitlines()
+    vocab[vocab.index("公")] = "公 "  # the serving tokenizer trims it: the parity gate refuses
+    (out / "vocab.txt").write_text("\n".join(vocab) + "\n", encoding="utf-8")
+    return out
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("team-trained")
+    good = quick_demo_model(tmp_path_factory).path
+    return {
+        "good": good,
+        "worse": worse_retrain(good, root / "worse"),
+        "unchanged": good,
+        "broken-vocab": _broken_vocab(good, root / "broken"),
+    }
+
+
+@pytest.fixture(scope="module")
+def receiver():
+    r = JsonReceiver()
+    yield r
+    r.close()
+
+
+@pytest.fixture(scope="module")
+def team_stack(tmp_path_factory: pytest.TempPathFactory, receiver: JsonReceiver):
+    from seqcls_tools.teamstack import TeamStack
+
+    root = tmp_path_factory.mktemp("team-stack")
+    models_file = _models_file(root / "seqcls-models.yaml", receiver.url())
+    t0 = time.perf_counter()
+    stack = TeamStack(root, models_file=models_file, password="team-stack-test")
+    stack.start()
+    print(f"\nteam stack up in {time.perf_counter() - t0:.0f}s")
+    try:
+        yield stack
+    finally:
+        t1 = time.perf_counter()
+        stack.stop()
+        print(f"team stack stopped in {time.perf_counter() - t1:.0f}s")
+
+
+def _api(stack, method: str, path: str, body: dict | None = None, token: str | None = None) -> dict:
+    """``stack.api`` with Airflow's answer in the failure (a 409's reason is in its body)."""
+    import urllib.error
+
+    try:
+        return stack.api(method, path, body, token=token)
+    except urllib.error.HTTPError as exc:
+        raise AssertionError(f"{method} {path} {body}: {exc.code} {exc.read().decode(errors='replace')}") from None
+
+
+def _wait(predicate, timeout: float, what: str, interval: float = 2.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+
+
+def _drop(stack, model: str, interval: int, kind: str, source: Path) -> Path:
+    """The training stand-in: a new checkpoint directory under the model's root, marked complete."""
+    target = stack.settings.checkpoints_root / model / f"{interval}-{kind}"
+    shutil.copytree(source, target)
+    mark_complete(target, run=f"train-{model}-{interval}")
+    return target
+
+
+def _seqcls(stack, *args: str) -> subprocess.CompletedProcess:
+    import os
+
+    env = {**os.environ, **stack.cli_env()}
+    return subprocess.run(
+        [str(Path(sys.executable).parent / "seqcls"), *args], env=env, capture_output=True, text=True, timeout=120
+    )
+
+
+def _outcome(tis: dict[str, str]) -> str:
+    """What a run did, from its task states (the same reading as the DAG's report_outcome)."""
+    if tis.get("promote") == "success":
+        return "promoted"
+    if any(state == "failed" for state in tis.values()):
+        return "refused"
+    return "skipped"
+
+
+def test_scheduled_retraining_two_models_on_celery_workers(team_stack, trained, receiver) -> None:
+    stack = team_stack.airflow.stack
+    token = stack.token()
+    for model in MODELS:
+        (team_stack.settings.checkpoints_root / model).mkdir(parents=True, exist_ok=True)
+        demo_eval_file(team_stack.settings.checkpoints_root / model / "eval.txt")
+
+    def parsed() -> bool:
+        try:
+            return all(_api(stack, "GET", f"/api/v2/dags/{d}", token=token) for d in DAG_IDS.values())
+        except AssertionError:  # 404 until the dag-processor has parsed the file
+            return False
+
+    _wait(
+        parsed,
+        120,
+        "both release DAGs parsed",
+    )
+    errors = _api(stack, "GET", "/api/v2/importErrors", token=token)
+    assert errors["total_entries"] == 0, errors
+    assets = _api(stack, "GET", "/api/v2/assets?uri_pattern=seqcls://checkpoints/beta", token=token)["assets"]
+    (beta_asset,) = [a for a in assets if a["uri"] == "seqcls://checkpoints/beta"]
+    # paused at creation (the compose file's setting); beta is unpaused for its Asset schedule
+    _api(stack, "PATCH", f"/api/v2/dags/{DAG_IDS['beta']}", {"is_paused": False}, token=token)
+
+    table = []
+    for interval, (kind, expected) in enumerate(PLAN, start=1):
+        t0 = time.perf_counter()
+        day = FIRST_DAY + timedelta(days=interval - 2)
+        for model in MODELS:
+            _drop(team_stack, model, interval, kind, trained[kind])
+        before = {
+            model: {r["dag_run_id"] for r in _api(stack, "GET", f"/api/v2/dags/{d}/dagRuns", token=token)["dag_runs"]}
+            for model, d in DAG_IDS.items()
+        }
+        if interval == 1:  # unpaused now: the scheduler runs the latest @daily interval (catchup off)
+            _api(stack, "PATCH", f"/api/v2/dags/{DAG_IDS['seqcls']}", {"is_paused": False}, token=token)
+            backfill = {}
+        else:  # the earlier intervals, one day each, run by the scheduler as a backfill
+            backfill = _api(
+                stack,
+                "POST",
+                "/api/v2/backfills",
+                {
+                    "dag_id": DAG_IDS["seqcls"],
+                    "from_date": day.isoformat(),
+                    "to_date": day.isoformat(),
+                    "max_active_runs": 1,
+                    "reprocess_behavior": "none",
+                    "run_backwards": False,
+                    "dag_run_conf": {},
+                },
+                token=token,
+            )
+        _api(stack, "POST", "/api/v2/assets/events", {"asset_id": beta_asset["id"], "extra": {"interval": interval}},
+                  token=token)  # fmt: skip
+        runs = {}
+        for model, dag_id in DAG_IDS.items():
+
+            def finished(dag_id=dag_id, known=before[model]):
+                listed = _api(stack, "GET", f"/api/v2/dags/{dag_id}/dagRuns", token=token)["dag_runs"]
+                new = [r for r in listed if r["dag_run_id"] not in known]
+                return new[0] if new and new[0]["state"] in ("success", "failed") else None
+
+            runs[model] = _wait(finished, RUN_TIMEOUT, f"{model}'s run of interval {interval}", interval=3)
+        if backfill:  # the scheduler closes a backfill shortly after its last run: one backfill per DAG at a time
+            _wait(
+                lambda b=backfill["id"]: _api(stack, "GET", f"/api/v2/backfills/{b}", token=token)["completed_at"],
+                60,
+                f"backfill {backfill['id']} completed",
+                interval=1,
+            )
+        seconds = time.perf_counter() - t0
+        for model, run in runs.items():
+            tis = _api(
+                stack, "GET", f"/api/v2/dags/{DAG_IDS[model]}/dagRuns/{run['dag_run_id']}/taskInstances", token=token
+            )["task_instances"]
+            states = {t["task_id"]: t["state"] for t in tis}
+            table.append(
+                {
+                    "interval": interval,
+                    "model": model,
+                    "checkpoint": kind,
+                    "run": run["dag_run_id"],
+                    "run_type": run["run_type"],
+                    "state": run["state"],
+                    "outcome": _outcome(states),
+                    "expected": expected,
+                    "seconds": round(seconds),
+                    "states": states,
+                }
+            )
+        print(f"interval {interval} ({kind}): {[(r['model'], r['outcome'], r['state']) for r in table[-2:]]} "
+              f"in {seconds:.0f}s; backfill {backfill.get('id')}")  # fmt: skip
+
+    print(json.dumps([{k: v for k, v in r.items() if k != "states"} for r in table], indent=1))
+    wrong = [r for r in table if r["outcome"] != r["expected"]]
+    assert not wrong, json.dumps(wrong, indent=1)
+    assert [r["run_type"] for r in table if r["model"] == "seqcls"] == ["scheduled"] + ["backfill"] * 3
+    assert {r["run_type"] for r in table if r["model"] == "beta"} == {"asset_triggered"}
+
+    # the tasks ran on both Celery workers
+    per_worker = Counter()
+    for i in (1, 2):
+        text = team_stack.airflow.worker_log(i).read_text(errors="replace")
+        per_worker[i] = text.count("seqcls_release")
+    assert all(per_worker[i] > 0 for i in (1, 2)), per_worker
+
+    # seqcls history tells the same story as Airflow's run list: per run, what it recorded
+    for model in MODELS:
+        hist = _seqcls(team_stack, "history", "--model-name", model, "--json")
+        assert hist.returncode == 0, hist.stderr
+        by_run: dict[str, list[tuple[str, str | None]]] = {}
+        for entry in json.loads(hist.stdout)["entries"]:
+            by_run.setdefault((entry.get("who") or {}).get("run_id"), []).append((entry["kind"], entry.get("gate")))
+        story = [(r["interval"], r["outcome"], by_run.get(r["run"], [])) for r in table if r["model"] == model]
+        print(model, story)
+        assert ("promote", None) in story[0][2], story
+        assert story[1][2] == [("refused", "quality")], story
+        assert story[2][2] == [], story  # skipped as champion: nothing served changed, nothing to tell
+        assert story[3][2] == [("refused", "parity")], story
+        assert set(by_run) <= {r["run"] for r in table if r["model"] == model}, by_run  # no entry from elsewhere
+
+    # served == recorded == champion, for both models: the good retrain of interval 1
+    status = _seqcls(team_stack, "status", "--json")
+    assert status.returncode == 0, status.stdout + status.stderr
+    for s in json.loads(status.stdout):
+        assert s["agree"] and not s["problems"], s
+        assert s["recorded"]["serving"] == s["registry"]["champion_triton"] == 1, s
+        assert s["recorded"]["fingerprint"] == s["registry"]["champion_fingerprint"], s
+        assert s["registry"]["versions"] == {"1": 1}, s  # refused candidates never became registry versions
+        served = {m: v for e in s["endpoints"].values() for m, v in e.items() if not m.endswith("_candidate")}
+        assert set(map(tuple, served.values())) == {(1,)}, served
+
+    # one notification per run that did something (a run skipped as champion sends nothing, by design)
+    told = [r for r in table if r["outcome"] != "skipped"]
+    with contextlib.suppress(AssertionError):
+        _wait(lambda: len(receiver.received) >= len(told), 30, "one notification per run")
+    titles = sorted(n.title for n in receiver.received)
+    want = sorted(
+        f"[seqcls] {r['model']}: "
+        + ("Triton v1 (MLflow v1) promoted" if r["outcome"] == "promoted" else "release refused by the ")
+        + ({2: "quality gate", 4: "parity gate"}.get(r["interval"], "") if r["outcome"] == "refused" else "")
+        for r in told
+    )
+    assert titles == want, titles
+
+
+def test_seqcls_team_stack_serves_until_ctrl_c_and_stops_everything(tmp_path: Path) -> None:
+    """``make stack``'s command: every service up (Airflow healthy, both Celery workers ready, MLflow behind
+    basic auth), the exports printed; SIGTERM stops every process it started and removes the data."""
+    import os
+    import re
+    import signal
+    import urllib.request
+
+    import psutil
+
+    err = tmp_path / "stderr.txt"
+    with open(err, "wb") as fh:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "seqcls.cli", "team-stack", "--password", "pw"],
+            stdout=subprocess.PIPE,
+            stderr=fh,
+            text=True,
+            start_new_session=True,
+        )
+    try:
+        deadline = time.monotonic() + 300
+        pattern = r"Airflow \(CeleryExecutor, (\d) workers\) (\S+) .*logs (\S+)\.\n.*\n  export (.*)\n"
+        while not (found := re.search(pattern, err.read_text(errors="replace"))):
+            assert proc.poll() is None and time.monotonic() < deadline, err.read_text(errors="replace")[-3000:]
+            time.sleep(0.5)
+        workers, url, logs = int(found.group(1)), found.group(2), Path(found.group(3))
+        exports = dict(item.split("=", 1) for item in found.group(4).split())
+        assert workers == 2
+        assert urllib.request.urlopen(f"{url}/api/v2/monitor/health", timeout=10).status == 200
+        _wait(
+            lambda: all("ready." in (logs / f"worker-{i}.log").read_text(errors="replace") for i in (1, 2)),
+            120,
+            "both Celery workers ready",
+        )
+        assert set(exports) >= {"SEQCLS_TRITON_REPOSITORY", "SEQCLS_MLFLOW_TRACKING_URI", "MLFLOW_TRACKING_PASSWORD"}
+        children = psutil.Process(proc.pid).children(recursive=True)
+        assert len(children) >= 9, [c.name() for c in children]  # postgres, mlflow, redis, triton, 4 airflow, 2 workers
+        root = logs.parents[1]
+    finally:
+        os.kill(proc.pid, signal.SIGTERM)
+        out, _ = proc.communicate(timeout=180)
+    assert proc.returncode == 0, err.read_text(errors="replace")[-3000:]
+    assert "stopped: Airflow, its workers, Redis, Triton, the MLflow server and PostgreSQL" in out
+    _, alive = psutil.wait_procs(children, timeout=30)
+    assert not alive, [(p.pid, p.name()) for p in alive]
+    assert not root.exists()

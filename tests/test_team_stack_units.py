@@ -1,0 +1,82 @@
+"""The team stack's rehearsal reads the compose file itself: what it maps, and that drift is an error."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from seqcls_tools.teamstack import (
+    COMPOSE_FILE,
+    STAND_INS,
+    compose_airflow_env,
+    compose_seqcls_env,
+    compose_worker_replicas,
+    localize,
+)
+
+HOSTS = {"postgres:5432": "127.0.0.1:15432", "redis:6379": "127.0.0.1:16379", "mlflow:5000": "127.0.0.1:15000"}
+
+
+def _copy(tmp_path: Path, edit) -> Path:
+    data = yaml.safe_load(COMPOSE_FILE.read_text(encoding="utf-8"))
+    edit(data)
+    out = tmp_path / "docker-compose.airflow.yml"
+    out.write_text(yaml.safe_dump(data), encoding="utf-8")
+    return out
+
+
+def test_localize_maps_service_hosts_only() -> None:
+    assert localize("db+postgresql+psycopg2://airflow:airflow@postgres:5432/airflow", HOSTS) == (
+        "db+postgresql+psycopg2://airflow:airflow@127.0.0.1:15432/airflow"
+    )
+    assert localize("redis://redis:6379/0", HOSTS) == "redis://127.0.0.1:16379/0"
+    assert localize("http://mlflow-other:5000", HOSTS) == "http://mlflow-other:5000"
+
+
+def test_the_compose_files_executor_settings_with_local_hosts() -> None:
+    env = compose_airflow_env(HOSTS)
+    assert env["AIRFLOW__CORE__EXECUTOR"] == "CeleryExecutor"
+    assert env["AIRFLOW__CELERY__BROKER_URL"] == "redis://127.0.0.1:16379/0"
+    assert "@127.0.0.1:15432/airflow" in env["AIRFLOW__CELERY__RESULT_BACKEND"]
+    assert "@127.0.0.1:15432/airflow" in env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"]
+    assert not any("postgres:" in v or "redis:6379" in v for v in env.values()), env
+    assert compose_worker_replicas() >= 2
+
+
+def test_a_compose_file_on_another_executor_is_refused(tmp_path: Path) -> None:
+    def local(data: dict) -> None:
+        data["services"]["airflow-worker"]["environment"]["AIRFLOW__CORE__EXECUTOR"] = "LocalExecutor"
+
+    with pytest.raises(ValueError, match="LocalExecutor"):
+        compose_airflow_env(HOSTS, _copy(tmp_path, local))
+
+
+LOCAL = {
+    "SEQCLS_HOME": "/h",
+    "SEQCLS_CHECKPOINTS_ROOT": "/c",
+    "SEQCLS_TRITON_REPOSITORY": "/m",
+    "SEQCLS_TRITON_GRPC": "127.0.0.1:1",
+    "SEQCLS_TRITON_HTTP": "127.0.0.1:2",
+    "SEQCLS_TRITON_METRICS": "127.0.0.1:3",
+    "SEQCLS_MLFLOW_TRACKING_URI": "http://127.0.0.1:4",
+    "MLFLOW_TRACKING_USERNAME": "u",
+    "MLFLOW_TRACKING_PASSWORD": "p",
+}
+
+
+def test_every_seqcls_variable_of_the_compose_file_is_mapped_or_stood_in_for() -> None:
+    local = LOCAL
+    env = compose_seqcls_env(local)
+    assert env["SEQCLS_TRITON_REPOSITORY"] == "/m" and env["SEQCLS_RUNTIME"] == "python-onnxruntime"
+    assert "SEQCLS_TRITON_CONTROL_KEY" not in env  # the local Triton's key file stands in
+    assert set(STAND_INS) | set(local) >= set(env)
+
+
+def test_a_new_compose_variable_the_rehearsal_cannot_map_is_an_error(tmp_path: Path) -> None:
+    def new_var(data: dict) -> None:
+        data["services"]["airflow-worker"]["environment"]["SEQCLS_SOMETHING_NEW"] = "x"
+
+    with pytest.raises(ValueError, match="SEQCLS_SOMETHING_NEW"):
+        compose_seqcls_env(LOCAL, _copy(tmp_path, new_var))
