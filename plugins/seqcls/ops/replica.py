@@ -18,6 +18,7 @@ whole check is bounded by ``timeout``: a probe must answer, even while a release
 from __future__ import annotations
 
 import logging
+import textwrap
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -43,6 +44,11 @@ ENV_REPLICA_GRPC = "SEQCLS_REPLICA_GRPC"
 DEFAULT_TIMEOUT = 20.0
 #: The one text the public route must answer (any text will do: it proves the pipeline runs).
 PROBE_TEXT = "replica-ready"
+
+
+def one_line(text: str, width: int = 300) -> str:
+    """Triton's errors carry Python tracebacks; a probe's answer is one line per model."""
+    return textwrap.shorten(" ".join(str(text).split()), width, placeholder=" …")
 
 
 class ReplicaOps(Protocol):
@@ -126,13 +132,13 @@ def judge(model_name: str, serving: int | None, required: dict[str, int], op: Re
             said = op.index_states(triton_model)
             said.pop("error", None)  # no control key: Triton's reason is not readable, the gap still is
             state = f" (Triton: {', '.join(f'{k} {v}' for k, v in said.items())})" if said else ""
-            missing.append(f"{triton_model} v{version} not READY{state}")
+            missing.append(one_line(f"{triton_model} v{version} not READY{state}"))
     names = ModelName(model_name).names
     if not missing:
         try:
             op.infer([PROBE_TEXT], model=names.ensemble, version=serving)
         except Exception as exc:  # any failure to answer is the gap this check exists to find
-            missing.append(f"{names.ensemble} v{serving} did not answer a request: {str(exc)[:300]}")
+            missing.append(one_line(f"{names.ensemble} v{serving} did not answer a request: {exc}"))
     fix = (
         f"Run `seqcls replica-ready --reconcile --url <this replica> --model-name {model_name}` (or `seqcls sync`); "
         f"if it fails to load, `seqcls status --model-name {model_name}` names the damaged file and its fix"
@@ -161,13 +167,13 @@ def check_model(
     try:
         if reconcile is not None:
             errors = reconcile(repo, model_name, endpoint)
-            actions += [f"reconcile: {e}" for e in errors.values()]
+            actions += [one_line(f"reconcile: {e}") for e in errors.values()]
         serving, required = required_versions(repo, model_name)
         result = judge(model_name, serving, required, op)
     except Exception as exc:
         log.warning("replica-ready %s: %s", model_name, exc, exc_info=not isinstance(exc, SeqclsError))
         fix = f"`seqcls status --model-name {model_name}` says what is damaged and how to repair it"
-        return ModelReadiness(model_name, None, False, [f"{type(exc).__name__}: {str(exc)[:500]}"], fix, actions)
+        return ModelReadiness(model_name, None, False, [one_line(f"{type(exc).__name__}: {exc}", 500)], fix, actions)
     if not result.ready:
         result.missing += actions  # what reconcile could not do says why
     return result
@@ -204,7 +210,7 @@ def replica_ready(
             for name in names:
                 models.append(check_model(settings, name, op, endpoint, fix))
         except Exception as exc:  # the model list itself: unreadable repository
-            found["error"] = f"{type(exc).__name__}: {str(exc)[:500]}"
+            found["error"] = one_line(f"{type(exc).__name__}: {exc}", 500)
         finally:
             done.set()
 
