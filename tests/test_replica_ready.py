@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 
 from seqcls.contract.names import ModelName
+from seqcls.errors import InputError
 from seqcls.ops.replica import (
-    ENV_REPLICA_GRPC,
     ModelReadiness,
     judge,
     replica_ready,
@@ -75,10 +75,14 @@ def _root(settings: Settings) -> Path:
     return Path(str(settings.triton_repository))
 
 
-def test_url_flag_then_env_then_the_local_triton() -> None:
-    assert replica_url("10.0.0.7:8001", {ENV_REPLICA_GRPC: "x:1"}) == "10.0.0.7:8001"
-    assert replica_url(None, {ENV_REPLICA_GRPC: "localhost:8001"}) == "localhost:8001"
-    assert replica_url(None, {}) == DEFAULT_GRPC
+def test_url_flag_then_the_one_configured_endpoint_then_the_local_triton(tmp_path: Path) -> None:
+    one = Settings.from_env(home=tmp_path, triton_grpc=("localhost:8001",))
+    assert replica_url("10.0.0.7:8001", one) == "10.0.0.7:8001"
+    assert replica_url(None, one) == "localhost:8001"
+    assert replica_url(None, Settings.from_env(home=tmp_path)) == DEFAULT_GRPC
+    fleet = Settings.from_env(home=tmp_path, triton_grpc=("dns:///seqcls-triton:8001",))
+    with pytest.raises(InputError, match="--url"):
+        replica_url(None, fleet)  # a name for every replica is not one replica
 
 
 def test_required_is_the_served_version_of_the_ensemble_and_its_composing_models(settings: Settings) -> None:

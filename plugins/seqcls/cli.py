@@ -36,7 +36,7 @@ from seqcls.ops.gc import add_arguments as add_gc_arguments
 from seqcls.ops.history import history as serving_history
 from seqcls.ops.history import lines as history_lines
 from seqcls.ops.replica import DEFAULT_TIMEOUT as REPLICA_TIMEOUT
-from seqcls.ops.replica import ENV_REPLICA_GRPC, replica_ready, replica_url
+from seqcls.ops.replica import replica_ready, replica_url
 from seqcls.ops.status import status
 from seqcls.ops.sync import sync
 from seqcls.registry.ledger import version_label
@@ -178,7 +178,7 @@ def _cmd_replica_ready(args: argparse.Namespace) -> tuple[int, Printer]:
     """Exit 0 when the replica serves every model's recorded version (a probe's answer), else 1."""
     settings = Settings.from_env(home=args.home)
     names = [args.model_name] if args.model_name else None
-    url = replica_url(args.url, dict(os.environ))
+    url = replica_url(args.url, settings)
     result = replica_ready(settings, url, model_names=names, reconcile=args.reconcile, timeout=args.timeout)
     text = json.dumps(result.to_dict(), indent=2, default=str) if args.json else "\n".join(result.lines())
     return (0 if result.ready else 1), lambda: print(text)
@@ -521,8 +521,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--reconcile loads it there first; for readiness/startup probes",
     )
     p.add_argument(
-        "--url", default=None, metavar="HOST:PORT", help=f"the replica's gRPC address (default ${ENV_REPLICA_GRPC} "
-        "or 127.0.0.1:8001)"
+        "--url", default=None, metavar="HOST:PORT", help="the replica's gRPC address (default: "
+        "$SEQCLS_TRITON_GRPC when it names one, else 127.0.0.1:8001)"
     )  # fmt: skip
     p.add_argument("--reconcile", action="store_true", help="first load the recorded versions on this replica")
     p.add_argument("--model-name", type=ModelName, default=None, help="one model (default: every recorded model)")

@@ -27,19 +27,17 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from seqcls.contract.names import ModelName
-from seqcls.errors import SeqclsError
+from seqcls.errors import InputError, SeqclsError
 from seqcls.ops.sync import models_in, operator_models
 from seqcls.release import control
-from seqcls.serving.client import Endpoint, TritonOps
+from seqcls.serving.client import DNS_PREFIX, Endpoint, TritonOps
 from seqcls.serving.reconcile import desired_versions
 from seqcls.serving.repository import Repository, ServingOptions
 from seqcls.serving.state import current_state
-from seqcls.settings import DEFAULT_GRPC, Settings
+from seqcls.settings import ENV_TRITON_GRPC, Settings
 
 log = logging.getLogger(__name__)
 
-#: The replica to check when ``--url`` is not given (a pod's own Triton: ``localhost:8001``).
-ENV_REPLICA_GRPC = "SEQCLS_REPLICA_GRPC"
 #: Seconds the whole check may take: below a probe's ``timeoutSeconds``.
 DEFAULT_TIMEOUT = 20.0
 #: The one text the public route must answer (any text will do: it proves the pipeline runs).
@@ -107,9 +105,18 @@ class ReplicaReadiness:
         return {**asdict(self), "ready": self.ready}
 
 
-def replica_url(url: str | None, env: dict[str, str]) -> str:
-    """The replica to check: ``url``, else :data:`ENV_REPLICA_GRPC`, else the local Triton's gRPC port."""
-    return url or env.get(ENV_REPLICA_GRPC) or DEFAULT_GRPC
+def replica_url(url: str | None, settings: Settings) -> str:
+    """The replica to check: ``url``, else the one endpoint ``SEQCLS_TRITON_GRPC`` names (default: the local
+    Triton, 127.0.0.1:8001). A list or a ``dns:///`` name is a fleet, not one replica: refused, naming it."""
+    if url:
+        return url
+    grpcs = list(settings.triton_grpc)
+    if len(grpcs) == 1 and not grpcs[0].startswith(DNS_PREFIX):
+        return grpcs[0]
+    raise InputError(
+        f"{ENV_TRITON_GRPC}={','.join(grpcs)} names more than one replica; replica-ready checks one: give "
+        "--url HOST:PORT (in a Triton pod: localhost:8001)"
+    )
 
 
 def required_versions(repo: Repository, model_name: ModelName) -> tuple[int | None, dict[str, int]]:
