@@ -13,9 +13,10 @@ from pathlib import Path
 
 from seqcls.contract.names import ModelName
 from seqcls.localtriton import LocalTriton
-from seqcls.serving.client import TritonOps, endpoints_from_settings
+from seqcls.serving.client import Endpoint, TritonOps, endpoints_from_settings
 from seqcls.serving.state import state_path
-from tests.helpers.drills import Drill, drill_test
+from tests.helpers.drills import PROBE_TEXTS, Drill, drill_test, served_answers
+from tests.helpers.triton import start_triton
 
 NAME, OTHER = ModelName("seqcls"), ModelName("zulu")  # zulu: checked after the broken one
 
@@ -35,10 +36,10 @@ def _unload_all(server: LocalTriton) -> None:
         time.sleep(0.2)
 
 
-def _probe(d: Drill, *args: str) -> tuple[int, dict, float]:
+def _probe(d: Drill, *args: str, url: str | None = None) -> tuple[int, dict, float]:
     """The probe as a kubelet runs it (a fresh process): exit code, its JSON, wall seconds."""
     t0 = time.perf_counter()
-    out = d.cli("replica-ready", "--url", d.server.config.grpc_url, "--json", *args, timeout=120)
+    out = d.cli("replica-ready", "--url", url or d.server.config.grpc_url, "--json", *args, timeout=120)
     seconds = time.perf_counter() - t0
     assert "Traceback" not in out.stderr, out.stderr[-3000:]
     return out.returncode, json.loads(out.stdout), seconds
@@ -97,3 +98,29 @@ def test_a_broken_model_is_reported_while_another_is_still_made_ready(
     op = TritonOps(endpoints_from_settings(d.settings)[0])
     preds, _ = op.infer(["the other model answers"], model=OTHER.names.ensemble, version=1)
     assert len(preds) == 1
+
+
+@drill_test
+def test_a_replica_started_after_a_release_answers_with_the_recorded_version_once_ready(
+    drill: Drill, tiny_checkpoint_src: Path, tmp_path: Path
+) -> None:
+    """A second real Triton on the same repository, started after the release (explicit mode: it loads
+    nothing by itself) — a new pod. Reconciling it leaves the first replica as it was."""
+    d = drill
+    d.release(tiny_checkpoint_src)
+    served = served_answers(d, NAME)
+    second = start_triton(tmp_path, "second", repository=d.repo)
+    try:
+        url = second.config.grpc_url
+        code, fresh, _ = _probe(d, url=url)
+        assert code == 1 and not fresh["ready"], fresh
+        code, fixed, seconds = _probe(d, "--reconcile", url=url)
+        assert code == 0 and fixed["ready"], fixed
+        print(f"--reconcile of a replica started after the release: {seconds:.2f}s wall")
+        preds, probs = TritonOps(Endpoint(url)).infer(PROBE_TEXTS, model=NAME.names.ensemble, version=1)
+        assert [preds, [[round(float(p), 5) for p in row] for row in probs]] == served  # what the fleet serves
+        code, first, _ = _probe(d)
+        assert code == 0 and first["ready"], first  # the first replica untouched and still ready
+    finally:
+        second.stop()
+    d.assert_invariant(served=1)
