@@ -129,7 +129,9 @@ def required_versions(repo: Repository, model_name: ModelName) -> tuple[int | No
     return state.serving, {m: state.serving for m, versions in want.items() if state.serving in versions}
 
 
-def judge(model_name: str, serving: int | None, required: dict[str, int], op: ReplicaOps) -> ModelReadiness:
+def judge(
+    model_name: str, serving: int | None, required: dict[str, int], op: ReplicaOps, url: str = "<this replica>"
+) -> ModelReadiness:
     """The decision for one model: every required (model, version) READY, then one request answered."""
     if serving is None:
         return ModelReadiness(model_name, None, True)
@@ -147,7 +149,7 @@ def judge(model_name: str, serving: int | None, required: dict[str, int], op: Re
         except Exception as exc:  # any failure to answer is the gap this check exists to find
             missing.append(one_line(f"{names.ensemble} v{serving} did not answer a request: {exc}"))
     fix = (
-        f"Run `seqcls replica-ready --reconcile --url <this replica> --model-name {model_name}` (or `seqcls sync`); "
+        f"Run `seqcls replica-ready --reconcile --url {url} --model-name {model_name}` (or `seqcls sync`); "
         f"if it fails to load, `seqcls status --model-name {model_name}` names the damaged file and its fix"
     )
     return ModelReadiness(model_name, serving, not missing, missing, fix if missing else "")
@@ -176,7 +178,7 @@ def check_model(
             errors = reconcile(repo, model_name, endpoint)
             actions += [one_line(f"reconcile: {e}") for e in errors.values()]
         serving, required = required_versions(repo, model_name)
-        result = judge(model_name, serving, required, op)
+        result = judge(model_name, serving, required, op, endpoint.grpc)
     except Exception as exc:
         log.warning("replica-ready %s: %s", model_name, exc, exc_info=not isinstance(exc, SeqclsError))
         fix = f"`seqcls status --model-name {model_name}` says what is damaged and how to repair it"
