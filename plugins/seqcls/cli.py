@@ -35,6 +35,8 @@ from seqcls.ops.gc import GC_HELP, after_promote, gc
 from seqcls.ops.gc import add_arguments as add_gc_arguments
 from seqcls.ops.history import history as serving_history
 from seqcls.ops.history import lines as history_lines
+from seqcls.ops.replica import DEFAULT_TIMEOUT as REPLICA_TIMEOUT
+from seqcls.ops.replica import replica_ready, replica_url
 from seqcls.ops.status import status
 from seqcls.ops.sync import sync
 from seqcls.registry.ledger import version_label
@@ -170,6 +172,16 @@ def _cmd_sync(args: argparse.Namespace) -> tuple[int, Printer]:
             print("nothing to sync: no model has a recorded serving state")
 
     return code, show
+
+
+def _cmd_replica_ready(args: argparse.Namespace) -> tuple[int, Printer]:
+    """Exit 0 when the replica serves every model's recorded version (a probe's answer), else 1."""
+    settings = Settings.from_env(home=args.home)
+    names = [args.model_name] if args.model_name else None
+    url = replica_url(args.url, settings)
+    result = replica_ready(settings, url, model_names=names, reconcile=args.reconcile, timeout=args.timeout)
+    text = json.dumps(result.to_dict(), indent=2, default=str) if args.json else "\n".join(result.lines())
+    return (0 if result.ready else 1), lambda: print(text)
 
 
 def _cmd_gc(args: argparse.Namespace) -> tuple[int, Printer]:
@@ -503,6 +515,21 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--reason", default=None, help="why (recorded in the serving history)")
     _add_status_sync_parsers(sub)
     _add_history_parser(sub)
+    p = sub.add_parser(
+        "replica-ready",
+        help="exit 0 only if ONE Triton replica serves every model's recorded version (READY, answers a request); "
+        "--reconcile loads it there first; for readiness/startup probes",
+    )
+    p.add_argument(
+        "--url", default=None, metavar="HOST:PORT", help="the replica's gRPC address (default: "
+        "$SEQCLS_TRITON_GRPC when it names one, else 127.0.0.1:8001)"
+    )  # fmt: skip
+    p.add_argument("--reconcile", action="store_true", help="first load the recorded versions on this replica")
+    p.add_argument("--model-name", type=ModelName, default=None, help="one model (default: every recorded model)")
+    p.add_argument("--timeout", type=float, default=REPLICA_TIMEOUT, help="seconds for the whole check (default 20)")
+    p.add_argument("--home", type=Path, default=None, help="release home (default: $SEQCLS_HOME or ~/.seqcls)")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(func=_cmd_replica_ready)
     p = sub.add_parser("gc", help=GC_HELP)
     add_gc_arguments(p)
     _add_ops_args(p)
