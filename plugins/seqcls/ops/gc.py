@@ -241,8 +241,8 @@ def _why_kept(settings: Settings, model: ModelName, retain: int) -> dict[Path, l
 # ---------------------------------------------------------------------------- the command line
 
 GC_HELP = (
-    "retention: what release workspaces, failed/ leftovers and eval-set copies can go, and why the rest is kept; "
-    "a dry run unless --apply"
+    "retention: what release workspaces, failed/ leftovers, MLflow versions' artifacts and eval-set copies can go, "
+    "and why the rest is kept; a dry run unless --apply"
 )
 
 
