@@ -72,6 +72,7 @@ def _serve(settings: Settings, *versions: tuple[int, int]) -> ServingState:
 @pytest.fixture
 def settings(home: Path, monkeypatch: pytest.MonkeyPatch) -> Settings:
     monkeypatch.setattr(gc_mod, "_registry_fingerprints", lambda settings, model: {})
+    monkeypatch.setenv("SEQCLS_GC_MLFLOW_VERSIONS", "keep")  # MLflow faked here; its versions: test_gc_mlflow.py
     return Settings.from_env()
 
 

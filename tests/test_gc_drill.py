@@ -18,6 +18,8 @@ from seqcls.contract.names import ModelName
 from seqcls.localtriton import LocalTriton
 from seqcls.ops.disk import HEAVY
 from seqcls.ops.trash import leftovers
+from seqcls.registry.archive import ARCHIVED_TAG, REMOVED_TAG
+from seqcls.registry.ledger import client
 from seqcls.serving import restore
 from seqcls.serving.pins import pin_path
 from seqcls.serving.published import champion_graph
@@ -74,8 +76,10 @@ def test_gc_after_releases_a_kill_9_mid_gc_and_rollbacks_to_every_kept_version(
     d.release(checkpoints[6])  # v7: v2 pruned, its workspace collectable
     dry = _gc_json(d)
     (model,) = dry["models"]
-    collect = {Path(i["path"]).name for i in model["items"] if i["collect"]}
+    collect = {Path(i["path"]).name for i in model["items"] if i["collect"] and i["kind"] == "workspace"}
     assert collect == {workspaces[2].name}, model["items"]
+    archive = {i["path"] for i in model["items"] if i["collect"] and i["kind"] == "mlflow"}
+    assert archive == {f"models:/{NAME}/2"}, model["items"]  # v1's was archived after the CLI release's promote
     kept = {Path(i["path"]).name: i["reasons"] for i in model["items"] if not i["collect"]}
     assert any("served Triton v7" in r for r in kept[_workspace(d, 7).name]), kept
     assert any("MLflow champion" in r for r in kept[_workspace(d, 7).name]), kept
@@ -95,6 +99,15 @@ def test_gc_after_releases_a_kill_9_mid_gc_and_rollbacks_to_every_kept_version(
     d.assert_invariant(served=7)
     assert _gc_json(d, "--apply")["ok"]
     assert not any((workspaces[2] / h).exists() for h in HEAVY)
+    # MLflow: the versions of the collected workspaces (v1, v2) archived, those of the kept ones untouched
+    c = client(d.settings)
+    versions = {int(v.version): v for v in c.search_model_versions(f"name = '{NAME}'")}
+    archived = {v for v, mv in versions.items() if REMOVED_TAG in mv.tags}
+    assert archived == {1, 2}, {v: mv.tags.get(ARCHIVED_TAG) for v, mv in versions.items()}
+    model_dir = Path(c.get_model_version_download_uri(NAME, "1").removeprefix("file://"))
+    assert (model_dir / "MLmodel").is_file() and not (model_dir / "artifacts" / "model.onnx").exists()
+    assert not c.list_artifacts(versions[1].run_id, "paddle_static")  # the graphs went; the evidence stays
+    assert c.list_artifacts(versions[1].run_id, "parity")
 
     for version in (4, 5, 6, 7):  # the served version and every rollback target: kept whole
         assert all((_workspace(d, version) / h).is_dir() for h in ("checkpoint", "static", "onnx")), version
@@ -126,3 +139,10 @@ def test_gc_after_releases_a_kill_9_mid_gc_and_rollbacks_to_every_kept_version(
         served[expected] = served_answers(d, NAME)
         d.assert_invariant(served=expected)
     assert len({json.dumps(a) for a in served.values()}) > 1  # different checkpoints really answered
+
+    # releasing an archived version's checkpoint again registers a new MLflow version (its graphs are gone)
+    out = d.cli("release", "--checkpoint", str(checkpoints[0]))
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+    champion = c.get_model_version_by_alias(NAME, "champion")
+    assert int(champion.version) == 8 and ARCHIVED_TAG not in champion.tags, champion
+    d.assert_invariant(served=8)

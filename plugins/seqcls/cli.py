@@ -187,7 +187,8 @@ def _cmd_replica_ready(args: argparse.Namespace) -> tuple[int, Printer]:
 def _cmd_gc(args: argparse.Namespace) -> tuple[int, Printer]:
     """Dry run unless ``--apply``; exit 1 when a model was left alone (its lease held, MLflow unreadable)."""
     names = [args.model_name] if args.model_name else None
-    result = gc(_ops_settings(args), names, apply=args.apply, keep_refused=args.keep_refused)
+    policy = args.mlflow_versions
+    result = gc(_ops_settings(args), names, apply=args.apply, keep_refused=args.keep_refused, mlflow_versions=policy)
     text = json.dumps(result.to_dict(), indent=2, default=str) if args.json else "\n".join(result.lines())
     return (0 if result.ok else 1), lambda: print(text)
 

@@ -47,8 +47,11 @@ DEFAULT_EVAL_SET_MAX_MB = 50
 DEFAULT_EVAL_SET_MAX_TEXTS = 200_000
 ENV_GC_KEEP_REFUSED = "SEQCLS_GC_KEEP_REFUSED"  # `seqcls gc`: refused attempts whose evidence (failed/) is kept
 ENV_GC_MIN_AGE = "SEQCLS_GC_MIN_AGE"  # `seqcls gc`: seconds a workspace is left alone after its last write
+ENV_GC_MLFLOW_VERSIONS = "SEQCLS_GC_MLFLOW_VERSIONS"  # `seqcls gc`: archive (default) | delete | keep old versions
 DEFAULT_GC_KEEP_REFUSED = 5
 DEFAULT_GC_MIN_AGE = 3600.0
+DEFAULT_GC_MLFLOW_VERSIONS = "archive"
+GC_MLFLOW_POLICIES = ("archive", "delete", "keep")
 #: Set (not read) around paddle2onnx: ``"0"`` forbids polygraphy from pip-installing at conversion.
 ENV_POLYGRAPHY_AUTOINSTALL = "POLYGRAPHY_AUTOINSTALL_DEPS"
 
@@ -290,6 +293,9 @@ class Settings:
     #: seconds: a release may be between two steps of it).
     gc_keep_refused: int = DEFAULT_GC_KEEP_REFUSED
     gc_min_age: float = DEFAULT_GC_MIN_AGE
+    #: What gc does with an MLflow version no serving, rollback or restore reaches (SEQCLS_GC_MLFLOW_VERSIONS):
+    #: "archive" (its heavy artifacts go, the version stays), "delete" or "keep".
+    gc_mlflow_versions: str = DEFAULT_GC_MLFLOW_VERSIONS
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "home", Path(self.home).expanduser().resolve())
@@ -335,6 +341,13 @@ class Settings:
             raise InputError(f"{ENV_GC_KEEP_REFUSED} / keep_refused must be an integer ≥ 0, got {keep!r}")
         if not self.gc_min_age >= 0:
             raise InputError(f"{ENV_GC_MIN_AGE} must be seconds ≥ 0, got {self.gc_min_age!r}")
+        policy = str(self.gc_mlflow_versions).strip().lower()
+        if policy not in GC_MLFLOW_POLICIES:
+            raise InputError(
+                f"{ENV_GC_MLFLOW_VERSIONS} / mlflow_versions must be one of {', '.join(GC_MLFLOW_POLICIES)}, "
+                f"got {self.gc_mlflow_versions!r}"
+            )
+        object.__setattr__(self, "gc_mlflow_versions", policy)
         if self.triton_control_key is not None:
             key = str(self.triton_control_key).strip()
             source = f"{ENV_TRITON_CONTROL_KEY} / the Triton Connection's password"
@@ -366,6 +379,7 @@ class Settings:
             "eval_set_max_texts": _number(env, ENV_EVAL_SET_MAX_TEXTS, int, DEFAULT_EVAL_SET_MAX_TEXTS),
             "gc_keep_refused": _number(env, ENV_GC_KEEP_REFUSED, int, DEFAULT_GC_KEEP_REFUSED),
             "gc_min_age": _number(env, ENV_GC_MIN_AGE, float, DEFAULT_GC_MIN_AGE),
+            "gc_mlflow_versions": env.get(ENV_GC_MLFLOW_VERSIONS) or DEFAULT_GC_MLFLOW_VERSIONS,
         }
         for key, value in overrides.items():
             if key not in values:
@@ -539,6 +553,13 @@ ENVIRONMENT: tuple[EnvVar, ...] = (
         ENV_GC_MIN_AGE,
         f"{DEFAULT_GC_MIN_AGE:.0f}",
         "`seqcls gc`: seconds a release workspace is left alone after its last write (a release may be between steps).",
+    ),
+    EnvVar(
+        ENV_GC_MLFLOW_VERSIONS,
+        DEFAULT_GC_MLFLOW_VERSIONS,
+        "`seqcls gc`: an MLflow version whose release workspace gc collects is `archive`d (its graphs deleted, "
+        "the version kept with its tags, metrics and evidence), `delete`d, or left alone (`keep`).",
+        "`seqcls gc --mlflow-versions` / DAG param mlflow_versions",
     ),
     EnvVar(
         ENV_PADDLE_PYTHON, "the same interpreter", "Interpreter for the heavy Paddle tasks (@task.external_python)."

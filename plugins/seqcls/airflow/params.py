@@ -21,7 +21,7 @@ from typing import Any
 from airflow.sdk import Param
 
 from seqcls.config import EXPERT_SECTION, FIELDS, SECTIONS, param_schema
-from seqcls.settings import ENV_CHECKPOINTS_ROOT
+from seqcls.settings import ENV_CHECKPOINTS_ROOT, GC_MLFLOW_POLICIES
 
 #: The params a person sets most, at the top of the form's first section (in this order).
 LEAD = ("checkpoint", "model_name", "profile", "skip_if_champion")
@@ -64,6 +64,16 @@ def run_params(model_name: str, root: str = "") -> dict[str, dict[str, Any]]:
             "title": "Refused attempts kept",
             "description": "Retention after this run's promote (`seqcls gc`): the newest N refused attempts of the "
             "model keep their evidence (failed/); older ones are collected. Empty: SEQCLS_GC_KEEP_REFUSED (5).",
+            "section": EXPERT_SECTION,
+        },
+        "mlflow_versions": {
+            "default": None,
+            "type": ["string", "null"],
+            "enum": [None, *GC_MLFLOW_POLICIES],
+            "title": "Old MLflow versions",
+            "description": "Retention after this run's promote (`seqcls gc`): an MLflow version whose release "
+            "workspace is collected is archived (its graphs deleted; the version, tags and evidence kept), deleted, "
+            "or kept. Empty: SEQCLS_GC_MLFLOW_VERSIONS (archive).",
             "section": EXPERT_SECTION,
         },
         "triton_conn_id": {

@@ -206,7 +206,8 @@ def run_task_step(
                 undone = journal.undo_attempt(settings, model, attempt.id, reason=kwargs.get("reason", ""))
                 result.summary["journal"] = undone
         if name == "promote":
-            after_promote(release, keep_refused=as_params(params).get("keep_refused"))  # bounded, logged, never fails
+            run = as_params(params)  # bounded, logged, never fails:
+            after_promote(release, keep_refused=run.get("keep_refused"), mlflow_versions=run.get("mlflow_versions"))
     summary = report(result, ti=ti, settings=settings, model_name=release.config.model_name)
     return {**summary, "model_name": release.config.model_name, "fingerprint": release.checkpoint.fingerprint}
 

@@ -9,7 +9,10 @@ a workspace written in the last ``gc_min_age`` seconds or locked by a step — a
 only their heavy artifacts (:data:`HEAVY`). Each release's small evidence stays: ``manifest.json`` (what ran,
 every output's hash), the gate reports, ``evaluation.json``, the step records. The ``failed/`` leftovers are
 kept for the newest ``gc_keep_refused`` refused attempts and collected for the rest; an eval-set copy (kept
-once per home by content) is collected when no kept workspace of any model refers to it.
+once per home by content) is collected when no kept workspace of any model refers to it. An MLflow version is
+kept exactly when its release workspace is kept whole (or an alias points to it); the others are archived
+(their graphs deleted, the version kept with its tags and evidence), deleted, or left alone
+(``gc_mlflow_versions``, :mod:`seqcls.registry.archive`).
 
 Safe under faults: gc holds each model's release lease (refused at once, naming the holder, while a release
 holds it) and each workspace's lock while it moves things; what it collects is first renamed into
@@ -41,6 +44,7 @@ from seqcls.files import atomic_write, held, replace_dir, replace_file
 from seqcls.ops.disk import HEAVY, evalset_refs, megabytes, read_manifest, tree_bytes, workspaces
 from seqcls.ops.sync import models_in, operator_models
 from seqcls.ops.trash import finish_leftovers, leftovers, trash_root
+from seqcls.registry import archive
 from seqcls.registry.ledger import CHAMPION, FINGERPRINT_TAG, PREVIOUS, aliased_version, client
 from seqcls.release import control
 from seqcls.release.workspace import FAILED_DIR, MANIFEST, Release, Workspace, workspace_dir
@@ -48,7 +52,7 @@ from seqcls.serving.lease import ReleaseLease
 from seqcls.serving.pins import PIN_PREFIX
 from seqcls.serving.repository import DEFAULT_RETAIN, Repository
 from seqcls.serving.state import ServingState, current_state
-from seqcls.settings import Settings
+from seqcls.settings import GC_MLFLOW_POLICIES, Settings
 
 log = logging.getLogger(__name__)
 
@@ -56,10 +60,11 @@ log = logging.getLogger(__name__)
 GC_BUDGET = 60.0
 
 #: The kinds gc reports, in its order.
-WORKSPACE, FAILED, EVALSET, LEFTOVER = "workspace", "failed", "evalset", "leftover"
+WORKSPACE, FAILED, MLFLOW, EVALSET, LEFTOVER = "workspace", "failed", "mlflow", "evalset", "leftover"
 KINDS = {
     WORKSPACE: "release workspaces' heavy artifacts",
     FAILED: "failed/ leftovers",
+    MLFLOW: "MLflow versions' heavy artifacts",
     EVALSET: "eval-set copies no longer referenced",
     LEFTOVER: "leftovers of an interrupted gc",
 }
@@ -236,8 +241,8 @@ def _why_kept(settings: Settings, model: ModelName, retain: int) -> dict[Path, l
 # ---------------------------------------------------------------------------- the command line
 
 GC_HELP = (
-    "retention: what release workspaces, failed/ leftovers and eval-set copies can go, and why the rest is kept; "
-    "a dry run unless --apply"
+    "retention: what release workspaces, failed/ leftovers, MLflow versions' artifacts and eval-set copies can go, "
+    "and why the rest is kept; a dry run unless --apply"
 )
 
 
@@ -256,6 +261,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--keep-refused", type=_count, default=None, metavar="N",
                    help="the newest N refused attempts per model keep their evidence (default "
                    "$SEQCLS_GC_KEEP_REFUSED or 5)")  # fmt: skip
+    p.add_argument("--mlflow-versions", choices=GC_MLFLOW_POLICIES, default=None,
+                   help="an MLflow version whose release workspace is collected: archive (delete its graphs, keep "
+                   "the version, its tags and evidence), delete it, or keep it (default $SEQCLS_GC_MLFLOW_VERSIONS "
+                   "or archive)")  # fmt: skip
     p.set_defaults(apply=False)
 
 
@@ -267,9 +276,13 @@ class _Plan:
     model: ModelGc
     moves: list[tuple[Path, list[Path]]] = field(default_factory=list)  # workspace → what to collect of it
     refs: set[str] = field(default_factory=set)  # eval-set copies the kept workspaces refer to
+    versions: list[archive.VersionPlan] = field(default_factory=list)  # MLflow versions to archive/delete
+    policy: str = archive.DEFAULT_POLICY
 
 
-def _plan_model(settings: Settings, model: ModelName, keep_refused: int, retain: int) -> _Plan:
+def _plan_model(
+    settings: Settings, model: ModelName, keep_refused: int, retain: int, policy: str = archive.KEEP
+) -> _Plan:
     plan = _Plan(ModelGc(str(model)))
     kept = _why_kept(settings, model, retain)
     now = time.time()
@@ -312,7 +325,26 @@ def _plan_model(settings: Settings, model: ModelName, keep_refused: int, retain:
             plan.model.items.append(Item(WORKSPACE, str(ws), sum(tree_bytes(ws / n) for n in names), True, parts=names))
         if heavy:
             plan.moves.append((ws, heavy))
+    if policy != archive.KEEP:
+        _plan_versions(settings, model, plan, policy)
     return plan
+
+
+def _plan_versions(settings: Settings, model: ModelName, plan: _Plan, policy: str) -> None:
+    """The model's MLflow versions: kept while their workspace is kept whole (same reasons), else ``policy``."""
+    kept_fps: dict[str, list[str]] = {}
+    for item in plan.model.items:
+        if item.kind == WORKSPACE and not item.collect:
+            kept_fps.setdefault(Path(item.path).name, []).extend(item.reasons)
+    plan.policy = policy
+    for vp in archive.plan(client(settings), str(model), kept_fps, settings.gc_min_age):
+        uri = f"models:/{model}/{vp.version}"
+        if vp.collect:
+            parts = [u.rsplit("/", 1)[-1] for u in vp.parts] + (["the version"] if policy == archive.DELETE else [])
+            plan.model.items.append(Item(MLFLOW, uri, sum(vp.parts.values()), True, parts=parts))
+            plan.versions.append(vp)
+        else:
+            plan.model.items.append(Item(MLFLOW, uri, 0, False, vp.reasons))
 
 
 def _evalset_items(settings: Settings, refs: set[str]) -> list[Item]:
@@ -412,13 +444,18 @@ def gc(
     retain: int = DEFAULT_RETAIN,
     budget: float | None = None,
     owner: str | None = None,
+    mlflow_versions: str | None = None,
 ) -> GcResult:
     """Plan (and with ``apply``, do) the collection for every (or the named) model; see the module docstring.
 
     ``budget``: seconds after which no further workspace is collected (what is left is said, for the next
-    gc). ``owner``: the lease owner to take each model's lease as (default ``gc:<host>:<pid>``)."""
+    gc). ``owner``: the lease owner to take each model's lease as (default ``gc:<host>:<pid>``).
+    ``mlflow_versions``: archive / delete / keep (default: the setting)."""
     t0 = time.perf_counter()
     keep_refused = settings.gc_keep_refused if keep_refused is None else keep_refused
+    policy = settings.gc_mlflow_versions if mlflow_versions is None else str(mlflow_versions).strip().lower()
+    if policy not in GC_MLFLOW_POLICIES:
+        raise SeqclsError(f"gc: mlflow_versions must be one of {', '.join(GC_MLFLOW_POLICIES)}, got {policy!r}")
     if keep_refused < 0 or retain < 1:
         raise SeqclsError(f"gc: keep_refused must be ≥ 0 (got {keep_refused}) and retain ≥ 1 (got {retain})")
     result = GcResult(apply)
@@ -435,10 +472,11 @@ def gc(
     for model in models:
         try:
             with _model_lease(settings, model, owner) if apply else contextlib.nullcontext():
-                plan = _plan_model(settings, model, keep_refused, retain)
+                plan = _plan_model(settings, model, keep_refused, retain, policy)
                 refs |= plan.refs
                 if apply:
                     _apply(plan, trash, t0, budget)
+                    _apply_versions(settings, plan, t0, budget)
         except Exception as exc:  # one model's problem: reported, collects nothing of it; the others go on
             log.warning("gc %s: %s", model, exc, exc_info=not isinstance(exc, SeqclsError))
             error = str(exc) if isinstance(exc, SeqclsError) else f"{type(exc).__name__}: {exc}"
@@ -483,13 +521,48 @@ def _apply(plan: _Plan, trash: _Trash, t0: float, budget: float | None) -> None:
     m.applied = True
 
 
-def after_promote(release: Release, *, keep_refused: int | None = None, budget: float = GC_BUDGET) -> GcResult | None:
+def _apply_versions(settings: Settings, plan: _Plan, t0: float, budget: float | None) -> None:
+    """Archive (or delete) the plan's MLflow versions; one MLflow refuses, or past the budget, is kept, said so."""
+    by_uri = {i.path: i for i in plan.model.items if i.kind == MLFLOW and i.collect}
+    in_use = {Path(i.path).name: i.reasons for i in plan.model.items if i.kind == WORKSPACE and not i.collect}
+    c = client(settings) if plan.versions else None
+    for vp in plan.versions:
+        item = by_uri[f"models:/{plan.model.model_name}/{vp.version}"]
+        if vp.fingerprint in in_use:  # its workspace turned out in use (or deferred): the version waits with it
+            item.collect, item.reasons = False, list(in_use[vp.fingerprint])
+            continue
+        if budget is not None and time.perf_counter() - t0 > budget:
+            plan.model.deferred += 1
+            item.collect, item.reasons = False, ["left for the next gc (time budget)"]
+            continue
+        try:
+            archive.collect(c, plan.model.model_name, vp, plan.policy)
+        except Exception as exc:  # MLflow refused this one: kept, said; the next gc finishes it
+            log.warning("gc: MLflow v%s of %s not %sd: %s", vp.version, plan.model.model_name, plan.policy, exc)
+            item.collect, item.reasons = False, [f"MLflow refused ({type(exc).__name__}: {exc}); the next gc retries"]
+
+
+def after_promote(
+    release: Release,
+    *,
+    keep_refused: int | None = None,
+    mlflow_versions: str | None = None,
+    budget: float = GC_BUDGET,
+) -> GcResult | None:
     """The model's retention right after its promote (``gc --apply``, as the release's lease owner, bounded by
-    ``budget``; ``keep_refused``: the run's, else the setting): logged; a failure is a warning, never the
-    release's (returns None then)."""
+    ``budget``; ``keep_refused`` and ``mlflow_versions``: the run's, else the settings): logged; a failure is a
+    warning, never the release's (returns None then)."""
     model, owner = release.config.model_name, control.release_owner(release)
     try:
-        done = gc(release.settings, [model], apply=True, keep_refused=keep_refused, budget=budget, owner=owner)
+        done = gc(
+            release.settings,
+            [model],
+            apply=True,
+            keep_refused=keep_refused,
+            mlflow_versions=mlflow_versions,
+            budget=budget,
+            owner=owner,
+        )
     except Exception as exc:
         log.warning("gc after promote of %s failed (the release is not affected): %s", model, exc)
         return None

@@ -30,6 +30,7 @@ from seqcls.contract import shipped
 from seqcls.errors import StepOrderError
 from seqcls.frameworks import for_checkpoint
 from seqcls.registry import journal, runs
+from seqcls.registry.archive import ARCHIVED_TAG
 from seqcls.registry.ledger import (
     CANDIDATE,
     RELEASE_KEY_TAG,
@@ -327,7 +328,8 @@ def register(release: Release) -> StepResult:
         if dead.get("undone") or dead.get("error"):
             log.warning("register: dead attempts of %s: %s", cfg.model_name, dead)
         existing = find_version(client(release.settings), cfg.model_name, ckpt.fingerprint, release_key=key)
-        if existing is not None and existing.tags.get(RELEASE_KEY_TAG) == key:  # not a legacy (untagged) one
+        # not a legacy (untagged) one, nor one gc archived (its graphs may be gone): else a new version
+        if existing is not None and existing.tags.get(RELEASE_KEY_TAG) == key and ARCHIVED_TAG not in existing.tags:
             c = client(release.settings)
             version = int(existing.version)
             for tag, value in release_tags(release).items():

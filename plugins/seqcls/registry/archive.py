@@ -1,0 +1,165 @@
+"""Retention for MLflow model versions: one version per release for ever would hold every release's graphs.
+
+MLflow never deletes a version (nor its files) by itself. gc (:mod:`seqcls.ops.gc`) asks this module, per
+model, which versions no serving, rollback, restore or re-scoring can reach and applies the model's policy:
+
+- ``archive`` (default): delete the version's heavy artifacts — the logged model's ONNX graph and the run's
+  exported graphs (``paddle_static/``, ``torch_export/``, ``onnx_fp32/``) — and keep the version with its tags,
+  metrics, run and small evidence (``parity/``, ``quality/``, tokenizer, config): the audit trail stays.
+  Tagged :data:`ARCHIVED_TAG` (when) and :data:`REMOVED_TAG` (what went, bytes per path).
+- ``delete``: the same, then the version itself (its run stays, as a rolled-back release's does).
+- ``keep``: versions are left alone.
+
+Crash safety: :data:`ARCHIVED_TAG` is set *before* anything is deleted, so a release never reuses a version
+whose files may be half gone (it registers a new one); :data:`REMOVED_TAG` is set after, so a gc killed in
+between finds the version unfinished and completes it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+from seqcls import faults
+from seqcls.registry.ledger import FINGERPRINT_TAG, is_not_found, mlflow_failed
+from seqcls.settings import DEFAULT_GC_MLFLOW_VERSIONS, GC_MLFLOW_POLICIES
+
+log = logging.getLogger(__name__)
+
+ARCHIVE, DELETE, KEEP = GC_MLFLOW_POLICIES
+DEFAULT_POLICY = DEFAULT_GC_MLFLOW_VERSIONS
+#: Set (ISO time) before the version's heavy artifacts are deleted; a release never reuses such a version.
+ARCHIVED_TAG = "seqcls.archived"
+#: Set after: JSON ``{"<artifact uri>": bytes}`` of what went. Missing while ARCHIVED_TAG is set: unfinished.
+REMOVED_TAG = "seqcls.archived.removed"
+#: The run's artifact directories holding graphs (the register step logs them; the rest is evidence).
+HEAVY_RUN_DIRS = ("paddle_static", "torch_export", "onnx_fp32")
+#: In the logged model's ``artifacts/``: the served graph (and external data, should a graph have it).
+HEAVY_MODEL_SUFFIXES = (".onnx", ".onnx.data", ".onnx_data")
+
+
+@dataclass
+class VersionPlan:
+    """One MLflow version gc looked at: kept (``reasons``) or collected (``parts``: artifact URI → bytes)."""
+
+    version: int
+    fingerprint: str = ""  # its fingerprint tag's first 16 hex: its release workspace's name
+    reasons: list[str] = field(default_factory=list)
+    parts: dict[str, int] = field(default_factory=dict)
+    unfinished: bool = False  # archived by a gc that did not finish: complete it
+
+    @property
+    def collect(self) -> bool:
+        return not self.reasons
+
+
+def _walk(repo, path: str | None = None) -> list[tuple[str, int]]:
+    """Every file under ``path`` of an artifact repository, with its size."""
+    out: list[tuple[str, int]] = []
+    for info in repo.list_artifacts(path):
+        if info.is_dir:
+            out += _walk(repo, info.path)
+        else:
+            out.append((info.path, int(info.file_size or 0)))
+    return out
+
+
+def _heavy_parts(c, name: str, mv) -> dict[str, int]:
+    """The version's heavy artifacts: artifact-repository root URI + "/" + relative path → bytes."""
+    from mlflow.store.artifact.artifact_repository_registry import get_artifact_repository
+
+    parts: dict[str, int] = {}
+    model_root = c.get_model_version_download_uri(name, str(mv.version))
+    if model_root and not str(model_root).startswith(("models:/", "runs:/")):
+        for path, size in _walk(get_artifact_repository(model_root)):
+            if path.endswith(HEAVY_MODEL_SUFFIXES):
+                parts[f"{model_root.rstrip('/')}/{path}"] = size
+    if mv.run_id:
+        run_root = c.get_run(mv.run_id).info.artifact_uri
+        repo = get_artifact_repository(run_root)
+        top = {info.path for info in repo.list_artifacts() if info.is_dir}
+        for d in HEAVY_RUN_DIRS:
+            if d in top:
+                parts[f"{run_root.rstrip('/')}/{d}"] = sum(size for _, size in _walk(repo, d))
+    return parts
+
+
+def _all_versions(c, name: str) -> list:
+    """Every version of ``name`` (paged); [] when the model is not registered."""
+    from mlflow.exceptions import MlflowException
+
+    out, token = [], None
+    try:
+        while True:
+            page = c.search_model_versions(f"name = '{name}'", max_results=1000, page_token=token)
+            out += list(page)
+            token = getattr(page, "token", None)
+            if not token:
+                return out
+    except MlflowException as exc:
+        if is_not_found(exc):
+            return []
+        raise mlflow_failed(f"listing versions of {name!r}", exc) from exc
+
+
+def plan(c, name: str, kept_fingerprints: dict[str, list[str]], min_age: float) -> list[VersionPlan]:
+    """What to do with each version of ``name`` not yet archived: kept when an alias points to it, when its
+    fingerprint (first 16 hex) is one ``kept_fingerprints`` names (why: the reasons given, e.g. "served
+    Triton v7"), when registered less than ``min_age`` seconds ago (a release may be between register and
+    publish); else collected. A version of a kept fingerprint is kept whatever its serving configuration."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        aliases: dict[int, list[str]] = {}
+        rm = c.get_registered_model(name)
+        for alias, version in (getattr(rm, "aliases", None) or {}).items():
+            aliases.setdefault(int(version), []).append(alias)
+    except MlflowException as exc:
+        if is_not_found(exc):
+            return []
+        raise mlflow_failed(f"reading registered model {name!r}", exc) from exc
+    now_ms = time.time() * 1000
+    out: list[VersionPlan] = []
+    for mv in sorted(_all_versions(c, name), key=lambda v: int(v.version)):
+        tags = mv.tags or {}
+        unfinished = bool(tags.get(ARCHIVED_TAG)) and REMOVED_TAG not in tags
+        if tags.get(REMOVED_TAG) is not None:
+            continue  # archived: nothing left to collect
+        vp = VersionPlan(int(mv.version), str(tags.get(FINGERPRINT_TAG, ""))[:16], unfinished=unfinished)
+        for alias in aliases.get(vp.version, []):
+            vp.reasons.append(f"MLflow alias {alias}")
+        vp.reasons += kept_fingerprints.get(vp.fingerprint, [])
+        age = (now_ms - float(mv.creation_timestamp or now_ms)) / 1000
+        if age < min_age:
+            vp.reasons.append(f"registered {age:.0f}s ago (< {min_age:.0f}s: a release may be between steps)")
+        if vp.collect:
+            try:
+                vp.parts = _heavy_parts(c, name, mv)
+            except MlflowException as exc:
+                raise mlflow_failed(f"listing the artifacts of version {vp.version} of {name!r}", exc) from exc
+        out.append(vp)
+    return out
+
+
+def collect(c, name: str, vp: VersionPlan, policy: str) -> None:
+    """Archive (or delete) one planned version: tag it archived, delete its heavy artifacts, record what went
+    (``delete``: then delete the version). Re-running it on an unfinished version completes it."""
+    from mlflow.store.artifact.artifact_repository_registry import get_artifact_repository
+
+    version = str(vp.version)
+    if not vp.unfinished:
+        c.set_model_version_tag(name, version, ARCHIVED_TAG, datetime.now(UTC).isoformat(timespec="seconds"))
+    faults.point("gc:mlflow-tagged")
+    for uri in vp.parts:
+        root, _, leaf = uri.rpartition("/")
+        get_artifact_repository(root).delete_artifacts(leaf)
+    c.set_model_version_tag(name, version, REMOVED_TAG, json.dumps(vp.parts))
+    if policy == DELETE:
+        c.delete_model_version(name, version)
+    log.info("gc: %s MLflow v%s of %s (%d bytes of artifacts)", policy + "d", version, name, sum(vp.parts.values()))
+
+
+__all__ = ["ARCHIVED_TAG", "DEFAULT_POLICY", "REMOVED_TAG", "VersionPlan", "collect", "plan"]
