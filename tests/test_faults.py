@@ -75,3 +75,16 @@ def test_bad_plan_is_refused(plan: str, monkeypatch: pytest.MonkeyPatch) -> None
     monkeypatch.setenv("SEQCLS_FAULT_PLAN", plan)
     with pytest.raises(ValueError):
         faults.point("publish:copy")
+
+
+def test_stall_sleeps_at_that_point_then_goes_on() -> None:
+    import time
+
+    env = {k: v for k, v in os.environ.items() if k != "SEQCLS_FAULT_PLAN"}
+    env.update({"SEQCLS_FAULT_PLAN": "stall@reload:after-composing", "SEQCLS_FAULT_STALL_SECONDS": "1.5"})
+    t0 = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert "stalls for 2s" in proc.stderr and "reload:after-composing" in proc.stderr
+    assert proc.stdout.splitlines() == ["passed step:before:publish", "survived reload:after-composing"]
+    assert time.perf_counter() - t0 >= 1.5

@@ -45,6 +45,7 @@ PLAN = [
 ]
 FIRST_DAY = datetime(2026, 11, 1, tzinfo=UTC)
 RUN_TIMEOUT = 420
+HEARTBEAT_TIMEOUT = 30
 
 
 def _models_file(path: Path, notify_url: str) -> Path:
@@ -95,7 +96,12 @@ def team_stack(tmp_path_factory: pytest.TempPathFactory, receiver: JsonReceiver)
     root = tmp_path_factory.mktemp("team-stack")
     models_file = _models_file(root / "seqcls-models.yaml", receiver.url())
     t0 = time.perf_counter()
-    stack = TeamStack(root, models_file=models_file, password="team-stack-test")
+    # a killed worker's task is failed by the scheduler once its heartbeats stop: 30 s here (default 300 s)
+    heartbeat = {
+        "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT": str(HEARTBEAT_TIMEOUT),
+        "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT_DETECTION_INTERVAL": "5",
+    }
+    stack = TeamStack(root, models_file=models_file, password="team-stack-test", airflow_env=heartbeat)
     stack.start()
     print(f"\nteam stack up in {time.perf_counter() - t0:.0f}s")
     try:
@@ -298,6 +304,113 @@ def test_scheduled_retraining_two_models_on_celery_workers(team_stack, trained, 
         for r in told
     )
     assert titles == want, titles
+
+
+def _nudged(good: Path, out: Path) -> Path:
+    """``good`` with its classifier bias moved by 1e-3: another fingerprint, the same labels (passes every gate)."""
+    import paddle
+
+    shutil.copytree(good, out)
+    state = paddle.load(str(out / "model_state.pdparams"))
+    state["classifier.bias"] = paddle.to_tensor(state["classifier.bias"].numpy() + 1e-3)
+    paddle.save(state, str(out / "model_state.pdparams"))
+    return out
+
+
+def _answers(settings, model: str) -> list:
+    from seqcls.contract.names import ModelName
+    from seqcls.serving.client import TritonOps, endpoints_from_settings
+
+    preds, probs = TritonOps(endpoints_from_settings(settings)[0]).infer(
+        ["某科技公司宣布裁员百分之十。", "x"], model=ModelName(model).names.ensemble
+    )
+    return [preds, [[round(float(p), 5) for p in row] for row in probs]]
+
+
+def _restart_workers(airflow, extra_env: dict[str, str] | None = None) -> None:
+    for i in range(1, airflow.workers + 1):
+        name = f"worker-{i}"
+        ready = airflow.worker_log(i).read_text(errors="replace").count(" ready.")
+        if airflow.stack.procs[name].poll() is None:
+            airflow.stop_one(name)
+        airflow.restart(name, extra_env)
+        _wait(lambda i=i, n=ready: airflow.worker_log(i).read_text(errors="replace").count(" ready.") > n, 120,
+              f"{name} ready again")  # fmt: skip
+
+
+def test_a_celery_worker_killed_during_reload_triton_is_undone(team_stack, trained) -> None:
+    """kill -9 the worker that runs ``reload_triton`` (stalled by the fault seam with the candidate loaded
+    beside the served version), then bring it back: the scheduler fails
+    the task when its heartbeats stop, the run's rollback (on the other worker) undoes the attempt, and the
+    served model, the recorded state and the MLflow champion are what they were — also after a Triton
+    restart and one sync."""
+    import psutil
+
+    airflow, settings = team_stack.airflow, team_stack.settings
+    stack = airflow.stack
+    token = stack.token()
+    dag_id = DAG_IDS["beta"]
+    before = _answers(settings, "beta")
+    candidate = _nudged(trained["good"], settings.checkpoints_root / "beta" / "5-nudged")
+    # reload_triton stalls once it has loaded the candidate beside the served version (the fault seam)
+    _restart_workers(airflow, {"SEQCLS_FAULT_PLAN": "stall@reconcile:after-widen"})
+    planted = True
+    try:
+        run = _api(stack, "POST", f"/api/v2/dags/{dag_id}/dagRuns",
+                   {"logical_date": None, "conf": {"checkpoint": str(candidate)}}, token=token)  # fmt: skip
+        run_id = run["dag_run_id"]
+        task_logs = stack.env["AIRFLOW_HOME"] + f"/logs/dag_id={dag_id}/run_id={run_id}/task_id=reload_triton"
+
+        def stalled() -> int | None:
+            import re
+
+            for log_file in Path(task_logs).glob("*.log"):
+                found = re.search(r"fault: process (\d+) stalls", log_file.read_text(errors="replace"))
+                if found:
+                    return int(found.group(1))
+            return None
+
+        task_pid = _wait(stalled, RUN_TIMEOUT, "reload_triton stalled at its fault point", interval=1)
+
+        def tree(pid: int) -> set[int]:
+            return {c.pid for c in psutil.Process(pid).children(recursive=True)}
+
+        holder = next(n for n, p in stack.procs.items() if n.startswith("worker-") and task_pid in tree(p.pid))
+        t_kill = time.perf_counter()
+        airflow.kill(holder)  # the worker's whole process group: the worker, its task supervisor, the task
+        with contextlib.suppress(psutil.NoSuchProcess):
+            psutil.Process(task_pid).kill()  # a machine that dies takes everything with it
+        _restart_workers(airflow)  # both back without the plan before the scheduler gives up on the task
+        planted = False
+
+        def finished() -> dict | None:
+            r = _api(stack, "GET", f"/api/v2/dags/{dag_id}/dagRuns/{run_id}", token=token)
+            return r if r["state"] in ("success", "failed") else None
+
+        done = _wait(finished, RUN_TIMEOUT, "the run to end after the worker was killed", interval=2)
+        recovery = time.perf_counter() - t_kill
+    finally:
+        if planted:
+            _restart_workers(airflow)  # both workers back, without the fault plan
+    tis = _api(stack, "GET", f"/api/v2/dags/{dag_id}/dagRuns/{run_id}/taskInstances", token=token)["task_instances"]
+    states = {t["task_id"]: t["state"] for t in tis}
+    print(f"\nworker {holder} killed during reload_triton: run {done['state']} {recovery:.0f}s later; {states}")
+    assert done["state"] == "failed", states
+    assert states["reload_triton"] == "failed" and states["rollback"] == "success", states
+    assert states["promote"] in ("upstream_failed", "skipped"), states
+
+    status = _seqcls(team_stack, "status", "--model-name", "beta", "--json")
+    (s,) = json.loads(status.stdout)
+    assert status.returncode == 0 and s["agree"] and not s["problems"], s
+    assert s["recorded"]["serving"] == s["registry"]["champion_triton"] == 1, s
+    assert s["recorded"]["candidate"] is None, s
+    assert _answers(settings, "beta") == before
+
+    team_stack.triton.stop()  # a restarted Triton (explicit mode) loads nothing until sync loads the recorded state
+    team_stack.triton.start()
+    sync = _seqcls(team_stack, "sync")
+    assert sync.returncode == 0, sync.stdout + sync.stderr
+    assert _answers(settings, "beta") == before
 
 
 def test_seqcls_team_stack_serves_until_ctrl_c_and_stops_everything(tmp_path: Path) -> None:

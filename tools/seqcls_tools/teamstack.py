@@ -452,6 +452,26 @@ class CeleryAirflow:
     def worker_log(self, index: int) -> Path:
         return self.stack.logs / f"worker-{index}.log"
 
+    def restart(self, name: str, extra_env: dict[str, str] | None = None) -> None:
+        """Start component ``name`` again (after :meth:`kill` or :meth:`stop_one`): same command, environment
+        (plus ``extra_env``, e.g. a drill's fault plan) and working directory."""
+        cmd = self.stack.commands()[name]
+        with open(self.stack.logs / f"{name}.log", "ab") as out:
+            self.stack.procs[name] = subprocess.Popen(
+                cmd, env={**self.stack.env, **(extra_env or {})}, stdout=out, stderr=subprocess.STDOUT,
+                start_new_session=True, cwd=self.stack.cwd.get(name),
+            )  # fmt: skip
+
+    def stop_one(self, name: str, timeout: float = 120) -> None:
+        """SIGTERM to one component (a Celery worker's warm shutdown: it finishes its task, takes no more)."""
+        proc = self.stack.procs[name]
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.kill(name)
+
     def kill(self, name: str) -> None:
         """kill -9 one component's process group (``worker-1``, ``scheduler``, ...)."""
         proc = self.stack.procs[name]
@@ -502,8 +522,16 @@ class TeamStack:
     volumes every Airflow container mounts: ``home`` (SEQCLS_HOME), ``models`` (the Triton
     repository), ``checkpoints`` (SEQCLS_CHECKPOINTS_ROOT)."""
 
-    def __init__(self, root: Path, *, models_file: Path | None = None, password: str | None = None) -> None:
+    def __init__(
+        self,
+        root: Path,
+        *,
+        models_file: Path | None = None,
+        password: str | None = None,
+        airflow_env: dict[str, str] | None = None,
+    ) -> None:
         self.root = Path(root)
+        self.airflow_env = dict(airflow_env or {})  # e.g. a drill's shorter task-heartbeat timeout
         self.models_file = models_file
         self.password = password
         self.postgres = Postgres()
@@ -549,6 +577,7 @@ class TeamStack:
                 models_file=self.models_file,
             )
             self.airflow.stack.env.update(compose_seqcls_env(self.cli_env()))
+            self.airflow.stack.env.update(self.airflow_env)
             self.airflow.start()
         except BaseException:
             self.stop()
