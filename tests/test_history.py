@@ -256,6 +256,85 @@ def test_history_of_nothing(tmp_path: Path) -> None:
     assert isinstance(result, History) and result.entries == [] and result.notes == []
 
 
+# ---------------------------------------------------------------------------- the limit
+
+
+def _releases(repo: Path, model: ModelName, days: int) -> None:
+    """``days`` daily releases as the steps log them: a candidate, its exposure and the champion's move (its
+    MLflow numbers), every 10th a quality refusal instead, every 7th followed by a rollback."""
+    s, version, champion = ServingState.empty(model), 0, None
+    for day in range(1, days + 1):
+        fp = f"{day:064x}"
+        if day % 10 == 0:
+            append_event(repo, model, "refused", gate="quality", fingerprint=fp, serving=s.serving, reason="worse")
+            continue
+        version += 1
+        s = write_state(repo, s.with_candidate(version, fp, f"release:{day}"), expected_generation=s.generation)
+        s = write_state(repo, s.promoted(version, fp, f"release:{day}"), expected_generation=s.generation)
+        append_event(
+            repo, model, "promote", version=version, fingerprint=fp, mlflow=100 + day, mlflow_previous=champion
+        )
+        champion = 100 + day
+        if day % 7 == 0:
+            s = write_state(repo, s.rolled_back("rollback:cli", f"day {day}"), expected_generation=s.generation)
+
+
+def _counting_registry(monkeypatch: pytest.MonkeyPatch) -> list[str | None]:
+    """An MLflow holding day ``d``'s release (fingerprint ``d``) as version 100 + d; the fingerprints asked."""
+    import seqcls.ops.history as ledger
+
+    asked: list[str | None] = []
+
+    def find_version(c, name, fp, release_key=None):
+        asked.append(fp)
+        return _FakeVersion(100 + int(fp, 16), "run-1") if fp else None
+
+    _fake_registry(monkeypatch, {})
+    monkeypatch.setattr(ledger, "find_version", find_version)
+    return asked
+
+
+def test_history_limit_asks_mlflow_for_the_shown_entries_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    """``history --limit 20`` runs every day for years: its MLflow lookups must follow the limit, not the
+    number of releases ever made (they did: every version of the log was looked up, then the list cut)."""
+    monkeypatch.setenv("SEQCLS_TRITON_REPOSITORY", str(tmp_path / "repo"))
+    _releases(tmp_path / "repo", MODEL, 80)
+    asked = _counting_registry(monkeypatch)
+    full = history(_settings(tmp_path))
+    assert len(full.entries) >= 200 and len(asked) >= 70  # every version the log names
+    asked.clear()
+    assert cli.main(["history", "--limit", "20"]) == 0
+    table = capsys.readouterr().out.splitlines()
+    assert len(asked) <= 20, f"{len(asked)} MLflow lookups for 20 shown entries of {len(full.entries)}"
+    assert f"{len(full.entries) - 20} older change(s) not shown (--limit 20)" in table[1]
+    assert len(table) == 2 + 20 and table[-1] == lines(full, 20)[-1]
+
+
+@pytest.mark.parametrize("limit", [1, 2, 3, 5, 20, 1000])
+def test_history_limit_gives_the_newest_entries_exactly_as_before(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture, limit: int
+) -> None:
+    """The cut moved before the join: the same newest entries, in the same order, with the same fields —
+    across two models, and for a champion move whose old champion only older lines name."""
+    monkeypatch.setenv("SEQCLS_TRITON_REPOSITORY", str(tmp_path / "repo"))
+    repo = tmp_path / "repo"
+    _releases(repo, MODEL, 15)
+    _releases(repo, ModelName("other"), 4)
+    append_event(repo, MODEL, "promote", version=1, mlflow=101, mlflow_previous=114)  # back to day 1's release
+    _counting_registry(monkeypatch)
+    full = history(_settings(tmp_path)).to_dict()
+    assert full["entries"][-1]["kind"] == "promote" and full["entries"][-1]["from_version"] == 13
+    limited = history(_settings(tmp_path), limit=limit)
+    assert limited.to_dict() == {**full, "entries": full["entries"][-limit:]}
+    assert limited.omitted == max(0, len(full["entries"]) - limit)
+    assert cli.main(["history", "--json", "--limit", str(limit)]) == 0
+    assert json.loads(capsys.readouterr().out) == {**full, "entries": full["entries"][-limit:]}
+    with pytest.raises(ValueError, match="limit"):
+        history(_settings(tmp_path), limit=0)
+
+
 # ---------------------------------------------------------------------------- through the real parts
 
 

@@ -138,17 +138,15 @@ def _cmd_history(args: argparse.Namespace) -> tuple[int, Printer]:
     if args.limit is not None and args.limit < 1:
         return 2, lambda: print(f"error: --limit must be 1 or more, got {args.limit}", file=sys.stderr)
     try:
-        result = serving_history(_ops_settings(args), [args.model_name] if args.model_name else None)
+        names = [args.model_name] if args.model_name else None
+        result = serving_history(_ops_settings(args), names, limit=args.limit)  # cut before the MLflow join
     except InputError as exc:  # a model name that cannot exist: a usage error
         message = f"error: {exc}"
         return 2, lambda: print(message, file=sys.stderr)
 
     def show() -> None:
         if args.json:
-            payload = result.to_dict()
-            if args.limit:
-                payload["entries"] = payload["entries"][-args.limit :]
-            print(json.dumps(payload, indent=2, ensure_ascii=False, default=str))
+            print(json.dumps(result.to_dict(), indent=2, ensure_ascii=False, default=str))
         else:
             print("\n".join(history_lines(result, args.limit)))
 

@@ -112,6 +112,7 @@ class History:
     entries: list[HistoryEntry]
     notes: list[str] = field(default_factory=list)
     registry: bool = True  # False: MLflow was not reachable, the MLflow numbers are missing
+    omitted: int = 0  # older entries a limit left out (never joined with MLflow)
 
     def to_dict(self) -> dict[str, Any]:
         return {"entries": [e.to_dict() for e in self.entries], "notes": self.notes, "registry": self.registry}
@@ -280,13 +281,26 @@ class _Registry:
         return int(mv.version), gates
 
 
-def _join(settings: Settings, model_name: str, entries: list[HistoryEntry], registry: _Registry) -> None:
-    """Fill in the MLflow version (and gate verdicts) of every Triton version the entries name."""
+def _named(entries: list[HistoryEntry]) -> set[int]:
+    return {x for e in entries for x in (e.from_version, e.to_version) if x is not None}
+
+
+def _join(
+    settings: Settings, model_name: str, entries: list[HistoryEntry], registry: _Registry, shown: list[HistoryEntry]
+) -> None:
+    """Fill in the MLflow version (and gate verdicts) of every Triton version the ``shown`` entries name.
+
+    Only those are looked up — one registry query each, the cost that would otherwise grow with every
+    release. ``entries`` (the whole log) still gives each version's newest recorded fingerprint, and the
+    versions older lines name are asked, newest first, only while a shown champion move's old MLflow
+    number is not settled — so ``shown`` gets the same numbers as a join of the whole log would give it.
+    """
     repo = Repository.from_settings(settings, model_name)
     fps = _fingerprints(entries)
     mlflow: dict[int, int | None] = {}
     gates: dict[int, dict[str, str]] = {}
-    for v in sorted({x for e in entries for x in (e.from_version, e.to_version) if x is not None}):
+
+    def ask(v: int) -> None:
         try:
             key = served_release_key(repo, v)
             info = repo.release_info(v) or {}
@@ -294,8 +308,20 @@ def _join(settings: Settings, model_name: str, entries: list[HistoryEntry], regi
             key, info = None, {}
         fp = fps.get(v) or (info.get("fingerprint") if isinstance(info.get("fingerprint"), str) else None)
         mlflow[v], gates[v] = registry.lookup(model_name, fp, key)
-    by_mlflow = {m: v for v, m in mlflow.items() if m is not None}
-    for e in entries:
+
+    def settled(below: int) -> bool:  # each wanted number held by a version above every one not yet asked
+        return all(any(m == mlflow[u] and u > below for u in mlflow) for m in wanted)
+
+    wanted = {e.from_mlflow for e in shown if e.kind == "promote" and e.from_mlflow is not None}
+    named = _named(shown)
+    for v in sorted(named):
+        ask(v)
+    for v in sorted(_named(entries) - named, reverse=True):
+        if registry.error is not None or settled(v):
+            break
+        ask(v)
+    by_mlflow = {m: v for v, m in sorted(mlflow.items()) if m is not None}  # the newest version holding m
+    for e in shown:
         if e.kind == "promote":  # registry numbers recorded; the Triton version the old champion held
             e.from_version = by_mlflow.get(e.from_mlflow) if e.from_mlflow is not None else None
             continue
@@ -305,30 +331,44 @@ def _join(settings: Settings, model_name: str, entries: list[HistoryEntry], regi
             e.gates = gates.get(e.to_version, {})
 
 
-def history(settings: Settings, model_names: Sequence[str] | None = None) -> History:
+def history(settings: Settings, model_names: Sequence[str] | None = None, *, limit: int | None = None) -> History:
     """Every recorded serving change of the named models (default: every model with a state or log), oldest
-    first, with the MLflow version of each Triton version. Never fails for MLflow or a damaged line."""
+    first, with the MLflow version of each Triton version. Never fails for MLflow or a damaged line.
+
+    ``limit``: only the newest ``limit`` entries (across the models), cut *before* the MLflow join, so a
+    daily ``history --limit`` costs the same after years of releases as after a few; the rest is counted
+    in ``omitted``. Every log is still read whole: the state each line leaves depends on the lines before.
+    """
+    if limit is not None and limit < 1:
+        raise ValueError(f"limit must be 1 or more, got {limit}")
     root = Path(str(settings.triton_repository))
     names = operator_models(model_names) or models_in(root)
     registry = _Registry(settings)
+    logs: dict[str, list[HistoryEntry]] = {}
     entries: list[HistoryEntry] = []
     notes: list[str] = []
     for name in names:
         found, damaged = read_entries(root, name)
         if damaged:
-            shown = ", ".join(str(n) for n in damaged[:20]) + (" …" if len(damaged) > 20 else "")
-            notes.append(f"{log_path(root, name)}: {len(damaged)} damaged line(s) skipped (line {shown})")
-        _join(settings, name, found, registry)
+            listed = ", ".join(str(n) for n in damaged[:20]) + (" …" if len(damaged) > 20 else "")
+            notes.append(f"{log_path(root, name)}: {len(damaged)} damaged line(s) skipped (line {listed})")
+        logs[name] = found
         entries += found
+    entries.sort(key=lambda e: e.at)  # stable: one model's log order is kept within a second
+    omitted = max(0, len(entries) - limit) if limit else 0
+    entries = entries[omitted:]
+    kept = {id(e) for e in entries}
+    for name, found in logs.items():
+        _join(settings, name, found, registry, [e for e in found if id(e) in kept])
     if registry.error is not None:
         notes.append(f"MLflow was unreachable ({registry.error}): versions are shown without their MLflow numbers")
-    entries.sort(key=lambda e: e.at)  # stable: one model's log order is kept within a second
-    return History(entries, notes, registry=registry.error is None)
+    return History(entries, notes, registry=registry.error is None, omitted=omitted)
 
 
 def lines(result: History, limit: int | None = None) -> list[str]:
     """The table ``seqcls history`` prints: newest last; then the notes."""
     entries = result.entries[-limit:] if limit else result.entries
+    older = result.omitted + len(result.entries) - len(entries)
     rows = [("when", "model", "kind", "from → to", "fingerprint", "who", "reason")]
     for e in entries:
         reason = e.reason
@@ -353,8 +393,8 @@ def lines(result: History, limit: int | None = None) -> list[str]:
     out = ["  ".join(c.ljust(w) for c, w in zip(r[:-1], widths, strict=True)) + "  " + r[-1] for r in rows]
     if len(rows) == 1:
         out = ["no serving change recorded (nothing released yet)"]
-    elif limit and len(result.entries) > limit:
-        out.insert(1, f"… {len(result.entries) - limit} older change(s) not shown (--limit {limit})")
+    elif older:
+        out.insert(1, f"… {older} older change(s) not shown (--limit {limit or len(entries)})")
     return out + [f"note: {n}" for n in result.notes]
 
 
