@@ -26,7 +26,7 @@ import signal
 import sys
 import time
 
-from seqcls.settings import ENV_FAULT_PLAN, fault_plan
+from seqcls.settings import ENV_FAULT_PLAN, ENV_FAULT_STALL_SECONDS, fault_plan
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +81,7 @@ def point(name: str) -> None:
         _flush_logs()
         os.kill(os.getpid(), signal.SIGKILL)
     elif action == "stall":
-        seconds = float(os.environ.get("SEQCLS_FAULT_STALL_SECONDS") or DEFAULT_STALL_SECONDS)
+        seconds = float(os.environ.get(ENV_FAULT_STALL_SECONDS) or DEFAULT_STALL_SECONDS)
         log.critical("fault: process %d stalls for %.0fs (%s)", os.getpid(), seconds, where)
         _flush_logs()
         time.sleep(seconds)

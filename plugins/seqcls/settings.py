@@ -35,6 +35,7 @@ ENV_PADDLE_PYTHON = "SEQCLS_PADDLE_PYTHON"  # external interpreter for heavy Pad
 ENV_MODEL_REPOSITORY_SOURCE = "SEQCLS_MODEL_REPOSITORY_SOURCE"
 ENV_CHECKPOINTS_ROOT = "SEQCLS_CHECKPOINTS_ROOT"
 ENV_FAULT_PLAN = "SEQCLS_FAULT_PLAN"  # test-only: see seqcls.faults
+ENV_FAULT_STALL_SECONDS = "SEQCLS_FAULT_STALL_SECONDS"  # test-only: how long stall@<point> sleeps
 ENV_MODEL_NAME = "SEQCLS_MODEL_NAME"  # the DAG's model (parse time)
 ENV_SCHEDULE = "SEQCLS_SCHEDULE"  # the DAG's schedule: unset/manual, a cron preset/expression, or "asset"
 ENV_SERVING_LAYOUT = "SEQCLS_SERVING_LAYOUT"  # INSTANCESxTHREADS of the ONNX model, e.g. 2x1 (default 1x2)
@@ -594,7 +595,8 @@ ENVIRONMENT: tuple[EnvVar, ...] = (
         "1 lets a release with allow_unsafe_pickle load a .pdparams unscanned (trusted legacy files only).",
     ),
     EnvVar(ENV_AIRFLOW_RUN_URL, "set by the DAG's tasks", "The Airflow run page a release links to (MLflow tag)."),
-    EnvVar(ENV_FAULT_PLAN, "unset", "Test-only: make a release fail or die at a named point (seqcls.faults)."),
+    EnvVar(ENV_FAULT_PLAN, "unset", "Test-only: make a release fail, die or stall at a named point (seqcls.faults)."),
+    EnvVar(ENV_FAULT_STALL_SECONDS, "600", "Test-only: how long a stall@<point> of the fault plan sleeps."),
 )
 
 
