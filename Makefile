@@ -66,6 +66,7 @@ $(STAMP): $(BUILD_LOCK) $(LOCK) pyproject.toml tools/pyproject.toml
 # package to the newest allowed, UPGRADE_PACKAGE="a b" only those. The target is this project's
 # only platform: CPython 3.11 on Linux x86_64 with glibc >= 2.35 (nvidia-pytriton's wheels need
 # manylinux_2_35). Hashes are PyPI's (uv ignores pip.conf; set UV_DEFAULT_INDEX for a mirror).
+# The build lock is constrained by requirements.lock: a package in both (packaging) has one version.
 UV_VERSION := 0.13.9
 LOCK_TOOLS := build/lock-tools
 UV ?= $(LOCK_TOOLS)/bin/uv
@@ -83,7 +84,7 @@ lock:
 	@command -v $(UV) >/dev/null || { $(PYTHON) -m venv $(LOCK_TOOLS) && $(LOCK_TOOLS)/bin/pip install --quiet uv==$(UV_VERSION); }
 	$(UV_COMPILE) requirements.txt -o $(LOCK)
 	$(PYTHON) -c 'import sys, tomllib; print("pip", *tomllib.load(open("pyproject.toml", "rb"))["build-system"]["requires"], *sys.argv[1:], sep="\n")' \
-	  $(SDIST_BUILD_REQUIRES) | $(UV_COMPILE) - -o $(BUILD_LOCK)
+	  $(SDIST_BUILD_REQUIRES) | $(UV_COMPILE) - -c $(LOCK) -o $(BUILD_LOCK)
 	$(UV_COMPILE) --find-links $(TORCH_FIND_LINKS) requirements-torch.txt -c $(LOCK) -o $(TORCH_LOCK)
 	$(UV_COMPILE) --no-deps requirements-perf.txt -o $(PERF_LOCK)
 

@@ -74,7 +74,7 @@ def test_every_environment_variable_the_code_names_is_in_the_reference(rendered:
     names = _variables_in_code()
     assert len(names) > 10, names  # the scan found them
     missing = sorted(n for n in names if f"`{n}`" not in rendered)
-    assert not missing, f"not in the configuration reference (add them to seqcls.settings.ENVIRONMENT): {missing}"
+    assert not missing, f"not in the configuration reference (add them to seqcls.environment.ENVIRONMENT): {missing}"
 
 
 def test_every_release_parameter_flag_and_subcommand_is_in_the_reference(rendered: str) -> None:

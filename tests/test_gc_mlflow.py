@@ -18,7 +18,11 @@ from seqcls.files import held
 from seqcls.ops.gc import gc
 from seqcls.registry.archive import ARCHIVED_TAG, REMOVED_TAG
 from seqcls.settings import Settings
-from tests.test_gc import NAME, _fp, _publish, _serve, _workspace
+from tests.helpers.gc import NAME
+from tests.helpers.gc import fp as _fp
+from tests.helpers.gc import publish as _publish
+from tests.helpers.gc import serve as _serve
+from tests.helpers.gc import workspace as _workspace
 
 ONNX_BYTES, STATIC_BYTES = 40_000, 30_000
 

@@ -12,28 +12,12 @@ import time
 from pathlib import Path
 
 from seqcls.contract.names import ModelName
-from seqcls.localtriton import LocalTriton
 from seqcls.serving.client import Endpoint, TritonOps, endpoints_from_settings
 from seqcls.serving.state import state_path
-from tests.helpers.drills import PROBE_TEXTS, Drill, drill_test, served_answers
+from tests.helpers.drills import PROBE_TEXTS, Drill, drill_test, served_answers, unload_all
 from tests.helpers.triton import start_triton
 
 NAME, OTHER = ModelName("seqcls"), ModelName("zulu")  # zulu: checked after the broken one
-
-
-def _unload_all(server: LocalTriton) -> None:
-    """What a restarted replica holds in explicit mode before anything loads: nothing (files untouched)."""
-    import tritonclient.grpc as grpcclient
-
-    client = grpcclient.InferenceServerClient(url=server.config.grpc_url)
-    headers = server.control_headers()
-    for m in client.get_model_repository_index(headers=headers).models:
-        if m.state == "READY":
-            client.unload_model(m.name, headers=headers)
-    deadline = time.monotonic() + 30
-    while any(m.state == "READY" for m in client.get_model_repository_index(headers=headers).models):
-        assert time.monotonic() < deadline, "models still loaded 30 s after unload"
-        time.sleep(0.2)
 
 
 def _probe(d: Drill, *args: str, url: str | None = None) -> tuple[int, dict, float]:
@@ -54,7 +38,7 @@ def test_a_replica_is_not_ready_until_it_serves_the_recorded_version(drill: Dril
     print(f"probe on a converged replica: {seconds:.2f}s wall (check {ready['seconds']:.2f}s)")
     recorded = state_path(d.repo, NAME).read_bytes()
 
-    _unload_all(d.server)  # a restarted replica: the repository says v1, the server holds nothing
+    unload_all(d.server)  # a restarted replica: the repository says v1, the server holds nothing
     code, fresh, _ = _probe(d)
     assert code == 1 and not fresh["ready"], fresh
     (model,) = fresh["models"]
@@ -80,7 +64,7 @@ def test_a_broken_model_is_reported_while_another_is_still_made_ready(
     d = drill
     d.release(tiny_checkpoint_src)
     d.release(tiny_checkpoint_b_src, model_name=OTHER)
-    _unload_all(d.server)
+    unload_all(d.server)
     graph = d.repo / NAME.names.model / "1" / "model.onnx"
     graph.unlink()  # a new file, not the hard-linked one: the shared workspaces keep theirs
     graph.write_bytes(b"not an onnx graph")

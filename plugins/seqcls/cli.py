@@ -28,14 +28,15 @@ from seqcls import __version__, config
 from seqcls.contract.names import ModelName
 from seqcls.errors import InputError, SeqclsError
 from seqcls.localtriton import LocalTriton, TritonServerConfig
-from seqcls.monitoring.drift import DRIFT, NOT_ENOUGH, DriftReport, Thresholds
+from seqcls.monitoring.drift import DRIFT, NOT_ENOUGH, Thresholds
 from seqcls.monitoring.live import monitor
 from seqcls.notify.commands import notify_outcome
 from seqcls.ops.gc import GC_HELP, after_promote, gc
 from seqcls.ops.gc import add_arguments as add_gc_arguments
 from seqcls.ops.history import history as serving_history
 from seqcls.ops.history import lines as history_lines
-from seqcls.ops.replica import DEFAULT_TIMEOUT as REPLICA_TIMEOUT
+from seqcls.ops.replica import HELP as REPLICA_HELP
+from seqcls.ops.replica import add_arguments as add_replica_arguments
 from seqcls.ops.replica import replica_ready, replica_url
 from seqcls.ops.status import status
 from seqcls.ops.sync import sync
@@ -185,8 +186,13 @@ def _cmd_replica_ready(args: argparse.Namespace) -> tuple[int, Printer]:
 def _cmd_gc(args: argparse.Namespace) -> tuple[int, Printer]:
     """Dry run unless ``--apply``; exit 1 when a model was left alone (its lease held, MLflow unreadable)."""
     names = [args.model_name] if args.model_name else None
-    policy = args.mlflow_versions
-    result = gc(_ops_settings(args), names, apply=args.apply, keep_refused=args.keep_refused, mlflow_versions=policy)
+    result = gc(
+        _ops_settings(args),
+        names,
+        apply=args.apply,
+        keep_refused=args.keep_refused,
+        mlflow_versions=args.mlflow_versions,
+    )
     text = json.dumps(result.to_dict(), indent=2, default=str) if args.json else "\n".join(result.lines())
     return (0 if result.ok else 1), lambda: print(text)
 
@@ -362,28 +368,7 @@ def _cmd_monitor(args: argparse.Namespace) -> tuple[int, Printer]:
     code = {DRIFT: 1, NOT_ENOUGH: 3}.get(report.state, 0)
     if args.json:
         return code, lambda: print(json.dumps(report.to_dict(), indent=2, ensure_ascii=False))
-    return code, lambda: print("\n".join(_monitor_lines(report)))
-
-
-def _monitor_lines(report: DriftReport) -> list[str]:
-    """The headline, a table of what drifted, then the notes (resets, short windows, unread replicas)."""
-    out = [report.headline()]
-    rows = report.drifted + ([report.unlabeled] if report.unlabeled.drifted else [])
-    if rows:
-        width = max(len("label"), *(len(d.label) for d in rows))
-        out.append(f"  {'label':<{width}}  {'reference':>9}  {'live':>6}  {'PSI':>7}  {'p':>7}")
-        out += [
-            f"  {d.label:<{width}}  {d.reference_share:>9.1%}  {d.live_share:>6.1%}  {d.psi:>7.3f}  {d.p_value:>7.1e}"
-            for d in rows
-        ]
-    conf = report.confidence
-    if conf is not None and conf.drifted:
-        out.append(f"  top confidence: PSI {conf.psi:.3f}, p {conf.p_value:.1e} over {conf.bins} buckets")
-    if report.other_versions:
-        others = ", ".join(f"v{v} {n:,} texts" for v, n in report.other_versions.items())
-        out.append(f"  other loaded versions (not compared): {others}")
-    out += [f"  note: {note}" for note in report.notes]
-    return out
+    return code, lambda: print("\n".join(report.lines()))
 
 
 def _cmd_triton(args: argparse.Namespace) -> tuple[int, Printer]:
@@ -514,20 +499,8 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--reason", default=None, help="why (recorded in the serving history)")
     _add_status_sync_parsers(sub)
     _add_history_parser(sub)
-    p = sub.add_parser(
-        "replica-ready",
-        help="exit 0 only if ONE Triton replica serves every model's recorded version (READY, answers a request); "
-        "--reconcile loads it there first; for readiness/startup probes",
-    )
-    p.add_argument(
-        "--url", default=None, metavar="HOST:PORT", help="the replica's gRPC address (default: "
-        "$SEQCLS_TRITON_GRPC when it names one, else 127.0.0.1:8001)"
-    )  # fmt: skip
-    p.add_argument("--reconcile", action="store_true", help="first load the recorded versions on this replica")
-    p.add_argument("--model-name", type=ModelName, default=None, help="one model (default: every recorded model)")
-    p.add_argument("--timeout", type=float, default=REPLICA_TIMEOUT, help="seconds for the whole check (default 20)")
-    p.add_argument("--home", type=Path, default=None, help="release home (default: $SEQCLS_HOME or ~/.seqcls)")
-    p.add_argument("--json", action="store_true", help="print JSON")
+    p = sub.add_parser("replica-ready", help=REPLICA_HELP)
+    add_replica_arguments(p)
     p.set_defaults(func=_cmd_replica_ready)
     p = sub.add_parser("gc", help=GC_HELP)
     add_gc_arguments(p)

@@ -7,8 +7,8 @@ Failure drills set ``SEQCLS_FAULT_PLAN`` to a comma-separated list of ``action@p
 - ``die@<point>``    the process kills itself with SIGKILL (like ``kill -9``: no cleanup runs);
 - ``enospc@<point>`` raise ``OSError(ENOSPC)`` as a full disk would;
 - ``fail@<point>``   raise ``RuntimeError``;
-- ``stall@<point>``  sleep (``SEQCLS_FAULT_STALL_SECONDS``, default 600) as a hung load would, so a drill
-  can kill the process — or the machine it runs on — exactly there.
+- ``stall@<point>``  sleep (10 minutes) as a hung load would, so a drill can kill the process — or the
+  machine it runs on — exactly there.
 
 Unset (production), :func:`point` costs one environment lookup. Point names are validated
 (``^[a-z]+(:[a-z0-9_.-]+)+$``) so a typo in the code fails every test, not silently no drill.
@@ -26,12 +26,12 @@ import signal
 import sys
 import time
 
-from seqcls.settings import ENV_FAULT_PLAN, ENV_FAULT_STALL_SECONDS, fault_plan
+from seqcls.settings import ENV_FAULT_PLAN, fault_plan
 
 log = logging.getLogger(__name__)
 
 ACTIONS = ("die", "enospc", "fail", "stall")
-DEFAULT_STALL_SECONDS = 600.0
+STALL_SECONDS = 600.0
 _POINT_RE = re.compile(r"^[a-z]+(:[a-z0-9_.-]+)+$")
 
 
@@ -81,10 +81,9 @@ def point(name: str) -> None:
         _flush_logs()
         os.kill(os.getpid(), signal.SIGKILL)
     elif action == "stall":
-        seconds = float(os.environ.get(ENV_FAULT_STALL_SECONDS) or DEFAULT_STALL_SECONDS)
-        log.critical("fault: process %d stalls for %.0fs (%s)", os.getpid(), seconds, where)
+        log.critical("fault: process %d stalls for %.0fs (%s)", os.getpid(), STALL_SECONDS, where)
         _flush_logs()
-        time.sleep(seconds)
+        time.sleep(STALL_SECONDS)
     elif action == "enospc":
         log.error("fault: raising ENOSPC (%s)", where)
         raise OSError(errno.ENOSPC, f"No space left on device ({where})")

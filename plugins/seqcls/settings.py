@@ -18,7 +18,8 @@ from pathlib import Path
 
 from seqcls.errors import InputError
 
-#: Environment variables seqcls reads (each has a row in ENVIRONMENT below: docs/configuration.md is generated from it).
+#: Environment variables seqcls reads (each has a row in seqcls.environment.ENVIRONMENT, which
+#: docs/configuration.md is generated from).
 ENV_HOME = "SEQCLS_HOME"
 ENV_TRITON_REPOSITORY = "SEQCLS_TRITON_REPOSITORY"
 ENV_TRITON_GRPC = "SEQCLS_TRITON_GRPC"  # comma-separated host:port, one per replica
@@ -35,7 +36,6 @@ ENV_PADDLE_PYTHON = "SEQCLS_PADDLE_PYTHON"  # external interpreter for heavy Pad
 ENV_MODEL_REPOSITORY_SOURCE = "SEQCLS_MODEL_REPOSITORY_SOURCE"
 ENV_CHECKPOINTS_ROOT = "SEQCLS_CHECKPOINTS_ROOT"
 ENV_FAULT_PLAN = "SEQCLS_FAULT_PLAN"  # test-only: see seqcls.faults
-ENV_FAULT_STALL_SECONDS = "SEQCLS_FAULT_STALL_SECONDS"  # test-only: how long stall@<point> sleeps
 ENV_MODEL_NAME = "SEQCLS_MODEL_NAME"  # the DAG's model (parse time)
 ENV_SCHEDULE = "SEQCLS_SCHEDULE"  # the DAG's schedule: unset/manual, a cron preset/expression, or "asset"
 ENV_SERVING_LAYOUT = "SEQCLS_SERVING_LAYOUT"  # INSTANCESxTHREADS of the ONNX model, e.g. 2x1 (default 1x2)
@@ -449,155 +449,6 @@ def allow_unsafe_pickle() -> bool:
     """``SEQCLS_ALLOW_UNSAFE_PICKLE=1``: skip :func:`~seqcls.checkpoints.safeload.scan_pickle` (default off,
     never advised)."""
     return os.environ.get(ENV_ALLOW_UNSAFE_PICKLE, "").strip().lower() in ("1", "true", "yes", "on")
-
-
-@dataclass(frozen=True)
-class EnvVar:
-    """One environment variable seqcls reads: the generated configuration reference lists these."""
-
-    name: str
-    default: str
-    description: str
-    #: What it is the default of, when a flag/param/models-file key can say it per release (else "").
-    overridden_by: str = ""
-
-
-#: Every ``SEQCLS_*`` variable read anywhere, with its default and meaning (docs/configuration.md is
-#: generated from this table; a test checks no variable is read without a row here).
-ENVIRONMENT: tuple[EnvVar, ...] = (
-    EnvVar(
-        ENV_HOME, "~/.seqcls", "Release home: workspaces, the MLflow sqlite store and artifacts, local Triton state."
-    ),
-    EnvVar(
-        ENV_TRITON_REPOSITORY,
-        "$SEQCLS_HOME/triton/model_repository",
-        "The live Triton model repository (what Triton reads; never the git tree).",
-        "the Triton Connection's `repository` extra",
-    ),
-    EnvVar(
-        ENV_TRITON_GRPC,
-        DEFAULT_GRPC,
-        "Triton gRPC endpoints, comma-separated, one per replica, or `dns:///name:port` (every address of name).",
-        "the Triton Connection's `grpc_endpoints` extra",
-    ),
-    EnvVar(
-        ENV_TRITON_HTTP,
-        DEFAULT_HTTP,
-        "Triton HTTP endpoints, in the same order as the gRPC ones.",
-        "the Triton Connection's `http_endpoints` extra",
-    ),
-    EnvVar(
-        ENV_TRITON_METRICS,
-        f"{DEFAULT_METRICS} with the default endpoints, else unset",
-        "One metrics host:port per endpoint: the smoke report quotes Triton's request counters.",
-    ),
-    EnvVar(ENV_TRITON_RESOLVE, "unset", "Static answers for dns:/// endpoints: name=addr,addr;name2=addr."),
-    EnvVar(
-        ENV_TRITON_CONTROL_KEY,
-        f"the local Triton's key file <repository>/{CONTROL_KEY_FILE}",
-        "The key Triton's model control requires (16-512 characters; `openssl rand -hex 32`).",
-        "the Triton Connection's password",
-    ),
-    EnvVar(
-        ENV_MLFLOW_URI,
-        "MLFLOW_TRACKING_URI, else sqlite:///$SEQCLS_HOME/mlflow/mlflow.db",
-        "MLflow tracking server and model registry (credentials never in the URI).",
-        "the MLflow Connection",
-    ),
-    EnvVar(
-        ENV_RUNTIME,
-        RUNTIMES[0],
-        "Serving spec default: Triton's backend for <m>_model (onnxruntime = the native backend, NGC image).",
-        "--runtime / param runtime / models file serving.runtime",
-    ),
-    EnvVar(
-        ENV_DEVICE,
-        DEVICES[0],
-        "Serving spec default: the device serving configs are rendered for (gpu: GPU instance group, buckets).",
-        "--device / param device / models file serving.device",
-    ),
-    EnvVar(
-        ENV_SERVING_PIPELINE,
-        PIPELINES[0],
-        "Serving spec default: ensemble (Triton's ensemble of three python models) or direct (one python model).",
-        "--pipeline / param pipeline / models file serving.pipeline",
-    ),
-    EnvVar(
-        ENV_SERVING_LAYOUT,
-        "1x2",
-        "Serving spec default: the ONNX model's INSTANCESxTHREADS on CPU (`seqcls calibrate-layout` measures it).",
-        "--layout / param layout / models file serving.layout",
-    ),
-    EnvVar(
-        ENV_SERVING_METRICS,
-        "on",
-        "Serving spec default: off publishes python models without seqcls_* metrics (to measure their cost).",
-        "--serving-metrics / param serving_metrics / models file serving.metrics",
-    ),
-    EnvVar(
-        ENV_EVAL_SET_MAX_MB,
-        str(DEFAULT_EVAL_SET_MAX_MB),
-        "The largest eval set a release reads, in MB: a larger one is refused in seconds, before it is parsed.",
-    ),
-    EnvVar(
-        ENV_EVAL_SET_MAX_TEXTS,
-        str(DEFAULT_EVAL_SET_MAX_TEXTS),
-        "The most labeled texts a release scores (each is run through the candidate and the champion).",
-    ),
-    EnvVar(
-        ENV_GC_KEEP_REFUSED,
-        str(DEFAULT_GC_KEEP_REFUSED),
-        "`seqcls gc`: per model, the newest refused attempts whose evidence (`failed/`) is kept.",
-        "`seqcls gc --keep-refused` / models file keep_refused",
-    ),
-    EnvVar(
-        ENV_GC_MIN_AGE,
-        f"{DEFAULT_GC_MIN_AGE:.0f}",
-        "`seqcls gc`: seconds a release workspace is left alone after its last write (a release may be between steps).",
-    ),
-    EnvVar(
-        ENV_GC_MLFLOW_VERSIONS,
-        DEFAULT_GC_MLFLOW_VERSIONS,
-        "`seqcls gc`: an MLflow version whose release workspace gc collects is `archive`d (its graphs deleted, "
-        "the version kept with its tags, metrics and evidence), `delete`d, or left alone (`keep`).",
-        "`seqcls gc --mlflow-versions` / DAG param mlflow_versions",
-    ),
-    EnvVar(
-        ENV_PADDLE_PYTHON, "the same interpreter", "Interpreter for the heavy Paddle tasks (@task.external_python)."
-    ),
-    EnvVar(
-        ENV_MODEL_REPOSITORY_SOURCE,
-        "model_repository/ of this project",
-        "Templates and python models rendered into each published version.",
-    ),
-    EnvVar(
-        ENV_CHECKPOINTS_ROOT,
-        "$SEQCLS_HOME/checkpoints",
-        "Where DAG runs may take checkpoints and eval sets from; checkpoint=latest looks here.",
-        "models file checkpoints_root (per model, under it)",
-    ),
-    EnvVar(ENV_MODEL_NAME, DEFAULT_MODEL_NAME, "The single release DAG's model, when there is no models file."),
-    EnvVar(ENV_SCHEDULE, "manual", "The single release DAG's schedule: manual, a cron preset/expression, or asset."),
-    EnvVar(
-        ENV_MODELS_FILE,
-        "dags/seqcls-models.yaml if present",
-        "The models file: one release DAG per model; none = the single seqcls_release DAG.",
-    ),
-    EnvVar(ENV_NOTIFY_URLS, "unset: nothing sent", "Apprise URLs (space-separated) told how CLI releases ended."),
-    EnvVar(
-        ENV_PROMETHEUS_URL,
-        "unset: $SEQCLS_HOME/monitor/<model>.jsonl readings",
-        "The Prometheus scraping every replica, for `seqcls monitor --since`.",
-    ),
-    EnvVar(
-        ENV_ALLOW_UNSAFE_PICKLE,
-        "off",
-        "1 lets a release with allow_unsafe_pickle load a .pdparams unscanned (trusted legacy files only).",
-    ),
-    EnvVar(ENV_AIRFLOW_RUN_URL, "set by the DAG's tasks", "The Airflow run page a release links to (MLflow tag)."),
-    EnvVar(ENV_FAULT_PLAN, "unset", "Test-only: make a release fail, die or stall at a named point (seqcls.faults)."),
-    EnvVar(ENV_FAULT_STALL_SECONDS, "600", "Test-only: how long a stall@<point> of the fault plan sleeps."),
-)
 
 
 def triton_resolve() -> dict[str, tuple[str, ...]]:

@@ -59,8 +59,8 @@ def timed_sync(settings: Settings, scenario: str, outcome: str, *, module: str =
     return results
 
 
-def reset(server: LocalTriton) -> None:
-    """Every model unloaded, the repository emptied (but the server's control key file)."""
+def unload_all(server: LocalTriton) -> None:
+    """What a restarted replica holds in explicit mode before anything loads: nothing (files untouched)."""
     import tritonclient.grpc as grpcclient
 
     client = grpcclient.InferenceServerClient(url=server.config.grpc_url)
@@ -72,6 +72,11 @@ def reset(server: LocalTriton) -> None:
     while any(m.state == "READY" for m in client.get_model_repository_index(headers=headers).models):
         assert time.monotonic() < deadline, "models still loaded 30 s after unload"
         time.sleep(0.2)
+
+
+def reset(server: LocalTriton) -> None:
+    """Every model unloaded, the repository emptied (but the server's control key file)."""
+    unload_all(server)
     for p in server.config.repository.iterdir():
         if p.name != KEY_FILE:
             shutil.rmtree(p) if p.is_dir() else p.unlink()

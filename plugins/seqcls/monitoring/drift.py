@@ -178,6 +178,25 @@ class DriftReport:
         who = f"{self.model_name} Triton v{self.version}" if self.version is not None else self.model_name or "live"
         return f"{who}: {self.texts:,} texts {self.window.get('text', '')}".rstrip() + f"; {self.summary()}"
 
+    def lines(self) -> list[str]:
+        """The headline, a table of what drifted, then the notes (resets, short windows, unread replicas)."""
+        out = [self.headline()]
+        rows = self.drifted + ([self.unlabeled] if self.unlabeled.drifted else [])
+        if rows:
+            width = max(len("label"), *(len(d.label) for d in rows))
+            out.append(f"  {'label':<{width}}  {'reference':>9}  {'live':>6}  {'PSI':>7}  {'p':>7}")
+            for d in rows:
+                shares = f"{d.reference_share:>9.1%}  {d.live_share:>6.1%}"
+                out.append(f"  {d.label:<{width}}  {shares}  {d.psi:>7.3f}  {d.p_value:>7.1e}")
+        conf = self.confidence
+        if conf is not None and conf.drifted:
+            out.append(f"  top confidence: PSI {conf.psi:.3f}, p {conf.p_value:.1e} over {conf.bins} buckets")
+        if self.other_versions:
+            others = ", ".join(f"v{v} {n:,} texts" for v, n in self.other_versions.items())
+            out.append(f"  other loaded versions (not compared): {others}")
+        out += [f"  note: {note}" for note in self.notes]
+        return out
+
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data["other_versions"] = {str(v): n for v, n in self.other_versions.items()}

@@ -17,6 +17,7 @@ whole check is bounded by ``timeout``: a probe must answer, even while a release
 
 from __future__ import annotations
 
+import argparse
 import logging
 import textwrap
 import threading
@@ -40,6 +41,10 @@ log = logging.getLogger(__name__)
 
 #: Seconds the whole check may take: below a probe's ``timeoutSeconds``.
 DEFAULT_TIMEOUT = 20.0
+HELP = (
+    "exit 0 only if ONE Triton replica serves every model's recorded version (READY, answers a request); "
+    "--reconcile loads it there first; for readiness/startup probes"
+)
 #: The one text the public route must answer (any text will do: it proves the pipeline runs).
 PROBE_TEXT = "replica-ready"
 
@@ -236,3 +241,16 @@ def replica_ready(
     result.seconds = time.perf_counter() - t0
     log.info("replica-ready %s: %s in %.2fs", url, "ready" if result.ready else "NOT ready", result.seconds)
     return result
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """``seqcls replica-ready``'s options (the CLI registers the command; the probe's contract lives here)."""
+    p.add_argument(
+        "--url", default=None, metavar="HOST:PORT", help="the replica's gRPC address (default: "
+        "$SEQCLS_TRITON_GRPC when it names one, else 127.0.0.1:8001)"
+    )  # fmt: skip
+    p.add_argument("--reconcile", action="store_true", help="first load the recorded versions on this replica")
+    p.add_argument("--model-name", type=ModelName, default=None, help="one model (default: every recorded model)")
+    p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT, help="seconds for the whole check (default 20)")
+    p.add_argument("--home", type=Path, default=None, help="release home (default: $SEQCLS_HOME or ~/.seqcls)")
+    p.add_argument("--json", action="store_true", help="print JSON")

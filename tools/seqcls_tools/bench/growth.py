@@ -179,13 +179,10 @@ def _measure(cli: _Cli, served: Path, evalset: Path, repeats: int, *, warmup: bo
     return times
 
 
-def run_growth(cfg: GrowthConfig) -> dict[str, Any]:
-    """Run the simulation (see the module docstring); returns what results.json holds."""
+def _local_server(work: Path):
+    """A local Triton on free ports over ``work/repo`` and the environment that points the CLI at it."""
     from seqcls.localtriton import LocalTriton, TritonServerConfig, free_ports
-    from seqcls_tools.bench.machine import loadavg, machine_facts
 
-    cfg.out.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix="seqcls-growth-"))
     http, grpc, metrics = free_ports(3)
     server = LocalTriton(
         TritonServerConfig(
@@ -205,6 +202,16 @@ def run_growth(cfg: GrowthConfig) -> dict[str, Any]:
         "SEQCLS_GC_MIN_AGE": "0",  # the fast clock: yesterday's workspace is old enough
         "GLOG_minloglevel": "2",
     }
+    return server, own
+
+
+def run_growth(cfg: GrowthConfig) -> dict[str, Any]:
+    """Run the simulation (see the module docstring); returns what results.json holds."""
+    from seqcls_tools.bench.machine import loadavg, machine_facts
+
+    cfg.out.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="seqcls-growth-"))
+    server, own = _local_server(work)
     saved = dict(os.environ)
     os.environ.update(own)  # this process's own reads (disk, MLflow) see what the CLI sees; restored at the end
     os.environ.pop("SEQCLS_FAULT_PLAN", None)

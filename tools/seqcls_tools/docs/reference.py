@@ -1,7 +1,7 @@
 """The configuration reference (``docs/configuration.md``), rendered from the code so it cannot drift.
 
 Every row comes from the tables the code itself runs on: the environment variables from
-:data:`seqcls.settings.ENVIRONMENT`, the release parameters from :data:`seqcls.config.FIELDS` (defaults from
+:data:`seqcls.environment.ENVIRONMENT`, the release parameters from :data:`seqcls.config.FIELDS` (defaults from
 :data:`seqcls.config.DEFAULTS`, grouped by :data:`seqcls.config.SECTIONS`), the DAG's other params from
 :func:`seqcls.airflow.params.run_params`, the models file's keys from :mod:`seqcls.airflow.models_file` and
 the command line from :func:`seqcls.cli.build_parser`. Only the models-file keys have no description in the
@@ -78,7 +78,7 @@ def _table(header: Sequence[str], rows: Iterable[Sequence[Any]]) -> list[str]:
 
 
 def environment() -> list[str]:
-    from seqcls.settings import ENVIRONMENT
+    from seqcls.environment import ENVIRONMENT
 
     rows = [(f"`{v.name}`", _cell(v.default), _cell(v.description), _cell(v.overridden_by) or "—") for v in ENVIRONMENT]
     return [

@@ -1,0 +1,59 @@
+"""Finished release workspaces, published versions and recorded serving states, made by hand for gc's tests."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from seqcls.contract.names import ModelName
+from seqcls.serving.state import ServingState, write_state
+from seqcls.settings import Settings
+
+NAME = ModelName("seqcls")
+HEAVY_BYTES = 50_000
+
+
+def fp(i: int) -> str:
+    return f"{i:02d}" * 32
+
+
+def workspace(settings: Settings, i: int, *, refused: str | None = None, evalset: str | None = None) -> Path:
+    """A finished release workspace: heavy dirs, small evidence, a manifest (refused: a gate step failed)."""
+    ws = settings.releases_dir / NAME / fp(i)[:16]
+    for name in ("checkpoint", "static", "onnx"):
+        (ws / name).mkdir(parents=True)
+        (ws / name / "big.bin").write_bytes(b"x" * HEAVY_BYTES)
+    (ws / "parity").mkdir()
+    (ws / "parity" / "report.json").write_text("{}")
+    steps = {"validate": {"status": "ok"}}
+    if refused:
+        (ws / "failed" / "evaluate").mkdir(parents=True)
+        (ws / "failed" / "evaluate" / "evaluation.json").write_text("{}")
+        steps["evaluate"] = {"status": "failed", "error": "GateError: quality gate refused", "finished_at": refused}
+    manifest = {"schema": 1, "steps": steps, "checkpoint": {"path": "x"}, "fingerprint": fp(i)}
+    if evalset:
+        manifest["eval_sets"] = {"/data/test.txt": {"copy": str(settings.eval_sets_dir / evalset), "sha256": "0"}}
+    (ws / "manifest.json").write_text(json.dumps(manifest))
+    old = 1_000_000_000  # long ago: older than gc_min_age
+    os.utime(ws / "manifest.json", (old, old))
+    return ws
+
+
+def publish(settings: Settings, version: int, i: int) -> None:
+    """Triton version ``version`` of workspace ``i``: each model's release.json, as publish writes it."""
+    repo = Path(str(settings.triton_repository))
+    for model in NAME.names.models:
+        vdir = repo / model / str(version)
+        vdir.mkdir(parents=True)
+        info = {"workspace": str(settings.releases_dir / NAME / fp(i)[:16]), "fingerprint": fp(i)}
+        (vdir / "release.json").write_text(json.dumps(info))
+
+
+def serve(settings: Settings, *versions: tuple[int, int]) -> ServingState:
+    """Record releases of (Triton version, workspace) in order: the last is served, the one before previous."""
+    repo = Path(str(settings.triton_repository))
+    state = ServingState.empty(NAME)
+    for version, i in versions:
+        state = state.with_candidate(version, fp(i), "test").promoted(version, fp(i), "test")
+    return write_state(repo, state, expected_generation=0)

@@ -1,0 +1,43 @@
+"""The team stack run for real on this machine: the services of ``docker-compose.airflow.yml`` as local
+processes on loopback (containers cannot run here) — PostgreSQL and the MLflow server
+(:mod:`.registry`), Redis and Airflow on the CeleryExecutor with its workers (:mod:`.airflow_stack`)."""
+
+from seqcls_tools.teamstack.airflow_stack import (
+    COMPOSE_AIRFLOW_KEYS,
+    STAND_INS,
+    CeleryAirflow,
+    Redis,
+    TeamStack,
+    compose_airflow_env,
+    compose_seqcls_env,
+    compose_worker_replicas,
+    localize,
+)
+from seqcls_tools.teamstack.registry import (
+    COMPOSE_FILE,
+    ROOT,
+    MlflowServer,
+    Postgres,
+    compose_service,
+    local_database_url,
+    pg_bindir,
+)
+
+__all__ = [
+    "COMPOSE_AIRFLOW_KEYS",
+    "COMPOSE_FILE",
+    "ROOT",
+    "STAND_INS",
+    "CeleryAirflow",
+    "MlflowServer",
+    "Postgres",
+    "Redis",
+    "TeamStack",
+    "compose_airflow_env",
+    "compose_seqcls_env",
+    "compose_service",
+    "compose_worker_replicas",
+    "local_database_url",
+    "localize",
+    "pg_bindir",
+]
