@@ -206,6 +206,8 @@ class AirflowStack:
         self.port = port
         self.url = f"http://{LOOPBACK}:{port}"
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        #: more processes beside the components, by name (the team stack's Celery workers)
+        self.extra_commands: dict[str, list[str]] = {}
         #: a process's working directory, by name (the team stack's Celery workers each have their own)
         self.cwd: dict[str, Path] = {}
         self.logs = self.root / "logs"
@@ -249,6 +251,7 @@ class AirflowStack:
                 name: [airflow, name, *(["--skip-serve-logs"] if name in SKIP_SERVE_LOGS else [])]
                 for name in COMPONENTS
             },
+            **self.extra_commands,
         }
 
     def write_login(self) -> None:
@@ -280,18 +283,23 @@ class AirflowStack:
             "Connections %s written to %s", ", ".join(self.connections), self.env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"]
         )
 
+    def spawn(self, name: str, extra_env: dict[str, str] | None = None) -> None:
+        """Start process ``name`` of :meth:`commands` (its log appended, its own session and working directory);
+        ``extra_env`` on top of the stack's environment (a drill's fault plan)."""
+        with open(self.logs / f"{name}.log", "ab") as out:
+            self.procs[name] = subprocess.Popen(
+                self.commands()[name], env={**self.env, **(extra_env or {})}, stdout=out, stderr=subprocess.STDOUT,
+                start_new_session=True, cwd=self.cwd.get(name),
+            )  # fmt: skip
+
     def start(self, timeout: float = 180) -> None:
         self.logs.mkdir(parents=True, exist_ok=True)
         self.write_login()
         if airflow_cli(["db", "migrate"], self.env, timeout=600, log_file=self.logs / "db-migrate.log").returncode:
             raise SeqclsError(f"`airflow db migrate` failed; see {self.logs / 'db-migrate.log'}")
         self.write_connections()
-        for name, cmd in self.commands().items():
-            out = open(self.logs / f"{name}.log", "ab")  # noqa: SIM115 (owned by the child)
-            self.procs[name] = subprocess.Popen(
-                cmd, env=self.env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, cwd=self.cwd.get(name)
-            )
-            out.close()
+        for name in self.commands():
+            self.spawn(name)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             dead = [n for n, p in self.procs.items() if p.poll() is not None]

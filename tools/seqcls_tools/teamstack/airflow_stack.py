@@ -156,17 +156,11 @@ class CeleryAirflow:
         mlflow_conn.update({"login": mlflow.username, "password": mlflow.password})
         mlflow_conn["description"] = "The team stack's MLflow server (basic auth), rewritten on every start"
         postgres.run_init_scripts(compose_file)  # Airflow's role and database, as the image makes them
-        base = self.stack.commands
-
-        def commands() -> dict[str, list[str]]:
-            airflow = str(Path(sys.executable).parent / "airflow")
-            workers = {
-                f"worker-{i}": [airflow, "celery", "worker", "--skip-serve-logs", "--celery-hostname", f"worker-{i}@%h"]
-                for i in range(1, self.workers + 1)
-            }
-            return {**base(), **workers}
-
-        self.stack.commands = commands  # type: ignore[method-assign]
+        airflow = str(Path(sys.executable).parent / "airflow")
+        self.stack.extra_commands = {
+            f"worker-{i}": [airflow, "celery", "worker", "--skip-serve-logs", "--celery-hostname", f"worker-{i}@%h"]
+            for i in range(1, self.workers + 1)
+        }
         for i in range(1, self.workers + 1):
             cwd = self.root / "workers" / f"worker-{i}"
             cwd.mkdir(parents=True, exist_ok=True)
@@ -193,12 +187,7 @@ class CeleryAirflow:
     def restart(self, name: str, extra_env: dict[str, str] | None = None) -> None:
         """Start component ``name`` again (after :meth:`kill` or :meth:`stop_one`): same command, environment
         (plus ``extra_env``, e.g. a drill's fault plan) and working directory."""
-        cmd = self.stack.commands()[name]
-        with open(self.stack.logs / f"{name}.log", "ab") as out:
-            self.stack.procs[name] = subprocess.Popen(
-                cmd, env={**self.stack.env, **(extra_env or {})}, stdout=out, stderr=subprocess.STDOUT,
-                start_new_session=True, cwd=self.stack.cwd.get(name),
-            )  # fmt: skip
+        self.stack.spawn(name, extra_env)
 
     def stop_one(self, name: str, timeout: float = 120) -> None:
         """SIGTERM to one component (a Celery worker's warm shutdown: it finishes its task, takes no more)."""
