@@ -97,3 +97,47 @@ def test_stall_sleeps_at_that_point_until_killed() -> None:
     assert time.monotonic() < deadline
     assert "stalls for 600s" in err and "reload:after-composing" in err, err
     assert "survived" not in out
+
+
+def test_pause_stops_at_that_point_until_sigcont(tmp_path) -> None:
+    """``pause@`` freezes the process exactly there (SIGSTOP); SIGCONT lets it carry on. The plan is read from
+    a file (``@path``) at every point, so a drill can plant it while a worker keeps its environment."""
+    import time
+
+    import psutil
+
+    plan = tmp_path / "plan"
+    env = {k: v for k, v in os.environ.items() if k != "SEQCLS_FAULT_PLAN"}
+    env["SEQCLS_FAULT_PLAN"] = f"@{plan}"
+    script = SCRIPT.replace(
+        'print("passed', 'open(sys.argv[1], "w").write("pause@reload:after-composing\\n")\nprint("passed'
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", script, str(plan)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        assert proc.stdout.readline().strip() == "passed step:before:publish"  # no plan file yet: no fault
+        deadline = time.monotonic() + 30
+        while psutil.Process(proc.pid).status() != psutil.STATUS_STOPPED:
+            assert time.monotonic() < deadline and proc.poll() is None, "the process did not pause"
+            time.sleep(0.1)
+        time.sleep(0.5)
+        assert psutil.Process(proc.pid).status() == psutil.STATUS_STOPPED
+        os.kill(proc.pid, signal.SIGCONT)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err
+    assert "survived reload:after-composing" in out
+    assert f"fault: process {proc.pid} pauses until SIGCONT" in err and "continues after reload:after-composing" in err
+
+
+def test_a_plan_file_that_does_not_exist_is_no_plan(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SEQCLS_FAULT_PLAN", f"@{tmp_path / 'absent'}")
+    faults.point("publish:copy")
+    (tmp_path / "absent").write_text("fail@publish:copy\nenospc@reload:after-composing\n", encoding="utf-8")
+    with pytest.raises(RuntimeError, match="publish:copy"):
+        faults.point("publish:copy")
+    with pytest.raises(OSError):
+        faults.point("reload:after-composing")

@@ -12,6 +12,12 @@ marked checkpoint and posts the Asset event over Airflow's REST API). Four inter
 promoted, a worse one refused by the quality gate, an unchanged one skipped as champion, a broken one
 (vocab) refused at parity — for both models, with the notifications received, and ``seqcls history``
 telling the same story as Airflow's run list. Served == recorded == champion at the end.
+
+Then the drills, on the same stack, each through a fault plan the workers read from a file
+(``SEQCLS_FAULT_PLAN=@path``, :mod:`seqcls.faults`): a Celery worker kill -9'd during ``reload_triton``;
+two runs of one model at once, the first meeting a PostgreSQL restart during ``register_model`` and a
+scheduler kill -9 during ``smoke_test``; the MLflow server stopped during ``promote``. Each ends with served
+== recorded == champion and the same answers after a Triton restart and one sync.
 """
 
 from __future__ import annotations
@@ -97,11 +103,13 @@ def team_stack(tmp_path_factory: pytest.TempPathFactory, receiver: JsonReceiver)
     models_file = _models_file(root / "seqcls-models.yaml", receiver.url())
     t0 = time.perf_counter()
     # a killed worker's task is failed by the scheduler once its heartbeats stop: 30 s here (default 300 s)
-    heartbeat = {
+    drills = {
         "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT": str(HEARTBEAT_TIMEOUT),
         "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT_DETECTION_INTERVAL": "5",
+        # the drills' fault plan, read at every fault point: planted and cleared while the workers run
+        "SEQCLS_FAULT_PLAN": f"@{root / 'fault-plan'}",
     }
-    stack = TeamStack(root, models_file=models_file, password="team-stack-test", airflow_env=heartbeat)
+    stack = TeamStack(root, models_file=models_file, password="team-stack-test", airflow_env=drills)
     stack.start()
     print(f"\nteam stack up in {time.perf_counter() - t0:.0f}s")
     try:
@@ -306,13 +314,14 @@ def test_scheduled_retraining_two_models_on_celery_workers(team_stack, trained, 
     assert titles == want, titles
 
 
-def _nudged(good: Path, out: Path) -> Path:
-    """``good`` with its classifier bias moved by 1e-3: another fingerprint, the same labels (passes every gate)."""
+def _nudged(good: Path, out: Path, delta: float = 1e-3) -> Path:
+    """``good`` with its classifier bias moved by ``delta``: another fingerprint, the same labels (passes every
+    gate)."""
     import paddle
 
     shutil.copytree(good, out)
     state = paddle.load(str(out / "model_state.pdparams"))
-    state["classifier.bias"] = paddle.to_tensor(state["classifier.bias"].numpy() + 1e-3)
+    state["classifier.bias"] = paddle.to_tensor(state["classifier.bias"].numpy() + delta)
     paddle.save(state, str(out / "model_state.pdparams"))
     return out
 
@@ -327,23 +336,94 @@ def _answers(settings, model: str) -> list:
     return [preds, [[round(float(p), 5) for p in row] for row in probs]]
 
 
-def _restart_workers(airflow, extra_env: dict[str, str] | None = None) -> None:
-    for i in range(1, airflow.workers + 1):
-        name = f"worker-{i}"
-        ready = airflow.worker_log(i).read_text(errors="replace").count(" ready.")
-        if airflow.stack.procs[name].poll() is None:
-            airflow.stop_one(name)
-        airflow.restart(name, extra_env)
-        _wait(lambda i=i, n=ready: airflow.worker_log(i).read_text(errors="replace").count(" ready.") > n, 120,
-              f"{name} ready again")  # fmt: skip
+def _plant(team_stack, plan: str | None) -> None:
+    """Plant (or clear) the fault plan every Airflow process of the stack reads at each fault point."""
+    path = Path(team_stack.airflow_env["SEQCLS_FAULT_PLAN"].removeprefix("@"))
+    if plan:
+        path.write_text(plan + "\n", encoding="utf-8")
+    else:
+        path.unlink(missing_ok=True)
+
+
+def _at_fault(stack, dag_id: str, run_id: str, task_id: str, what: str) -> int:
+    """The pid of ``task_id``'s process once its log says it reached its fault point (``stalls`` / ``pauses``);
+    a paused one is also seen stopped (SIGSTOP) before this returns."""
+    import re
+
+    import psutil
+
+    logs = Path(stack.env["AIRFLOW_HOME"]) / "logs" / f"dag_id={dag_id}" / f"run_id={run_id}" / f"task_id={task_id}"
+
+    def found() -> int | None:
+        for log_file in logs.glob("*.log"):
+            hit = re.search(rf"fault: process (\d+) {what}", log_file.read_text(errors="replace"))
+            if hit:
+                return int(hit.group(1))
+        return None
+
+    pid = _wait(found, RUN_TIMEOUT, f"{task_id} of {run_id} at its fault point", interval=1)
+    if what == "pauses":
+        _wait(lambda: psutil.Process(pid).status() == psutil.STATUS_STOPPED, 30, f"{task_id} stopped", interval=0.2)
+    return pid
+
+
+def _trigger(stack, dag_id: str, checkpoint: Path, token: str) -> str:
+    body = {"logical_date": None, "conf": {"checkpoint": str(checkpoint)}}
+    return _api(stack, "POST", f"/api/v2/dags/{dag_id}/dagRuns", body, token=token)["dag_run_id"]
+
+
+def _ended(stack, dag_id: str, run_id: str, token: str, what: str) -> tuple[dict, dict[str, str]]:
+    """Wait for the run to end: the run and its task states."""
+
+    def finished() -> dict | None:
+        r = _api(stack, "GET", f"/api/v2/dags/{dag_id}/dagRuns/{run_id}", token=token)
+        return r if r["state"] in ("success", "failed") else None
+
+    run = _wait(finished, RUN_TIMEOUT, what, interval=2)
+    tis = _api(stack, "GET", f"/api/v2/dags/{dag_id}/dagRuns/{run_id}/taskInstances", token=token)["task_instances"]
+    return run, {t["task_id"]: t["state"] for t in tis}
+
+
+def _fingerprint(team_stack, model: str) -> str:
+    status = _seqcls(team_stack, "status", "--model-name", model, "--json")
+    return json.loads(status.stdout)[0]["recorded"]["fingerprint"]
+
+
+def _settled(team_stack, model: str, changed_from: str | None = None) -> list:
+    """served == recorded == champion (another checkpoint than ``changed_from`` when given), no release in
+    flight; the same answers after a Triton restart (explicit mode: it loads nothing until sync loads the
+    recorded state)."""
+    status = _seqcls(team_stack, "status", "--model-name", model, "--json")
+    (s,) = json.loads(status.stdout)
+    assert status.returncode == 0 and s["agree"] and not s["problems"], s
+    assert s["recorded"]["serving"] == s["registry"]["champion_triton"], s
+    assert s["recorded"]["candidate"] is None, s
+    assert s["recorded"]["fingerprint"] == s["registry"]["champion_fingerprint"], s
+    if changed_from is not None:
+        assert s["recorded"]["fingerprint"] != changed_from, s
+    answers = _answers(team_stack.settings, model)
+    team_stack.triton.stop()
+    team_stack.triton.start()
+    sync = _seqcls(team_stack, "sync")
+    assert sync.returncode == 0, sync.stdout + sync.stderr
+    assert _answers(team_stack.settings, model) == answers
+    return answers
+
+
+def _restarted(airflow, name: str) -> None:
+    """Start worker ``name`` again (after a kill) and wait until Celery says it is ready."""
+    index = int(name.rsplit("-", 1)[1])
+    ready = airflow.worker_log(index).read_text(errors="replace").count(" ready.")
+    airflow.restart(name)
+    _wait(lambda: airflow.worker_log(index).read_text(errors="replace").count(" ready.") > ready, 120,
+          f"{name} ready again")  # fmt: skip
 
 
 def test_a_celery_worker_killed_during_reload_triton_is_undone(team_stack, trained) -> None:
     """kill -9 the worker that runs ``reload_triton`` (stalled by the fault seam with the candidate loaded
-    beside the served version), then bring it back: the scheduler fails
-    the task when its heartbeats stop, the run's rollback (on the other worker) undoes the attempt, and the
-    served model, the recorded state and the MLflow champion are what they were — also after a Triton
-    restart and one sync."""
+    beside the served version), then bring it back: the scheduler fails the task when its heartbeats stop,
+    the run's rollback (on the other worker) undoes the attempt, and the served model, the recorded state
+    and the MLflow champion are what they were — also after a Triton restart and one sync."""
     import psutil
 
     airflow, settings = team_stack.airflow, team_stack.settings
@@ -353,64 +433,130 @@ def test_a_celery_worker_killed_during_reload_triton_is_undone(team_stack, train
     before = _answers(settings, "beta")
     candidate = _nudged(trained["good"], settings.checkpoints_root / "beta" / "5-nudged")
     # reload_triton stalls once it has loaded the candidate beside the served version (the fault seam)
-    _restart_workers(airflow, {"SEQCLS_FAULT_PLAN": "stall@reconcile:after-widen"})
-    planted = True
+    _plant(team_stack, "stall@reconcile:after-widen")
     try:
-        run = _api(stack, "POST", f"/api/v2/dags/{dag_id}/dagRuns",
-                   {"logical_date": None, "conf": {"checkpoint": str(candidate)}}, token=token)  # fmt: skip
-        run_id = run["dag_run_id"]
-        task_logs = stack.env["AIRFLOW_HOME"] + f"/logs/dag_id={dag_id}/run_id={run_id}/task_id=reload_triton"
-
-        def stalled() -> int | None:
-            import re
-
-            for log_file in Path(task_logs).glob("*.log"):
-                found = re.search(r"fault: process (\d+) stalls", log_file.read_text(errors="replace"))
-                if found:
-                    return int(found.group(1))
-            return None
-
-        task_pid = _wait(stalled, RUN_TIMEOUT, "reload_triton stalled at its fault point", interval=1)
-
-        def tree(pid: int) -> set[int]:
-            return {c.pid for c in psutil.Process(pid).children(recursive=True)}
-
-        holder = next(n for n, p in stack.procs.items() if n.startswith("worker-") and task_pid in tree(p.pid))
-        t_kill = time.perf_counter()
-        airflow.kill(holder)  # the worker's whole process group: the worker, its task supervisor, the task
-        with contextlib.suppress(psutil.NoSuchProcess):
-            psutil.Process(task_pid).kill()  # a machine that dies takes everything with it
-        _restart_workers(airflow)  # both back without the plan before the scheduler gives up on the task
-        planted = False
-
-        def finished() -> dict | None:
-            r = _api(stack, "GET", f"/api/v2/dags/{dag_id}/dagRuns/{run_id}", token=token)
-            return r if r["state"] in ("success", "failed") else None
-
-        done = _wait(finished, RUN_TIMEOUT, "the run to end after the worker was killed", interval=2)
-        recovery = time.perf_counter() - t_kill
+        run_id = _trigger(stack, dag_id, candidate, token)
+        task_pid = _at_fault(stack, dag_id, run_id, "reload_triton", "stalls")
     finally:
-        if planted:
-            _restart_workers(airflow)  # both workers back, without the fault plan
-    tis = _api(stack, "GET", f"/api/v2/dags/{dag_id}/dagRuns/{run_id}/taskInstances", token=token)["task_instances"]
-    states = {t["task_id"]: t["state"] for t in tis}
+        _plant(team_stack, None)
+
+    def tree(pid: int) -> set[int]:
+        return {c.pid for c in psutil.Process(pid).children(recursive=True)}
+
+    holder = next(n for n, p in stack.procs.items() if n.startswith("worker-") and task_pid in tree(p.pid))
+    t_kill = time.perf_counter()
+    airflow.kill(holder)  # the worker's whole process group: the worker, its task supervisor, the task
+    with contextlib.suppress(psutil.NoSuchProcess):
+        psutil.Process(task_pid).kill()  # a machine that dies takes everything with it
+    _restarted(airflow, holder)  # back before the scheduler gives up on the task
+    done, states = _ended(stack, dag_id, run_id, token, "the run to end after the worker was killed")
+    recovery = time.perf_counter() - t_kill
     print(f"\nworker {holder} killed during reload_triton: run {done['state']} {recovery:.0f}s later; {states}")
     assert done["state"] == "failed", states
     assert states["reload_triton"] == "failed" and states["rollback"] == "success", states
     assert states["promote"] in ("upstream_failed", "skipped"), states
-
     status = _seqcls(team_stack, "status", "--model-name", "beta", "--json")
     (s,) = json.loads(status.stdout)
-    assert status.returncode == 0 and s["agree"] and not s["problems"], s
     assert s["recorded"]["serving"] == s["registry"]["champion_triton"] == 1, s
-    assert s["recorded"]["candidate"] is None, s
     assert _answers(settings, "beta") == before
+    assert _settled(team_stack, "beta") == before
 
-    team_stack.triton.stop()  # a restarted Triton (explicit mode) loads nothing until sync loads the recorded state
-    team_stack.triton.start()
-    sync = _seqcls(team_stack, "sync")
-    assert sync.returncode == 0, sync.stdout + sync.stderr
-    assert _answers(settings, "beta") == before
+
+def test_two_runs_at_once_postgres_restarted_in_register_scheduler_killed_in_smoke(team_stack, trained) -> None:
+    """Two runs of one model triggered at once for one new checkpoint: ``max_active_runs=1`` queues the
+    second, which then finds the checkpoint champion and skips — never two releases. The first meets two
+    faults and carries on to promotion: PostgreSQL (Airflow's metadata and MLflow's store) restarted while
+    ``register_model`` is between logging its artifacts and creating the version, and the scheduler
+    kill -9'd while ``smoke_test`` runs, then started again (it adopts the running task)."""
+    import os
+    import signal
+
+    airflow = team_stack.airflow
+    stack, dag_id = airflow.stack, DAG_IDS["beta"]
+    token = stack.token()
+    candidate = _nudged(trained["good"], team_stack.settings.checkpoints_root / "beta" / "6-nudged", delta=2e-3)
+    champion = _fingerprint(team_stack, "beta")
+    _plant(team_stack, "pause@register:artifacts,pause@task:before:smoke")
+    paused: list[int] = []
+    try:
+        runs = [_trigger(stack, dag_id, candidate, token) for _ in range(2)]
+
+        def started() -> str | None:
+            listed = {r: _api(stack, "GET", f"/api/v2/dags/{dag_id}/dagRuns/{r}", token=token)["state"] for r in runs}
+            running = [r for r, state in listed.items() if state == "running"]
+            assert len(running) <= 1, listed  # max_active_runs=1
+            return running[0] if running else None
+
+        first = _wait(started, 120, "one of the two runs running")
+        (second,) = [r for r in runs if r != first]
+        paused.append(_at_fault(stack, dag_id, first, "register_model", "pauses"))
+        t0 = time.perf_counter()
+        team_stack.postgres.restart()
+        pg_down = time.perf_counter() - t0
+        os.kill(paused[-1], signal.SIGCONT)
+        paused.append(_at_fault(stack, dag_id, first, "smoke_test", "pauses"))
+        _plant(team_stack, None)
+        t_kill = time.perf_counter()
+        airflow.kill("scheduler")
+        os.kill(paused[-1], signal.SIGCONT)  # smoke_test runs on with no scheduler
+        time.sleep(5)
+        airflow.restart("scheduler")
+    finally:
+        _plant(team_stack, None)
+        for pid in paused:  # never leave a stopped task behind a failed assertion
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+    done, states = _ended(stack, dag_id, first, token, "the first run to end")
+    recovery = time.perf_counter() - t_kill
+    other, other_states = _ended(stack, dag_id, second, token, "the second run to end")
+    print(f"\nPostgreSQL restarted in {pg_down:.1f}s during register_model; scheduler killed during smoke_test: "
+          f"run {done['state']} {recovery:.0f}s after the kill; {states}; the second run: {other_states}")  # fmt: skip
+    assert done["state"] == "success" and states["promote"] == "success", states
+    assert states["rollback"] == "skipped", states
+    assert other["state"] == "success" and other_states["promote"] == "skipped", other_states  # champion already
+    assert other["start_date"] >= done["end_date"], (done, other)  # the second waited: never two at once
+    _settled(team_stack, "beta", changed_from=champion)
+    hist = _seqcls(team_stack, "history", "--model-name", "beta", "--json")
+    kinds = {}
+    for entry in json.loads(hist.stdout)["entries"]:
+        kinds.setdefault((entry.get("who") or {}).get("run_id"), []).append(entry["kind"])
+    assert "promote" in kinds.get(first, []) and second not in kinds, kinds
+
+
+def test_mlflow_stopped_during_promote(team_stack, trained) -> None:
+    """The MLflow server killed while ``promote`` starts and back 15 s later: the MLflow client's retries carry
+    the alias move over the outage — the run is promoted, nothing half-done."""
+    import os
+    import signal
+
+    stack, dag_id = team_stack.airflow.stack, DAG_IDS["beta"]
+    token = stack.token()
+    candidate = _nudged(trained["good"], team_stack.settings.checkpoints_root / "beta" / "7-nudged", delta=3e-3)
+    champion = _fingerprint(team_stack, "beta")
+    _plant(team_stack, "pause@task:before:promote")
+    pid = None
+    try:
+        run_id = _trigger(stack, dag_id, candidate, token)
+        pid = _at_fault(stack, dag_id, run_id, "promote", "pauses")
+        _plant(team_stack, None)
+        team_stack.mlflow.kill()
+        t_stop = time.perf_counter()
+        os.kill(pid, signal.SIGCONT)
+        time.sleep(15)
+        team_stack.mlflow.start()
+        back = time.perf_counter() - t_stop
+    finally:
+        _plant(team_stack, None)
+        if pid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+        if team_stack.mlflow.proc is None or team_stack.mlflow.proc.poll() is not None:
+            team_stack.mlflow.start()
+    done, states = _ended(stack, dag_id, run_id, token, "the run to end after MLflow came back")
+    recovery = time.perf_counter() - t_stop
+    print(f"\nMLflow down {back:.0f}s during promote: run {done['state']} {recovery:.0f}s after the stop; {states}")
+    assert done["state"] == "success" and states["promote"] == "success", states
+    _settled(team_stack, "beta", changed_from=champion)
 
 
 def test_seqcls_team_stack_serves_until_ctrl_c_and_stops_everything(tmp_path: Path) -> None:

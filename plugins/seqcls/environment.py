@@ -199,7 +199,12 @@ ENVIRONMENT: tuple[EnvVar, ...] = (
         "1 lets a release with allow_unsafe_pickle load a .pdparams unscanned (trusted legacy files only).",
     ),
     EnvVar(ENV_AIRFLOW_RUN_URL, "set by the DAG's tasks", "The Airflow run page a release links to (MLflow tag)."),
-    EnvVar(ENV_FAULT_PLAN, "unset", "Test-only: make a release fail, die or stall at a named point (seqcls.faults)."),
+    EnvVar(
+        ENV_FAULT_PLAN,
+        "unset",
+        "Test-only: make a release fail, die, stall or pause at a named point; `@path` reads the plan from a file "
+        "(seqcls.faults).",
+    ),
 )
 
 

@@ -8,7 +8,12 @@ Failure drills set ``SEQCLS_FAULT_PLAN`` to a comma-separated list of ``action@p
 - ``enospc@<point>`` raise ``OSError(ENOSPC)`` as a full disk would;
 - ``fail@<point>``   raise ``RuntimeError``;
 - ``stall@<point>``  sleep (10 minutes) as a hung load would, so a drill can kill the process — or the
-  machine it runs on — exactly there.
+  machine it runs on — exactly there;
+- ``pause@<point>``  stop the process (SIGSTOP) until a drill sends SIGCONT: the world can change under a
+  release exactly there (a database restarted, a server stopped), then it carries on.
+
+The plan may live in a file (``SEQCLS_FAULT_PLAN=@/path``, read at every point, missing = no plan), so
+a drill can change it while long-running workers keep their environment.
 
 Unset (production), :func:`point` costs one environment lookup. Point names are validated
 (``^[a-z]+(:[a-z0-9_.-]+)+$``) so a typo in the code fails every test, not silently no drill.
@@ -30,7 +35,7 @@ from seqcls.settings import ENV_FAULT_PLAN, fault_plan
 
 log = logging.getLogger(__name__)
 
-ACTIONS = ("die", "enospc", "fail", "stall")
+ACTIONS = ("die", "enospc", "fail", "stall", "pause")
 STALL_SECONDS = 600.0
 _POINT_RE = re.compile(r"^[a-z]+(:[a-z0-9_.-]+)+$")
 
@@ -84,6 +89,11 @@ def point(name: str) -> None:
         log.critical("fault: process %d stalls for %.0fs (%s)", os.getpid(), STALL_SECONDS, where)
         _flush_logs()
         time.sleep(STALL_SECONDS)
+    elif action == "pause":
+        log.critical("fault: process %d pauses until SIGCONT (%s)", os.getpid(), where)
+        _flush_logs()
+        os.kill(os.getpid(), signal.SIGSTOP)
+        log.warning("fault: process %d continues after %s", os.getpid(), name)
     elif action == "enospc":
         log.error("fault: raising ENOSPC (%s)", where)
         raise OSError(errno.ENOSPC, f"No space left on device ({where})")

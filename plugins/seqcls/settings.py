@@ -204,8 +204,15 @@ def notify_urls() -> tuple[str, ...]:
 
 
 def fault_plan() -> str:
-    """The test-only fault plan (``SEQCLS_FAULT_PLAN``); empty in production. See :mod:`seqcls.faults`."""
-    return os.environ.get(ENV_FAULT_PLAN, "")
+    """The test-only fault plan (``SEQCLS_FAULT_PLAN``, or the file it names as ``@path``); empty in production.
+    See :mod:`seqcls.faults`."""
+    plan = os.environ.get(ENV_FAULT_PLAN, "")
+    if not plan.startswith("@"):
+        return plan
+    try:
+        return ",".join(Path(plan[1:]).read_text(encoding="utf-8").split())
+    except FileNotFoundError:
+        return ""
 
 
 def check_control_key(key: str, source: str = ENV_TRITON_CONTROL_KEY) -> str:

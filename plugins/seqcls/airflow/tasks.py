@@ -28,6 +28,7 @@ from typing import Any
 from airflow.providers.standard.operators.hitl import ApprovalOperator
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
+from seqcls import faults
 from seqcls.airflow.assets import record_champion
 from seqcls.airflow.context import (
     ROLLBACK_ON,
@@ -189,6 +190,7 @@ def run_task_step(
     journalled changes — also those of a task SIGKILLed after the grace period — the rollback task undoes.
     """
     run = f"{getattr(ti, 'dag_id', 'dag')}/{getattr(ti, 'run_id', 'run')}"
+    faults.point(f"task:before:{name}")  # the team stack's drills change the world here (seqcls.faults)
     with connected(params, checkpoints_root=checkpoints_root) as settings:
         release = open_for_task(checkpoint, params, settings, fingerprint=fingerprint)
         model, owner = release.config.model_name, release_owner(release)
