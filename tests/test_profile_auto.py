@@ -257,6 +257,15 @@ def test_steady_means_the_last_two_passes_within_five_percent() -> None:
     assert steady([89.6, 115.6, 119.0]) and steady([100.0, 95.0])
 
 
+def test_an_unsteady_curve_records_its_median_pass_after_the_first_not_its_last_sample() -> None:
+    from seqcls.profiles.timing import recorded_pass
+
+    assert recorded_pass([89.6, 115.6, 119.0], ok=True) == 2
+    assert recorded_pass([197.4, 207.2, 206.8, 246.5], ok=False) == 1  # 207.2 of 207.2, 206.8, 246.5
+    assert recorded_pass([1663.0, 2288.0, 1845.0, 901.0], ok=False) == 2  # 1845, not the last 901
+    assert recorded_pass([50.0, 60.0], ok=False) == 1
+
+
 def test_at_the_expected_concurrency_exact_graphs_merge_equal_lengths_and_the_others_run_alone(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -9,7 +9,8 @@ cold rate, not the served one. So, for every graph:
 2. **timed passes until steady**: the texts, each alone, over and over (every graph's pass interleaved
    with the others' in blocks, so load from other work on the host falls on all alike) until each graph's
    rate moved at most :data:`STEADY` between its last two passes, at least :data:`MIN_PASSES` and at
-   most :data:`MAX_PASSES`; the last pass is the recorded one, every pass's rate is the curve;
+   most :data:`MAX_PASSES`; the last pass is the recorded one (still unsteady at the bound: the median pass
+   after the first, :func:`recorded_pass`), every pass's rate is the curve;
 3. **at the expected concurrency**: ``clients`` single-text requests pending at once, as one served
    instance takes them from Triton's dynamic batcher: texts of equal length share one run where the
    served model merges them (the exact profiles), every text runs alone otherwise (int8's dynamic
@@ -105,17 +106,28 @@ def _rows(run: Feed) -> int:
     return int(next(iter(run.values())).shape[0])
 
 
+def recorded_pass(curve: Sequence[float], ok: bool) -> int:
+    """Which pass is recorded: the last when steady; otherwise (the host's load moved the rate to the end) the
+    pass of median rate after the first (the first is the one still warming), not one noisy last sample."""
+    if ok or len(curve) < 3:
+        return len(curve) - 1
+    later = sorted(range(1, len(curve)), key=lambda i: curve[i])
+    return later[(len(later) - 1) // 2]
+
+
 def passes_until_steady(
     sessions: Mapping[str, Any], runs: Mapping[str, Sequence[Feed]], output: str
-) -> dict[str, tuple[list[float], list[np.ndarray], list[float], bool]]:
+) -> dict[str, tuple[list[float], list[np.ndarray], list[float], bool, int]]:
     """Timed passes over each graph's ``runs``, every graph's pass interleaved with the others' in blocks of
     :data:`BLOCK` runs, until every graph is :func:`steady` (bounded by :data:`MIN_PASSES`/:data:`MAX_PASSES`).
-    Per graph: the last pass's seconds per run and outputs, every pass's sentences/s, steady or not."""
+    Per graph: the :func:`recorded_pass`'s seconds per run, the last pass's outputs, every pass's
+    sentences/s, steady or not, and which pass is recorded."""
     names = list(sessions)
     n = max((len(r) for r in runs.values()), default=0)
     texts = {name: sum(_rows(r) for r in runs[name]) for name in names}
     curve: dict[str, list[float]] = {name: [] for name in names}
-    last: dict[str, tuple[list[float], list[np.ndarray]]] = {}
+    every: dict[str, list[list[float]]] = {name: [] for name in names}
+    outputs: dict[str, list[np.ndarray]] = {}
     for done in range(MAX_PASSES):
         lat: dict[str, list[float]] = {name: [] for name in names}
         out: dict[str, list[np.ndarray]] = {name: [] for name in names}
@@ -129,10 +141,16 @@ def passes_until_steady(
         for name in names:
             seconds = float(sum(lat[name]))
             curve[name].append(texts[name] / seconds if seconds > 0 else 0.0)
-            last[name] = (lat[name], out[name])
+            every[name].append(lat[name])
+            outputs[name] = out[name]
         if done + 1 >= MIN_PASSES and all(steady(curve[name]) for name in names):
             break
-    return {name: (*last[name], curve[name], steady(curve[name])) for name in names}
+    result = {}
+    for name in names:
+        ok = steady(curve[name])
+        k = recorded_pass(curve[name], ok)
+        result[name] = (every[name][k], outputs[name], curve[name], ok, k)
+    return result
 
 
 def runs_at(feeds: Sequence[Feed], clients: int, merge: bool) -> list[dict[str, np.ndarray]]:
@@ -161,14 +179,14 @@ def time_graphs(
     timings = {name: Timing(clients=clients) for name in sessions}
     for name, session in sessions.items():
         timings[name].warm_lengths, timings[name].warm_seconds = warm(session, feeds[name], output)
-    for name, (lat, out, curve, ok) in passes_until_steady(sessions, feeds, output).items():
+    for name, (lat, out, curve, ok, _) in passes_until_steady(sessions, feeds, output).items():
         t = timings[name]
         t.latencies, t.outputs, t.passes, t.steady = lat, out, curve, ok
     if clients > 1:
         runs = {name: runs_at(feeds[name], clients, merge=name in EXACT_PROFILES) for name in sessions}
-        for name, (_, _, curve, ok) in passes_until_steady(sessions, runs, output).items():
+        for name, (_, _, curve, ok, k) in passes_until_steady(sessions, runs, output).items():
             t = timings[name]
-            t.concurrent, t.concurrent_passes, t.concurrent_steady = curve[-1], curve, ok
+            t.concurrent, t.concurrent_passes, t.concurrent_steady = curve[k], curve, ok
     return timings
 
 
@@ -180,6 +198,7 @@ __all__ = [
     "STEADY",
     "Timing",
     "passes_until_steady",
+    "recorded_pass",
     "runs_at",
     "steady",
     "time_graphs",
