@@ -156,7 +156,7 @@ def test_auto_release_chooses_measures_and_gates_the_chosen_profile(tiny_checkpo
         if c["error"] is None:  # warmed, timed until steady (or said not), at the release's expected clients
             assert c["warm_lengths"] > 1 and c["clients"] == 4 and c["single_sentences_per_s"] > 0, c
             assert 2 <= len(c["passes_sentences_per_s"]) <= 4 and 2 <= len(c["concurrent_passes_sentences_per_s"]) <= 4
-            assert c["sentences_per_s"] == c["concurrent_passes_sentences_per_s"][-1], c
+            assert c["sentences_per_s"] in c["concurrent_passes_sentences_per_s"][1:], c  # a timed pass, not the first
     assert choice["clients"] == 4
     fp16 = next(c for c in choice["candidates"] if c["profile"] == "fp16")  # no CUDA here: rejected, saying why
     assert "CUDAExecutionProvider only" in fp16["error"], fp16
