@@ -303,3 +303,27 @@ def test_expected_clients_is_a_release_parameter_with_a_range() -> None:
     assert FIELD_BY_NAME["expected_clients"].flag == "--expected-clients"
     with pytest.raises(InputError, match="expected_clients"):
         ReleaseConfig(expected_clients=0)
+
+
+@pytest.mark.slow
+def test_openvino_pays_a_first_time_cost_per_length_that_auto_warms_away(tiny_checkpoint: Path) -> None:
+    """The real engine behind bf16: each new length's first run is several times a warm run (on this tiny
+    model 9.6 ms against about 2), which is why auto warms every length before timing anything."""
+    import seqcls_engine
+
+    from seqcls.profiles import auto
+    from seqcls.steps import run_release
+    from seqcls.steps.convert import answering
+
+    if not set(seqcls_engine.cpu_flags()) & set(seqcls_engine.BF16_CPU_FLAGS):
+        pytest.skip("this CPU has neither avx512_bf16 nor amx_bf16")
+    release = open_release(tiny_checkpoint, ReleaseConfig(profile="bf16"))
+    run_release(release, until="convert")
+    texts = ["裁" * (1 + i % 30) for i in range(60)]  # 30 lengths, each twice
+    timings, _, _ = auto.time_requests(
+        {"bf16": release.workspace.path("onnx/model.onnx")}, texts, answering(release), 4
+    )
+    t = timings["bf16"]
+    assert t.warm_lengths == 30 and len(t.passes) >= 2 and t.concurrent and t.single
+    cold_ms, warm_ms = 1000.0 * t.warm_seconds / t.warm_lengths, 1000.0 / t.single
+    assert cold_ms > 1.5 * warm_ms, (cold_ms, warm_ms, t.passes)
