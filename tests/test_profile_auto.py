@@ -308,7 +308,8 @@ def test_expected_clients_is_a_release_parameter_with_a_range() -> None:
 @pytest.mark.slow
 def test_openvino_pays_a_first_time_cost_per_length_that_auto_warms_away(tiny_checkpoint: Path) -> None:
     """The real engine behind bf16: each new length's first run is several times a warm run (on this tiny
-    model 9.6 ms against about 2), which is why auto warms every length before timing anything."""
+    model about 5 ms against a median warm run of about 0.6 ms), which is why auto warms every length before
+    timing anything."""
     import seqcls_engine
 
     from seqcls.profiles import auto
@@ -325,5 +326,6 @@ def test_openvino_pays_a_first_time_cost_per_length_that_auto_warms_away(tiny_ch
     )
     t = timings["bf16"]
     assert t.warm_lengths == 30 and len(t.passes) >= 2 and t.concurrent and t.single
-    cold_ms, warm_ms = 1000.0 * t.warm_seconds / t.warm_lengths, 1000.0 / t.single
-    assert cold_ms > 1.5 * warm_ms, (cold_ms, warm_ms, t.passes)
+    # the median warm run: a shared host's load spikes move a mean, hardly a median
+    cold_ms, warm_ms = 1000.0 * t.warm_seconds / t.warm_lengths, 1000.0 * float(np.median(t.latencies))
+    assert cold_ms > 2 * warm_ms, (cold_ms, warm_ms, t.passes)
