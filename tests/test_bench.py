@@ -245,6 +245,15 @@ def test_bench_quick_cli(tmp_path: Path) -> None:
     assert {"exact_vs_classic", "fastest_vs_classic", "tokenizer_rss_mb", "hot_reload_failed"} <= keys
     assert any(k.startswith("multi_text_vs_single[") for k in keys)
     assert any(k.startswith("every_concurrency_vs_classic[") for k in keys)
+    # every profile at 1 client and at 8, and auto's recorded rate against the in-process limit, each a verdict
+    for name in results["releases"]:
+        assert {f"lone_vs_inprocess[{name}]", f"served_vs_inprocess[{name}]", f"auto_vs_inprocess[{name}]"} <= keys
+    gated = [p for p, r in results["releases"].items() if r["gate_passed"]]
+    auto = results["auto"]
+    assert set(auto["profiles"]) == set(gated) and auto["clients"] == 8, auto
+    for e in auto["profiles"].values():  # auto's timing, run on the bench's releases: warmed, curves, 8 clients
+        assert e["warm_lengths"] > 1 and e["single_sentences_per_s"] > 0 and e["concurrent_sentences_per_s"] > 0, e
+        assert 2 <= len(e["passes_sentences_per_s"]) <= 4, e
     for r in results["ratios"]:
         if r["key"].startswith(("multi_text_vs_single[", "every_concurrency_vs_classic[")):
             assert r["value"] and r["baseline"] and r["ratio"] == round(r["value"] / r["baseline"], 2), r

@@ -145,7 +145,7 @@ def test_auto_release_chooses_measures_and_gates_the_chosen_profile(tiny_checkpo
     eval_set.write_text(
         "".join(json.dumps({"text": t, "labels": ls}, ensure_ascii=False) + "\n" for t, ls in rows), encoding="utf-8"
     )
-    release = open_release(tiny_checkpoint, ReleaseConfig(profile="auto", eval_set=str(eval_set)))
+    release = open_release(tiny_checkpoint, ReleaseConfig(profile="auto", eval_set=str(eval_set), expected_clients=4))
     results = run_release(release, until="evaluate")
     assert [r.step for r in results][-3:] == ["convert", "validate", "evaluate"]
     ws = release.workspace
@@ -153,6 +153,11 @@ def test_auto_release_chooses_measures_and_gates_the_chosen_profile(tiny_checkpo
     assert [c["profile"] for c in choice["candidates"]] == list(CANDIDATES)
     for c in choice["candidates"]:
         assert c["error"] is not None or (c["sentences_per_s"] > 0 and c["p50_ms"] > 0 and c["texts"] > 0), c
+        if c["error"] is None:  # warmed, timed until steady (or said not), at the release's expected clients
+            assert c["warm_lengths"] > 1 and c["clients"] == 4 and c["single_sentences_per_s"] > 0, c
+            assert 2 <= len(c["passes_sentences_per_s"]) <= 4 and 2 <= len(c["concurrent_passes_sentences_per_s"]) <= 4
+            assert c["sentences_per_s"] in c["concurrent_passes_sentences_per_s"][1:], c  # a timed pass, not the first
+    assert choice["clients"] == 4
     fp16 = next(c for c in choice["candidates"] if c["profile"] == "fp16")  # no CUDA here: rejected, saying why
     assert "CUDAExecutionProvider only" in fp16["error"], fp16
     chosen = effective_profile(release)
@@ -180,3 +185,147 @@ def test_auto_release_chooses_measures_and_gates_the_chosen_profile(tiny_checkpo
     assert (mv.tags["profile"], mv.tags["profile_chosen"]) == ("auto", chosen)  # identity and what is served
     params = c.get_run(mv.run_id).data.params
     assert (params["profile"], params["profile_chosen"]) == ("auto", chosen)
+
+
+# ----------------------------------------------------------------------------- warm before timing
+
+
+class _ColdPerLength:
+    """A session that, like OpenVINO, pays a first-time cost per new sequence length, and a smaller one on
+    its second run of a length; from the third on it runs at its steady cost (seconds)."""
+
+    def __init__(self, cold: float = 0.03, second: float = 0.012, steady: float = 0.003, labels: int = 3) -> None:
+        self.costs, self.labels, self.seen = (cold, second, steady), labels, {}
+        self.steady_cost = steady
+
+    def get_inputs(self):
+        from types import SimpleNamespace
+
+        return [SimpleNamespace(name=n) for n in ("input_ids", "token_type_ids")]
+
+    def get_session_options(self):
+        from types import SimpleNamespace
+
+        return SimpleNamespace(intra_op_num_threads=2)
+
+    def run(self, output_names, feed):
+        import time
+
+        ids = feed["input_ids"]
+        k = self.seen.get(ids.shape, 0)
+        self.seen[ids.shape] = k + 1
+        time.sleep(self.costs[min(k, 2)])
+        return [np.zeros((ids.shape[0], self.labels), dtype=np.float32)]
+
+
+def _answering(tmp_path: Path):
+    from seqcls.contract import shipped
+    from seqcls.profiles.auto import Answering
+
+    vocab = tmp_path / "vocab.txt"
+    vocab.write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "一"]) + "\n", encoding="utf-8")
+    tok = shipped.text().build_tokenizer(vocab, max_length=128)
+    return Answering(tok, 0, LABELS, THRESHOLDS, True, ["CPUExecutionProvider"])
+
+
+def test_auto_records_the_warm_rate_not_a_cold_first_pass(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A graph paying a first-time cost per length (OpenVINO) was timed after 5 warm-up texts, so texts
+    of every other length were timed cold: the rate recorded was the cold first pass's."""
+    from seqcls.profiles import auto
+
+    sessions = {name: _ColdPerLength() for name in ("fp32", "bf16")}
+    monkeypatch.setattr(auto.runtime, "session", lambda path, providers, profile: sessions[profile])
+    golden = ["一" * (1 + i % 20) for i in range(40)]  # 20 lengths, each twice
+    trials = [Trial(p, tmp_path / f"{p}.onnx") for p in sessions]
+    choice = auto.measure_and_choose(trials, golden, None, _answering(tmp_path), RULES)
+    steady_rate = 1.0 / sessions["fp32"].steady_cost
+    for c in choice.candidates:
+        # sleep overshoots a little: the warm rate is just under the steady cost's, never 3x under it
+        assert 0.75 * steady_rate < c.single_sentences_per_s <= steady_rate, (c.profile, c, steady_rate)
+        assert c.warm_lengths == 20, c
+        first, *_, last = c.passes_sentences_per_s  # the curve: the second run of each length was still slow
+        assert len(c.passes_sentences_per_s) >= 3 and first < 0.75 * last, c.passes_sentences_per_s
+        assert c.clients == 8 and 0.75 * steady_rate < c.sentences_per_s <= steady_rate, c  # no equal lengths in 8
+    assert choice.clients == 8 and "8 clients" in choice.line()
+    assert any("→" in row for row in choice.table())
+
+
+def test_steady_means_the_last_two_passes_within_five_percent() -> None:
+    from seqcls.profiles.timing import steady
+
+    assert not steady([100.0]) and not steady([89.6, 115.6]) and not steady([115.6, 123.6])
+    assert steady([89.6, 115.6, 119.0]) and steady([100.0, 95.0])
+
+
+def test_an_unsteady_curve_records_its_median_pass_after_the_first_not_its_last_sample() -> None:
+    from seqcls.profiles.timing import recorded_pass
+
+    assert recorded_pass([89.6, 115.6, 119.0], ok=True) == 2
+    assert recorded_pass([197.4, 207.2, 206.8, 246.5], ok=False) == 1  # 207.2 of 207.2, 206.8, 246.5
+    assert recorded_pass([1663.0, 2288.0, 1845.0, 901.0], ok=False) == 2  # 1845, not the last 901
+    assert recorded_pass([50.0, 60.0], ok=False) == 1
+
+
+def test_at_the_expected_concurrency_exact_graphs_merge_equal_lengths_and_the_others_run_alone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As the served model does: 8 pending texts of one length are one run for fp32, eight for int8/bf16 —
+    and the rate at the expected concurrency is what decides."""
+    from seqcls.profiles import auto, timing
+
+    sessions = {name: _ColdPerLength() for name in ("fp32", "int8", "bf16")}
+    monkeypatch.setattr(auto.runtime, "session", lambda path, providers, profile: sessions[profile])
+    golden = ["一" * (1 + i // 8) for i in range(32)]  # 4 lengths, 8 texts each, in order
+    trials = [Trial(p, tmp_path / f"{p}.onnx") for p in sessions]
+    choice = auto.measure_and_choose(trials, golden, None, _answering(tmp_path), RULES, clients=8)
+    by = {c.profile: c for c in choice.candidates}
+    assert by["fp32"].sentences_per_s > 4 * by["fp32"].single_sentences_per_s  # 8 texts per run
+    for p in ("int8", "bf16"):
+        assert by[p].sentences_per_s < 1.5 * by[p].single_sentences_per_s, by[p]
+    assert choice.chosen == "fp32"  # single texts tie; at 8 clients fp32 leads
+    feeds = [{"input_ids": np.zeros((1, n)), "token_type_ids": np.zeros((1, n))} for n in (3, 3, 4, 3)]
+    assert [r["input_ids"].shape for r in timing.runs_at(feeds, 2, merge=True)] == [(2, 3), (1, 4), (1, 3)]
+    assert len(timing.runs_at(feeds, 4, merge=False)) == 4
+    one = auto.measure_and_choose(
+        [Trial("fp32", tmp_path / "fp32.onnx")], golden, None, _answering(tmp_path), RULES, clients=1
+    )
+    (c,) = one.candidates
+    assert c.clients == 1 and c.sentences_per_s == c.single_sentences_per_s and "one text at a time" in one.line()
+
+
+def test_expected_clients_is_a_release_parameter_with_a_range() -> None:
+    """Per model (models file ``params``, the DAG's param, ``--expected-clients``), default 8, 1–256."""
+    from seqcls.config import FIELD_BY_NAME
+    from seqcls.profiles.timing import DEFAULT_CLIENTS
+
+    assert ReleaseConfig().expected_clients == DEFAULT_CLIENTS == 8
+    assert ReleaseConfig.from_dict({"expected_clients": 4}).expected_clients == 4
+    assert FIELD_BY_NAME["expected_clients"].flag == "--expected-clients"
+    with pytest.raises(InputError, match="expected_clients"):
+        ReleaseConfig(expected_clients=0)
+
+
+@pytest.mark.slow
+def test_openvino_pays_a_first_time_cost_per_length_that_auto_warms_away(tiny_checkpoint: Path) -> None:
+    """The real engine behind bf16: each new length's first run is several times a warm run (on this tiny
+    model about 5 ms against a median warm run of about 0.6 ms), which is why auto warms every length before
+    timing anything."""
+    import seqcls_engine
+
+    from seqcls.profiles import auto
+    from seqcls.steps import run_release
+    from seqcls.steps.convert import answering
+
+    if not set(seqcls_engine.cpu_flags()) & set(seqcls_engine.BF16_CPU_FLAGS):
+        pytest.skip("this CPU has neither avx512_bf16 nor amx_bf16")
+    release = open_release(tiny_checkpoint, ReleaseConfig(profile="bf16"))
+    run_release(release, until="convert")
+    texts = ["裁" * (1 + i % 30) for i in range(60)]  # 30 lengths, each twice
+    timings, _, _ = auto.time_requests(
+        {"bf16": release.workspace.path("onnx/model.onnx")}, texts, answering(release), 4
+    )
+    t = timings["bf16"]
+    assert t.warm_lengths == 30 and len(t.passes) >= 2 and t.concurrent and t.single
+    # the median warm run: a shared host's load spikes move a mean, hardly a median
+    cold_ms, warm_ms = 1000.0 * t.warm_seconds / t.warm_lengths, 1000.0 * float(np.median(t.latencies))
+    assert cold_ms > 2 * warm_ms, (cold_ms, warm_ms, t.passes)

@@ -208,6 +208,16 @@ FIELDS: tuple[Field, ...] = (
         section=SERVING_SECTION,
     ),
     Field(
+        "expected_clients",
+        "integer",
+        "Expected clients",
+        "Concurrent single-text clients the model is expected to serve: profile auto times every candidate at "
+        "this concurrency (as well as one text at a time) and serves the fastest at it.",
+        1,
+        256,
+        section=EXPERT_SECTION,
+    ),
+    Field(
         "serving_metrics",
         "string",
         "Serving metrics",
@@ -354,6 +364,8 @@ class ReleaseConfig:
     pipeline: str | None = None
     device: str | None = None
     layout: str | None = None
+    #: profile auto's timing concurrency (:mod:`seqcls.profiles.timing`): how the choice is measured
+    expected_clients: int = 8
     serving_metrics: str | None = None
     min_decision_agreement: float = 0.995
     eval_set: str | None = None

@@ -4,9 +4,10 @@ Which profile is fastest depends on the CPU (AVX512-VNNI / AMX make int8 pay, an
 whether a faster one is good enough depends on the model: so the choice is measured, at convert, not
 guessed. Each candidate (:data:`CANDIDATES`) is built from the converted ``model.onnx`` (convert's
 job), then timed here in process under ONNX Runtime with the parity gate's session settings (provider,
-threads): single-text requests, as a lone client sends them, over the golden texts and, when the release
-has a labeled eval set, texts spread over it (at most :data:`MAX_TEXTS`, a warm-up first; candidates
-interleaved in blocks, so load from other work on the host falls on all of them alike).
+threads) over the golden texts and, when the release has a labeled eval set, texts spread over it (at most
+:data:`MAX_TEXTS`), as :mod:`seqcls.profiles.timing` times what will be served: every length warmed first,
+single-text passes until the rate is steady, then at the concurrency the model expects (``expected_clients``,
+default 8). The rate at that concurrency decides; the single-text rate and every pass's rate are evidence.
 
 A non-fp32 candidate passes when, on those texts, its label decisions agree with fp32's at least
 ``min_decision_agreement`` (the parity gate's rule for a non-exact profile), and — with an eval set — its
@@ -34,6 +35,7 @@ from seqcls.gates.evalset import EvalSet
 from seqcls.gates.metrics import Scores, score
 from seqcls.gates.rules import QualityRules, judge
 from seqcls.gates.scoring import Graph, predict
+from seqcls.profiles import timing
 from seqcls.spec import AUTO_PROFILE, SERVED_PROFILES
 
 log = logging.getLogger(__name__)
@@ -43,10 +45,8 @@ AUTO = AUTO_PROFILE
 CANDIDATES = SERVED_PROFILES
 #: Texts timed per candidate (golden first, then eval texts spread over the set).
 MAX_TEXTS = 200
-#: Untimed single-text requests per candidate before timing (session warm-up, allocator, caches).
-WARMUP = 5
 #: Texts per interleaved block: every candidate runs a block before the next block starts.
-BLOCK = 20
+BLOCK = timing.BLOCK
 #: The evidence file convert writes beside the graphs.
 CHOICE_FILE = "profile_choice.json"
 
@@ -64,12 +64,14 @@ class Rules:
 @dataclass
 class Trial:
     """One candidate as built and measured: its graph (None: the build failed, ``error`` says why), the
-    latency of each single-text request (seconds), its probabilities on the timed texts (each text alone)
-    and its scores on the eval set (None without one)."""
+    latency of each single-text request (seconds) in the recorded pass, its probabilities on the timed texts
+    (each text alone), its scores on the eval set (None without one), and how it was timed (``timed``:
+    the passes' curve and the rate at the expected concurrency; None when a test gives latencies only)."""
 
     profile: str
     onnx: Path | None
     latencies: list[float] = field(default_factory=list)
+    timed: timing.Timing | None = None
     probabilities: np.ndarray | None = None
     scores: Scores | None = None
     build_seconds: float = 0.0
@@ -82,7 +84,13 @@ class Candidate:
 
     profile: str
     texts: int = 0
-    sentences_per_s: float | None = None
+    sentences_per_s: float | None = None  # what decides: at the expected concurrency, else single texts
+    single_sentences_per_s: float | None = None  # one text at a time, the recorded (steady) pass
+    clients: int = 1  # the concurrency sentences_per_s was measured at
+    passes_sentences_per_s: list[float] = field(default_factory=list)  # every single-text pass: the curve
+    concurrent_passes_sentences_per_s: list[float] = field(default_factory=list)  # at ``clients``: its curve
+    steady: bool | None = None  # the last two passes within timing.STEADY, both curves (False: MAX_PASSES ran out)
+    warm_lengths: int = 0  # distinct lengths run untimed before the passes
     p50_ms: float | None = None
     p95_ms: float | None = None
     build_seconds: float = 0.0
@@ -108,6 +116,7 @@ class ProfileChoice:
     eval_scored: int | None
     provider: str = "CPUExecutionProvider"
     threads: int | None = None
+    clients: int = 1  # the expected concurrency the deciding rate was measured at
     rules: dict[str, Any] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     seconds: float = 0.0
@@ -130,7 +139,7 @@ class ProfileChoice:
         }
 
     def line(self) -> str:
-        """``auto chose int8: fastest that passes, 131 sentences/s vs fp32 41 (…); rejected: …``."""
+        """``auto chose int8: fastest that passes, 131 sentences/s vs fp32 41 at 8 clients (…); rejected: …``."""
         by = {c.profile: c for c in self.candidates}
         won, ref = by[self.chosen], by.get("fp32")
         speed = f"{won.sentences_per_s:.0f} sentences/s" if won.sentences_per_s else "unmeasured"
@@ -139,22 +148,32 @@ class ProfileChoice:
         )
         faster = any(c.passed and (c.sentences_per_s or 0.0) > (won.sentences_per_s or 0.0) for c in self.candidates)
         why = f"no faster graph leads by ≥{MIN_SPEEDUP - 1:.0%}" if faster else "fastest that passes"
-        out = f"auto chose {self.chosen}: {why}, {speed}{versus} on {self.texts} single-text requests"
+        how = f"at {won.clients} clients" if won.clients > 1 else "one text at a time"
+        single = (
+            f", {won.single_sentences_per_s:.0f} one at a time"
+            if won.clients > 1 and won.single_sentences_per_s
+            else ""
+        )
+        out = f"auto chose {self.chosen}: {why}, {speed}{versus} {how} on {self.texts} texts{single}"
         if self.rejected:
             out += "; rejected: " + "; ".join(f"{c.profile} ({c.reason})" for c in self.rejected)
         return out
 
     def table(self) -> list[str]:
-        """The candidates as a small text table (the task log's story)."""
-        cols = ("sent/s", "p50 ms", "p95 ms", "agree", "Δ micro", "Δ macro")
-        head = f"{'profile':<11} " + " ".join(f"{c:>8}" for c in cols) + "  verdict"
+        """The candidates as a small text table (the task log's story): the deciding rate (at the expected
+        concurrency), one text at a time, its latencies, checks, and the single-text passes' curve."""
+        top = max((c.clients for c in self.candidates), default=1)
+        cols = (f"{top} cl/s", "1 text/s", "p50 ms", "p95 ms", "agree", "Δ micro", "Δ macro")
+        head = f"{'profile':<11} " + " ".join(f"{c:>8}" for c in cols) + "  verdict  (passes, sentences/s)"
         rows = [head, "-" * len(head)]
         for c in self.candidates:
             verdict = ("CHOSEN" if c.profile == self.chosen else "passed") if c.passed else f"rejected: {c.reason}"
+            curve = " → ".join(f"{r:.1f}" for r in c.passes_sentences_per_s)
             rows.append(
-                f"{c.profile:<11} {_num(c.sentences_per_s, '.1f'):>8} {_num(c.p50_ms, '.2f'):>8} "
-                f"{_num(c.p95_ms, '.2f'):>8} {_num(c.agreement, '.4f'):>8} {_num(c.micro_f1_drop, '.4f'):>8} "
-                f"{_num(c.macro_f1_drop, '.4f'):>8}  {verdict}"
+                f"{c.profile:<11} {_num(c.sentences_per_s, '.1f'):>8} {_num(c.single_sentences_per_s, '.1f'):>8} "
+                f"{_num(c.p50_ms, '.2f'):>8} {_num(c.p95_ms, '.2f'):>8} {_num(c.agreement, '.4f'):>8} "
+                f"{_num(c.micro_f1_drop, '.4f'):>8} {_num(c.macro_f1_drop, '.4f'):>8}  {verdict}"
+                + (f"  ({curve}{'' if c.steady else ', not steady'})" if curve else "")
             )
         return rows
 
@@ -217,8 +236,16 @@ def _judged(
         return c
     ms = np.asarray(trial.latencies, dtype=np.float64) * 1000.0
     c.texts = len(ms)
-    c.sentences_per_s = round(len(ms) / max(float(ms.sum()) / 1000.0, 1e-12), 2)
+    c.single_sentences_per_s = c.sentences_per_s = round(len(ms) / max(float(ms.sum()) / 1000.0, 1e-12), 2)
     c.p50_ms, c.p95_ms = round(float(np.percentile(ms, 50)), 3), round(float(np.percentile(ms, 95)), 3)
+    if trial.timed is not None:
+        t = trial.timed
+        c.passes_sentences_per_s = [round(r, 2) for r in t.passes]
+        c.steady, c.warm_lengths = t.steady, t.warm_lengths
+        if t.concurrent is not None:  # what will be served decides: the rate at the expected concurrency
+            c.sentences_per_s, c.clients = round(t.concurrent, 2), t.clients
+            c.concurrent_passes_sentences_per_s = [round(r, 2) for r in t.concurrent_passes]
+            c.steady = t.steady and bool(t.concurrent_steady)
     if trial.scores is not None:
         c.micro_f1, c.macro_f1 = round(trial.scores.micro_f1, 6), round(trial.scores.macro_f1, 6)
     if trial is ref:
@@ -292,9 +319,11 @@ def _spread(items: list[str], n: int) -> list[str]:
 
 
 def time_requests(
-    graphs: dict[str, Path], texts: Sequence[str], how: Answering
-) -> tuple[dict[str, list[float]], dict[str, np.ndarray], int | None]:
-    """Each text alone through each graph (interleaved in blocks): latencies (s), probabilities, threads."""
+    graphs: dict[str, Path], texts: Sequence[str], how: Answering, clients: int = timing.DEFAULT_CLIENTS
+) -> tuple[dict[str, timing.Timing], dict[str, np.ndarray], int | None]:
+    """Each graph timed as it will be served (:func:`seqcls.profiles.timing.time_graphs`: every length warmed,
+    steady single-text passes interleaved in blocks, then ``clients`` pending requests): the timings,
+    the probabilities of the recorded pass (each text alone) and the ONNX Runtime threads."""
     text_mod, decide_mod = shipped.text(), shipped.decide()
     ids = text_mod.encode(how.tokenizer, list(texts))
     sessions = {name: runtime.session(path, how.providers, profile=name) for name, path in graphs.items()}
@@ -302,21 +331,10 @@ def time_requests(
     for name, session in sessions.items():
         names = [i.name for i in session.get_inputs()]
         feeds[name] = [next(runtime.feeds([x], names, how.pad_id)) for x in ids]
-        for f in feeds[name][:WARMUP]:
-            session.run(None, f)
-    output = shipped.contract().LOGITS_OUTPUT
-    lat: dict[str, list[float]] = {name: [] for name in sessions}
-    logits: dict[str, list[np.ndarray]] = {name: [] for name in sessions}
-    for start in range(0, len(ids), BLOCK):
-        for name, session in sessions.items():
-            for f in feeds[name][start : start + BLOCK]:
-                t0 = time.perf_counter()
-                out = session.run([output], f)[0]
-                lat[name].append(time.perf_counter() - t0)
-                logits[name].append(out)
-    probs = {name: decide_mod.sigmoid(np.concatenate(rows).astype(np.float32)) for name, rows in logits.items()}
-    threads = next(iter(sessions.values())).get_session_options().intra_op_num_threads if sessions else None
-    return lat, probs, threads
+    timings = timing.time_graphs(sessions, feeds, shipped.contract().LOGITS_OUTPUT, clients)
+    probs = {name: decide_mod.sigmoid(np.concatenate(t.outputs).astype(np.float32)) for name, t in timings.items()}
+    options = [s.get_session_options() for s in sessions.values() if hasattr(s, "get_session_options")]
+    return timings, probs, options[0].intra_op_num_threads if options else None
 
 
 def score_eval(graphs: dict[str, Path], es: EvalSet, how: Answering) -> dict[str, Scores]:
@@ -330,21 +348,30 @@ def score_eval(graphs: dict[str, Path], es: EvalSet, how: Answering) -> dict[str
 
 
 def measure_and_choose(
-    built: Sequence[Trial], golden: Sequence[str], es: EvalSet | None, how: Answering, rules: Rules
+    built: Sequence[Trial],
+    golden: Sequence[str],
+    es: EvalSet | None,
+    how: Answering,
+    rules: Rules,
+    clients: int = timing.DEFAULT_CLIENTS,
 ) -> ProfileChoice:
-    """Time every built candidate, score it on the eval set, and choose (:func:`choose`)."""
+    """Time every built candidate (at ``clients`` pending requests and one text at a time), score it on the
+    eval set, and choose (:func:`choose`)."""
     t0 = time.perf_counter()
     texts, n_golden = pick_texts(golden, es.texts if es is not None else ())
     graphs = {t.profile: t.onnx for t in built if t.error is None and t.onnx is not None}
     log.info(
-        "convert: auto — timing %s on %d single-text requests each (%d golden + %d eval texts, warm-up %d)",
+        "convert: auto — timing %s on %d texts each (%d golden + %d eval texts): every length warmed, "
+        "single-text passes until steady (%d–%d), then %d clients",
         ", ".join(graphs),
         len(texts),
         n_golden,
         len(texts) - n_golden,
-        WARMUP,
+        timing.MIN_PASSES,
+        timing.MAX_PASSES,
+        clients,
     )
-    latencies, probs, threads = time_requests(graphs, texts, how)
+    timings, probs, threads = time_requests(graphs, texts, how, clients)
     scores = {}
     if es is not None:
         t1 = time.perf_counter()
@@ -357,10 +384,17 @@ def measure_and_choose(
         )
     for t in built:
         if t.profile in graphs:
-            t.latencies, t.probabilities, t.scores = latencies[t.profile], probs[t.profile], scores.get(t.profile)
+            t.timed, t.probabilities, t.scores = timings[t.profile], probs[t.profile], scores.get(t.profile)
+            t.latencies = t.timed.latencies
     choice = choose(list(built), texts, how.labels, how.thresholds, rules)
     choice.golden_texts, choice.eval_texts = n_golden, len(texts) - n_golden
-    choice.provider, choice.threads = how.providers[0], threads
+    choice.provider, choice.threads, choice.clients = how.providers[0], threads, clients
+    unsteady = [c.profile for c in choice.candidates if c.steady is False]
+    if unsteady:  # the host's load moved under the passes: the figures are the last pass's, said so
+        choice.notes.append(
+            f"not steady after {timing.MAX_PASSES} passes (>{timing.STEADY:.0%} between the last two): "
+            + ", ".join(unsteady)
+        )
     choice.seconds = round(time.perf_counter() - t0, 2)
     for row in choice.table():
         log.info("convert: auto   %s", row)
@@ -383,4 +417,5 @@ __all__ = [
     "pick_texts",
     "score_eval",
     "time_requests",
+    "timing",
 ]

@@ -63,6 +63,7 @@ GATE_ONLY_PARAMS = (
     "allow_unsafe_pickle",
     "override",
     "override_reason",
+    "expected_clients",  # how profile auto measures its candidates: its choice is convert's record, not the key
     *QUALITY_PARAMS,
 )
 

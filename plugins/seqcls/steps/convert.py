@@ -52,6 +52,8 @@ SERVED_FILE = "served.onnx"  # the profile's optimised model (fp32-fused, int8);
 CANDIDATE_DIR = "candidates"  # profile auto's candidate graphs while they are measured (removed after)
 #: What profile auto's choice depends on besides the graph: a change re-runs convert (and the choice).
 AUTO_PARAMS = ("threshold", "thresholds", "hierarchy", "near_margin", "provider", "require_gpu", "max_profile_f1_drop")
+#: …and the concurrency its candidates are timed at: a change chooses again.
+AUTO_TIMING_PARAMS = ("expected_clients",)
 
 
 def rename_output(model, new_name: str = OUTPUT_NAME) -> str:
@@ -250,7 +252,7 @@ def auto_profile(release: Release, out: Path, facts: dict[str, Any], es: EvalSet
     trials, reports = build_candidates(release, out, facts["inputs"])
     rules = Rules(cfg.min_decision_agreement, cfg.max_profile_f1_drop, cfg.near_margin, cfg.hierarchy)
     golden, _ = golden_texts(release.checkpoint)
-    choice = measure_and_choose(trials, golden, es, answering(release), rules)
+    choice = measure_and_choose(trials, golden, es, answering(release), rules, clients=cfg.expected_clients)
     if choice.chosen in ENGINES:  # bf16 serves model.onnx on its engine
         facts["optimize"] = reports[choice.chosen]
     elif choice.chosen != "fp32":
@@ -299,7 +301,10 @@ def convert(release: Release) -> StepResult:
     es = None
     if cfg.profile == AUTO_PROFILE:  # the choice is measured on the golden and eval texts, judged by these
         es = kept_eval_set(release)
-        inputs["auto"] = {"eval_set": es.sha256 if es else None, **{k: getattr(cfg, k) for k in AUTO_PARAMS}}
+        inputs["auto"] = {
+            "eval_set": es.sha256 if es else None,
+            **{k: getattr(cfg, k) for k in AUTO_PARAMS + AUTO_TIMING_PARAMS},
+        }
 
     def body(out: Path) -> tuple[dict, str]:
         if exported_onnx is not None:

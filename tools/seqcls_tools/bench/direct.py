@@ -186,7 +186,7 @@ def compare_layouts(
     from seqcls.serving.client import endpoints_from_settings
     from seqcls.serving.state import current_state
     from seqcls_tools.bench import lone, measure
-    from seqcls_tools.bench.serving import inprocess_steps
+    from seqcls_tools.bench.serving import inprocess_steps, one_per_length
 
     names = release.config.model_name.names
     repo = Path(str(release.settings.triton_repository))
@@ -202,11 +202,15 @@ def compare_layouts(
         warm = {"clients": clients, "texts_per_request": 1, "max_requests": 10**9}
         measure.run_load(url, texts, **warm, max_seconds=1.0, model=name)  # warm-up: the stub's first runs
         steps = inprocess_steps(release, options)
+        # every text was just sent alone to both models; in process, one of each length runs untimed first
+        every_length = one_per_length(texts, [len(x) for x in steps["tokenize"](list(texts))])
         lone_results = {
             "ensemble": lone.served_and_in_process(
-                url, steps, texts, requests, ensemble=names.ensemble, composing=names.composing
+                url, steps, texts, requests, ensemble=names.ensemble, composing=names.composing, warm=every_length
             ),
-            "direct": lone.served_and_in_process(url, steps, texts, requests, ensemble=name, composing=[name]),
+            "direct": lone.served_and_in_process(
+                url, steps, texts, requests, ensemble=name, composing=[name], warm=every_length
+            ),
         }
         load = _load(url, texts, {"ensemble": names.ensemble, "direct": name}, clients, seconds)
     finally:

@@ -17,7 +17,7 @@ from typing import Any
 from seqcls_tools.bench.perf_analyzer import find_binary, input_data, pa_cell
 from seqcls_tools.bench.plan import CLIENTS, Budget, ServingConfig
 from seqcls_tools.bench.profiles import bench_release, bench_settings, serve_release
-from seqcls_tools.bench.serving import BenchServer, cell, warm_up
+from seqcls_tools.bench.serving import BenchServer, cell, one_per_length, release_lengths, warm_up
 
 log = logging.getLogger("seqcls_tools.bench")
 
@@ -38,7 +38,7 @@ def _start_all(
         server = stack.enter_context(BenchServer(work, 100 + i, keep, state=f"state-h2h-{i}"))
         release = bench_release(checkpoint, config.profile, bench_settings(home, server))
         serve_release(release, config.options)
-        warm_up(server, texts, budget)
+        warm_up(server, texts, budget, one_per_length(texts, release_lengths(release, texts)))
         servers[config.name] = server
     return servers
 
@@ -83,7 +83,8 @@ def _medians(entry: dict[str, Any]) -> None:
 
     def median(cells: list[dict[str, Any]], clients: int, key: str) -> tuple[float | None, list[float]]:
         values = [c[key] for c in cells if c["clients"] == clients and c.get(key) is not None]
-        return (round(float(np.median(values)), 2) if values else None), values
+        digits = 3 if key == "client_cores" else 2  # a load generator's 0.004 cores is not 0.0
+        return (round(float(np.median(values)), digits) if values else None), values
 
     for clients, key in ((max(CLIENTS), "sentences_per_s"), (1, "p95_ms"), (max(CLIENTS), "cpu_ms_per_sentence")):
         entry[f"median_{clients}c_{key}"], entry[f"all_{clients}c_{key}"] = median(entry["cells"], clients, key)

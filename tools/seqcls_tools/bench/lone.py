@@ -193,17 +193,20 @@ def served_and_in_process(
     ensemble: str,
     composing: Sequence[str],
     block: int = 10,
+    warm: Sequence[str] = (),
 ) -> dict[str, Any]:
     """The served requests (:func:`send_sequential` between two statistics snapshots, the second
     :func:`settled` → :func:`breakdown`) and the same texts in process, in alternating blocks of
-    ``block``; both, and :func:`compare`."""
+    ``block``; both, and :func:`compare`. ``warm``: texts run in process untimed first (one of each
+    token length: an engine such as OpenVINO pays a first-time cost per length)."""
     models = (*composing, ensemble)
     runs: list[list[float]] = []
 
     def between(first: int, count: int) -> None:
         runs.extend(time_steps(steps, texts[i % len(texts)]) for i in range(first, first + count))
 
-    time_steps(steps, texts[0])  # warm-up: the server was warmed by its caller
+    for text in warm or texts[:1]:  # warm-up: the server was warmed by its caller
+        time_steps(steps, text)
     before = snapshot(url, models)
     latencies = send_sequential(url, ensemble, texts, requests, between=between, block=block)
     after = settled(url, before, models, len(latencies))

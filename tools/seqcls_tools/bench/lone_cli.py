@@ -28,7 +28,7 @@ from seqcls_tools.bench.direct import compare_layouts
 from seqcls_tools.bench.markdown import direct_section, lone_section
 from seqcls_tools.bench.plan import FULL
 from seqcls_tools.bench.profiles import bench_release, bench_settings, serve_release
-from seqcls_tools.bench.serving import BenchServer, lone_request, warm_up
+from seqcls_tools.bench.serving import BenchServer, lone_request, one_per_length, warm_up
 from seqcls_tools.bench.tokens import token_distribution
 
 log = logging.getLogger("seqcls_tools.bench")
@@ -64,11 +64,11 @@ def run(
         with BenchServer(work, i, keep=False) as server:
             release = bench_release(checkpoint, profile, bench_settings(home, server))
             serve_release(release, options)
+            tok = serving_tokenizer(release).build(shipped.text(), release.config.max_length)
+            lengths = [len(x) for x in shipped.text().encode(tok, texts)]
             if "corpus" not in results:
-                tok = serving_tokenizer(release).build(shipped.text(), release.config.max_length)
-                lengths = [len(x) for x in shipped.text().encode(tok, texts)]
                 results["corpus"] = {"tokens": token_distribution(lengths), "source": "demo test.jsonl"}
-            warm_up(server, texts, FULL)
+            warm_up(server, texts, FULL, one_per_length(texts, lengths))
             results["configs"][profile] = {
                 "profile": profile,
                 "options": options.to_dict(),

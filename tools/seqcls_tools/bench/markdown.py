@@ -6,6 +6,7 @@ from typing import Any
 
 from seqcls_tools.bench import conditions
 from seqcls_tools.bench.lone import OWN, REMAINDER
+from seqcls_tools.bench.ratios import TARGETS
 
 
 def _fmt(value, digits: int = 1) -> str:
@@ -181,7 +182,16 @@ def _lone_table(name: str, lone: dict[str, Any]) -> list[str]:
     )
     ratio = lone["served_over_inprocess"]
     lines.append(f"| **served / in process** | **{ratio['p50']:.2f}×** (p50) | — | mean {ratio['mean']:.2f}× |")
+    lines.append(lone_verdict(served["client_p50_ms"], inproc["p50_ms"]))
     return lines
+
+
+def lone_verdict(served_p50_ms: float, inprocess_p50_ms: float) -> str:
+    """The lone request's speed against its target: in-process p50 over served p50 (1.00×: serving is free)."""
+    target = TARGETS["lone_vs_inprocess"]
+    speed = inprocess_p50_ms / served_p50_ms if served_p50_ms > 0 else 0.0
+    verdict = "PASS" if speed >= target else "MISS"
+    return f"| **lone speed (in process / served, p50)** | **{speed:.2f}×** | — | {verdict}: target ≥ {target}× |"
 
 
 def lone_section(results: dict[str, Any]) -> list[str]:

@@ -14,6 +14,8 @@ TARGETS = {
     "exact_vs_classic": 1.5,
     "fastest_vs_classic": 2.5,
     "served_vs_inprocess": 0.9,
+    "lone_vs_inprocess": 0.9,
+    "auto_vs_inprocess": 0.1,  # |auto's recorded rate / the bench's - 1| at most this
     "multi_text_vs_single": 1.0,
     "every_concurrency_vs_classic": 1.0,
     "tokenizer_rss_mb": 100.0,
@@ -180,6 +182,52 @@ def _served_vs_inprocess(m: _Measured, name: str) -> dict[str, Any]:
     return _at_least("served_vs_inprocess", f"served_vs_inprocess[{name}]", what, name, m.matrix(name), limit)
 
 
+def _lone_vs_inprocess(m: _Measured, name: str) -> dict[str, Any]:
+    """A lone request (1 client, single texts) against the same work in process, timed in alternating blocks:
+    1000 / p50 ms on both sides, so the ratio is in-process p50 over served p50 (1.0: serving costs nothing)."""
+    lone = m.configs[name].get("lone") or {}
+    served = (lone.get("served") or {}).get("client_p50_ms")
+    inproc = (lone.get("inprocess") or {}).get("p50_ms")
+    what = f"{name}: served lone request (1 client x 1 text, p50) vs the same work in process (p50), as sentences/s"
+    value, base = (round(1000.0 / x, 2) if x else None for x in (served, inproc))
+    return _at_least("lone_vs_inprocess", f"lone_vs_inprocess[{name}]", what, name, value, base)
+
+
+def _auto_vs_inprocess(m: _Measured, name: str) -> dict[str, Any]:
+    """``profile: auto``'s single-text rate (:mod:`.auto_rates`) against the bench's in-process limit of the same
+    profile: within 10 % either way, or auto chooses on rates that are not what is measured here."""
+    auto = ((m.results.get("auto") or {}).get("profiles") or {}).get(m.configs[name].get("profile")) or {}
+    value = auto.get("single_sentences_per_s")
+    limit = m.configs[name].get("inprocess", {}).get("batch1", {}).get("sentences_per_s")
+    ratio = round(value / limit, 2) if value and limit else None
+    tolerance = TARGETS["auto_vs_inprocess"]
+    at = auto.get("concurrent_sentences_per_s")
+    return {
+        "key": f"auto_vs_inprocess[{name}]",
+        "what": f"{name}: profile auto's recorded single-text rate vs the in-process limit (batch 1), sentences/s"
+        + (f"; auto at {m.top} clients {at} vs served {m.matrix(name)}" if at else ""),
+        "config": name,
+        "value": value,
+        "baseline": limit,
+        "ratio": ratio,
+        "target": f"{1 - tolerance:g}–{1 + tolerance:g}",
+        "passed": ratio is not None and abs(value / limit - 1) <= tolerance,
+    }
+
+
+def _profiles(m: _Measured) -> list[str]:
+    """Every profile of the run (the main configurations; classic and the fp32 variants are configurations,
+    not profiles): each is held to the served-vs-in-process targets — one not served is a miss saying why."""
+    return [n for n, e in m.configs.items() if e.get("group") == "main"]
+
+
+def _unserved(m: _Measured, name: str, ratio: dict[str, Any]) -> dict[str, Any]:
+    entry = m.configs[name]
+    if not entry.get("cells"):
+        ratio["note"] = f"not served: {entry.get('skipped') or entry.get('error') or 'not measured'}"[:300]
+    return ratio
+
+
 def _multi_text(m: _Measured, name: str) -> dict[str, Any]:
     """Served per-sentence rate of multi-text requests against single-text ones, same clients."""
     per = max((c["texts_per_request"] for c in m.configs[name].get("cells", [])), default=1)
@@ -261,7 +309,10 @@ def ratios(results: dict[str, Any]) -> list[dict[str, Any]]:
     out = [_vs_classic(m, *spec) for spec in VS_CLASSIC]
     chosen = sorted({r["config"] for r in out if r["config"]})
     for name in chosen:
-        out += [_p95(m, name), _served_vs_inprocess(m, name), _multi_text(m, name), _every_concurrency(m, name)]
+        out += [_p95(m, name), _multi_text(m, name), _every_concurrency(m, name)]
+    for name in _profiles(m):  # at 1 client and at the top concurrency, every profile the host served
+        for check in (_lone_vs_inprocess, _served_vs_inprocess, _auto_vs_inprocess):
+            out.append(_unserved(m, name, check(m, name)))
     out += [_cpu_per_sentence(m, name) for name in chosen]
     out += [_tokenizer_rss(m), _hot_reload(results)]
     return out

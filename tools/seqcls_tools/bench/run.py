@@ -5,7 +5,8 @@ Order of work (all in one process; every server it starts is stopped before it r
 0. the host's roofline (:mod:`.roofline`: bandwidth and matrix peaks, seconds, before any server starts);
 1. corpus + checkpoint (seeded), then the release core (export → convert → validate) once per
    profile — ``fp32``, ``fp32-fused``, ``int8``, and ``bf16`` where the host runs it — timed step by step;
-2. tokenizer throughput, HF ``tokenizers`` (what serving runs) vs PaddleNLP's tokenizer;
+2. ``profile: auto``'s timing of every released profile (:mod:`.auto_rates`), then tokenizer throughput,
+   HF ``tokenizers`` (what serving runs) vs PaddleNLP's tokenizer;
 3. for each serving configuration: a fresh local Triton (nvidia-pytriton's ``tritonserver``,
    loopback, own repository) → ``publish`` + ``reload`` + ``smoke`` through the library → the
    in-process limit of the same model and thread layout (server idle) → a lone request's parts
@@ -44,6 +45,7 @@ from typing import Any
 
 from seqcls.serving.repository import ServingOptions
 from seqcls_tools.bench import conditions, roofline
+from seqcls_tools.bench.auto_rates import auto_rates
 from seqcls_tools.bench.corpus import make_corpus, make_labels
 from seqcls_tools.bench.head_to_head import head_to_head
 from seqcls_tools.bench.machine import loadavg, machine_facts
@@ -159,6 +161,7 @@ def _prepare(cfg: BenchConfig, work: Path, home: Path, results: dict[str, Any]) 
     results["roofline"]["model"] = roofline.model_cost(shape, results["corpus"]["tokens"])
     results["releases"] = run_releases(checkpoint, home, profiles)
     results["batch_dependence"] = batch_dependence(checkpoint, home, corpus[-budget.golden :], profiles=profiles)
+    results["auto"] = auto_rates(checkpoint, home, corpus, results["releases"], clients=max(CLIENTS))
     results["tokenizers"] = tokenizer_benchmark(checkpoint, corpus, budget)
     results["configs"] = {}
     return _Run(cfg, checkpoint, home, work, corpus, results)

@@ -134,10 +134,17 @@ def lone_request(server, release, options: ServingOptions, texts: list[str], req
 
     names = release.config.model_name.names
     steps = inprocess_steps(release, options)
+    every_length = one_per_length(texts, [len(x) for x in steps["tokenize"](list(texts))])
     result: dict[str, Any] = {"clients": 1, "texts_per_request": 1}
     result.update(
         lone.served_and_in_process(
-            server.config.grpc_url, steps, texts, requests, ensemble=names.ensemble, composing=names.composing
+            server.config.grpc_url,
+            steps,
+            texts,
+            requests,
+            ensemble=names.ensemble,
+            composing=names.composing,
+            warm=every_length,
         )
     )
     result["inprocess"]["tokenizer"] = "hf"  # classic serves PaddleNLP's tokenizer; in process it is seqcls_text's
@@ -181,8 +188,36 @@ def cell(server, texts: list[str], clients: int, per_request: int, budget: Budge
     return cell
 
 
-def warm_up(server, texts: list[str], budget: Budget) -> None:
-    """Unmeasured load first, so stubs, ORT sessions and caches are hot before cells are timed."""
+def one_per_length(texts: list[str], lengths: list[int]) -> list[str]:
+    """The first text of each distinct token length (``lengths[i]`` is ``texts[i]``'s)."""
+    firsts: dict[int, str] = {}
+    for text, n in zip(texts, lengths, strict=True):
+        firsts.setdefault(n, text)
+    return list(firsts.values())
+
+
+def release_lengths(release, texts: list[str]) -> list[int]:
+    """Each text's token length under the release's serving tokenizer (what the served model sees)."""
+    from seqcls.contract import shipped
+    from seqcls.release.records import serving_tokenizer
+
+    tok = serving_tokenizer(release).build(shipped.text(), release.config.max_length)
+    return [len(x) for x in shipped.text().encode(tok, texts)]
+
+
+def warm_up(server, texts: list[str], budget: Budget, every_length: list[str] | None = None) -> None:
+    """Unmeasured load first, so stubs, ORT sessions and caches are hot before cells are timed; first one
+    request of each token length in ``every_length`` (an engine such as OpenVINO pays a first-time cost per
+    input length, which a few seconds of load does not reach for every length of the corpus)."""
+    if every_length:
+        measure.run_load(
+            server.config.grpc_url,
+            every_length,
+            clients=1,
+            texts_per_request=1,
+            max_requests=len(every_length),
+            max_seconds=300.0,
+        )
     measure.run_load(
         server.config.grpc_url,
         texts,
@@ -283,7 +318,7 @@ def serve_config(
         if not _bring_up(entry, release, config.options):
             return entry
         log.info("bench: %s serving (%s) — %s", config.name, config.describe(), entry["steps"])
-        warm_up(server, texts, budget)
+        warm_up(server, texts, budget, one_per_length(texts, release_lengths(release, texts)))
         entry["inprocess"] = _inprocess(release, config, texts, budget)
         log.info(
             "bench: %s in-process limit — %s",
