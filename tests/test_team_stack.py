@@ -1,10 +1,11 @@
 """Scheduled retraining on the team stack, run for real: the compose file's services as local processes.
 
 One stack for the module (``seqcls_tools.teamstack.TeamStack``): PostgreSQL (Airflow's metadata and
-MLflow's store), the ``mlflow server`` with basic auth and proxied artifacts, Redis, a local Triton,
-and Airflow 3 with the compose file's **CeleryExecutor and two Celery workers**, each in a working
-directory of its own, sharing only what the compose volumes stand for (SEQCLS_HOME, the Triton
-repository, the checkpoints root, the task logs).
+MLflow's store), the ``mlflow server`` with basic auth and proxied artifacts, Redis, three local
+Tritons on one repository with Prometheus scraping them (the project's rules), and Airflow 3 with the
+compose file's **CeleryExecutor and two Celery workers**, each in a working directory of its own,
+sharing only what the compose volumes stand for (SEQCLS_HOME, the Triton repository, the checkpoints
+root, the task logs).
 
 Two models at once, from a models file: ``seqcls`` on ``@daily`` (its data intervals run by the real
 scheduler as one-day backfills) and ``beta`` on its checkpoints Asset (a training stand-in drops a
@@ -51,6 +52,7 @@ PLAN = [
 ]
 FIRST_DAY = datetime(2026, 11, 1, tzinfo=UTC)
 RUN_TIMEOUT = 420
+TRITONS = 3
 HEARTBEAT_TIMEOUT = 30
 
 
@@ -109,7 +111,9 @@ def team_stack(tmp_path_factory: pytest.TempPathFactory, receiver: JsonReceiver)
         # the drills' fault plan, read at every fault point: planted and cleared while the workers run
         "SEQCLS_FAULT_PLAN": f"@{root / 'fault-plan'}",
     }
-    stack = TeamStack(root, models_file=models_file, password="team-stack-test", airflow_env=drills)
+    stack = TeamStack(
+        root, models_file=models_file, password="team-stack-test", airflow_env=drills, tritons=TRITONS, prometheus=True
+    )
     stack.start()
     print(f"\nteam stack up in {time.perf_counter() - t0:.0f}s")
     try:
@@ -300,6 +304,22 @@ def test_scheduled_retraining_two_models_on_celery_workers(team_stack, trained, 
         served = {m: v for e in s["endpoints"].values() for m, v in e.items() if not m.endswith("_candidate")}
         assert set(map(tuple, served.values())) == {(1,)}, served
 
+    # Prometheus (the compose file's configuration and the project's rules) scrapes every Triton replica
+    prometheus = team_stack.prometheus
+    scraped = _wait(
+        lambda: (
+            {t["labels"]["instance"] for t in prometheus.api("targets")["activeTargets"] if t["health"] == "up"}
+            >= set(team_stack.settings.triton_metrics)
+        ),
+        60,
+        "every Triton scraped",
+    )
+    assert scraped
+    groups = prometheus.api("rules")["groups"]
+    assert groups and all(r["health"] == "ok" for g in groups for r in g["rules"]), groups
+    served_by = prometheus.api("query", query='nv_inference_request_success{model="seqcls"}')["result"]
+    assert {r["metric"]["instance"] for r in served_by} == set(team_stack.settings.triton_metrics), served_by
+
     # one notification per run that did something (a run skipped as champion sends nothing, by design)
     told = [r for r in table if r["outcome"] != "skipped"]
     with contextlib.suppress(AssertionError):
@@ -402,8 +422,9 @@ def _settled(team_stack, model: str, changed_from: str | None = None) -> list:
     if changed_from is not None:
         assert s["recorded"]["fingerprint"] != changed_from, s
     answers = _answers(team_stack.settings, model)
-    team_stack.triton.stop()
-    team_stack.triton.start()
+    for triton in team_stack.tritons:
+        triton.stop()
+        triton.start()
     sync = _seqcls(team_stack, "sync")
     assert sync.returncode == 0, sync.stdout + sync.stderr
     assert _answers(team_stack.settings, model) == answers
@@ -594,14 +615,18 @@ def test_seqcls_team_stack_serves_until_ctrl_c_and_stops_everything(tmp_path: Pa
             "both Celery workers ready",
         )
         assert set(exports) >= {"SEQCLS_TRITON_REPOSITORY", "SEQCLS_MLFLOW_TRACKING_URI", "MLFLOW_TRACKING_PASSWORD"}
+        assert len(exports["SEQCLS_TRITON_GRPC"].split(",")) == 3  # three Triton replicas by default
+        prometheus = re.search(r"Prometheus (http://\S+);", err.read_text(errors="replace")).group(1)
+        assert urllib.request.urlopen(f"{prometheus}/-/ready", timeout=10).status == 200
         children = psutil.Process(proc.pid).children(recursive=True)
-        assert len(children) >= 9, [c.name() for c in children]  # postgres, mlflow, redis, triton, 4 airflow, 2 workers
+        # postgres, mlflow, redis, 3 tritons, prometheus, 4 airflow, 2 workers
+        assert len(children) >= 12, [c.name() for c in children]
         root = logs.parents[1]
     finally:
         os.kill(proc.pid, signal.SIGTERM)
         out, _ = proc.communicate(timeout=180)
     assert proc.returncode == 0, err.read_text(errors="replace")[-3000:]
-    assert "stopped: Airflow, its workers, Redis, Triton, the MLflow server and PostgreSQL" in out
+    assert "stopped: Airflow, its workers, Redis, Prometheus, the Tritons, the MLflow server and PostgreSQL" in out
     _, alive = psutil.wait_procs(children, timeout=30)
     assert not alive, [(p.pid, p.name()) for p in alive]
     assert not root.exists()

@@ -80,3 +80,50 @@ def test_a_new_compose_variable_the_rehearsal_cannot_map_is_an_error(tmp_path: P
 
     with pytest.raises(ValueError, match="SEQCLS_SOMETHING_NEW"):
         compose_seqcls_env(LOCAL, _copy(tmp_path, new_var))
+
+
+# ----------------------------------------------------------------------------- Prometheus
+
+
+def test_prometheus_is_the_compose_configuration_with_one_target_per_local_triton(tmp_path: Path) -> None:
+    import shutil
+    import subprocess
+
+    from seqcls_tools.teamstack import local_prometheus_argv, local_prometheus_config
+    from seqcls_tools.teamstack.monitoring import PROMETHEUS_CONFIG
+
+    targets = ["127.0.0.1:18002", "127.0.0.1:18012", "127.0.0.1:18022"]
+    data = local_prometheus_config(targets)
+    compose = yaml.safe_load(PROMETHEUS_CONFIG.read_text(encoding="utf-8"))
+    assert data["global"] == compose["global"]  # the compose file's intervals, not the rehearsal's
+    (job,) = data["scrape_configs"]
+    assert job["job_name"] == "triton" and job["static_configs"][0]["targets"] == targets
+    assert job["static_configs"][0]["labels"] == compose["scrape_configs"][0]["static_configs"][0]["labels"]
+    (rules,) = data["rule_files"]
+    assert Path(rules).is_absolute() and Path(rules).is_file() and rules.endswith("seqcls.rules.yml")
+    argv = local_prometheus_argv("prometheus", tmp_path / "p.yml", tmp_path / "data", 19090)
+    assert argv[1:] == [
+        f"--config.file={tmp_path / 'p.yml'}",
+        f"--storage.tsdb.path={tmp_path / 'data'}",
+        "--storage.tsdb.retention.time=15d",
+        "--web.listen-address=127.0.0.1:19090",
+    ]
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.skip("promtool not on PATH (scripts/system-deps.sh installs Debian's prometheus)")
+    config = tmp_path / "p.yml"
+    config.write_text(yaml.safe_dump(data), encoding="utf-8")
+    checked = subprocess.run([promtool, "check", "config", str(config)], capture_output=True, text=True, timeout=60)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+
+
+def test_a_prometheus_target_the_rehearsal_cannot_map_is_an_error(tmp_path: Path) -> None:
+    from seqcls_tools.teamstack import local_prometheus_config
+    from seqcls_tools.teamstack.monitoring import PROMETHEUS_CONFIG
+
+    data = yaml.safe_load(PROMETHEUS_CONFIG.read_text(encoding="utf-8"))
+    data["scrape_configs"][0]["static_configs"][0]["targets"] = ["triton-b:8002"]
+    edited = tmp_path / "prometheus.yml"
+    edited.write_text(yaml.safe_dump(data), encoding="utf-8")
+    with pytest.raises(ValueError, match=r"scrapes \['triton-b:8002'\], which the local team stack does not map"):
+        local_prometheus_config(["127.0.0.1:1"], edited)

@@ -122,7 +122,13 @@ def _cmd_team_stack(args: argparse.Namespace) -> tuple[int, Callable[[], None]]:
     previous = signal.signal(signal.SIGTERM, _interrupt)
     with contextlib.ExitStack() as cleanup:
         root = args.root or Path(cleanup.enter_context(tempfile.TemporaryDirectory(prefix="seqcls-team-stack-")))
-        stack = TeamStack(Path(root), models_file=args.models_file, password=args.password)
+        stack = TeamStack(
+            Path(root),
+            models_file=args.models_file,
+            password=args.password,
+            tritons=args.tritons,
+            prometheus=not args.no_prometheus,
+        )
         try:
             stack.start()
             assert stack.airflow is not None and stack.settings is not None
@@ -130,7 +136,9 @@ def _cmd_team_stack(args: argparse.Namespace) -> tuple[int, Callable[[], None]]:
             _until_interrupted(
                 f"Airflow (CeleryExecutor, {stack.airflow.workers} workers) {stack.airflow.url}  "
                 f"(user admin, password {stack.airflow.stack.password}); MLflow {stack.mlflow.url}; "
-                f"Triton gRPC {stack.settings.triton_grpc[0]}; checkpoints root {stack.settings.checkpoints_root}; "
+                f"Triton gRPC {','.join(stack.settings.triton_grpc)}; "
+                + (f"Prometheus {stack.prometheus.url}; " if stack.prometheus else "")
+                + f"checkpoints root {stack.settings.checkpoints_root}; "
                 f"logs {stack.airflow.stack.logs}.\nFor the seqcls CLI in another shell:\n  export {exports}\n"
                 "Ctrl-C stops everything" + ("." if args.root else " and removes its data.")
             )
@@ -139,7 +147,8 @@ def _cmd_team_stack(args: argparse.Namespace) -> tuple[int, Callable[[], None]]:
         finally:
             stack.stop()
             signal.signal(signal.SIGTERM, previous)
-    return 0, lambda: print("stopped: Airflow, its workers, Redis, Triton, the MLflow server and PostgreSQL")
+    stopped = "stopped: Airflow, its workers, Redis, Prometheus, the Tritons, the MLflow server and PostgreSQL"
+    return 0, lambda: print(stopped)
 
 
 def _until_interrupted(message: str) -> None:
@@ -183,12 +192,15 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_cmd_team_registry)
     p = sub.add_parser(
         "team-stack",
-        help="run the compose file's services (PostgreSQL, MLflow, Redis, Triton, Airflow on Celery) on 127.0.0.1 "
+        help="run the compose file's services (PostgreSQL, MLflow, Redis, Tritons, Prometheus, Airflow on Celery) on "
+        "127.0.0.1 "
         "until Ctrl-C",
     )
     p.add_argument("--root", type=Path, default=None, help="keep everything here (default: a throwaway directory)")
     p.add_argument("--models-file", type=Path, default=None, help="the release DAGs' models file (default: none)")
     p.add_argument("--password", default=None, help="password of the Airflow user admin (default: generated)")
+    p.add_argument("--tritons", type=int, default=3, help="Triton replicas on the shared repository (default 3)")
+    p.add_argument("--no-prometheus", action="store_true", help="no Prometheus scraping the Tritons")
     p.set_defaults(func=_cmd_team_stack)
     p = sub.add_parser("bench", help="benchmark every serving profile on a real local Triton (see docs/performance.md)")
     p.add_argument("--home", type=Path, default=None)

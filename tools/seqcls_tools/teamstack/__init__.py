@@ -1,6 +1,7 @@
 """The team stack run for real on this machine: the services of ``docker-compose.airflow.yml`` as local
 processes on loopback (containers cannot run here) — PostgreSQL and the MLflow server
-(:mod:`.registry`), Redis and Airflow on the CeleryExecutor with its workers (:mod:`.airflow_stack`)."""
+(:mod:`.registry`), Redis and Airflow on the CeleryExecutor with its workers (:mod:`.airflow_stack`),
+Prometheus with the project's rules (:mod:`.monitoring`)."""
 
 from seqcls_tools.teamstack.airflow_stack import (
     COMPOSE_AIRFLOW_KEYS,
@@ -13,6 +14,7 @@ from seqcls_tools.teamstack.airflow_stack import (
     compose_worker_replicas,
     localize,
 )
+from seqcls_tools.teamstack.monitoring import Prometheus, local_prometheus_argv, local_prometheus_config
 from seqcls_tools.teamstack.registry import (
     COMPOSE_FILE,
     ROOT,
@@ -31,6 +33,7 @@ __all__ = [
     "CeleryAirflow",
     "MlflowServer",
     "Postgres",
+    "Prometheus",
     "Redis",
     "TeamStack",
     "compose_airflow_env",
@@ -38,6 +41,8 @@ __all__ = [
     "compose_service",
     "compose_worker_replicas",
     "local_database_url",
+    "local_prometheus_argv",
+    "local_prometheus_config",
     "localize",
     "pg_bindir",
 ]

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from seqcls.localtriton import free_port
+from seqcls_tools.teamstack.monitoring import Prometheus
 from seqcls_tools.teamstack.registry import COMPOSE_FILE, MlflowServer, Postgres, compose_service
 
 log = logging.getLogger(__name__)
@@ -244,10 +245,12 @@ def compose_seqcls_env(
 class TeamStack:
     """Everything the compose file runs, as local processes on loopback (containers cannot run here):
     PostgreSQL (Airflow's metadata and MLflow's store), the MLflow server (basic auth, proxied
-    artifacts), Redis, a local Triton (the python runtime standing in for the NGC image's native ORT
-    backend) and Airflow with the CeleryExecutor and its workers. ``root/shared`` stands for the compose
-    volumes every Airflow container mounts: ``home`` (SEQCLS_HOME), ``models`` (the Triton
-    repository), ``checkpoints`` (SEQCLS_CHECKPOINTS_ROOT)."""
+    artifacts), Redis, ``tritons`` local Tritons on one shared repository (the python runtime standing in
+    for the NGC image's native ORT backend; every release goes to each, as to a fleet's replicas),
+    Prometheus scraping them with the project's rules (``prometheus=True``) and Airflow with the
+    CeleryExecutor and its workers. ``root/shared`` stands for the compose volumes every Airflow container
+    mounts: ``home`` (SEQCLS_HOME), ``models`` (the Triton repository), ``checkpoints``
+    (SEQCLS_CHECKPOINTS_ROOT)."""
 
     def __init__(
         self,
@@ -256,7 +259,11 @@ class TeamStack:
         models_file: Path | None = None,
         password: str | None = None,
         airflow_env: dict[str, str] | None = None,
+        tritons: int = 1,
+        prometheus: bool = False,
     ) -> None:
+        if tritons < 1:
+            raise ValueError(f"tritons={tritons}: the stack needs at least one Triton")
         self.root = Path(root)
         self.airflow_env = dict(airflow_env or {})  # e.g. a drill's shorter task-heartbeat timeout
         self.models_file = models_file
@@ -264,9 +271,16 @@ class TeamStack:
         self.postgres = Postgres()
         self.redis = Redis(self.root / "redis")
         self.mlflow: MlflowServer | None = None
-        self.triton = None
+        self.tritons: list = []
+        self.triton_count = tritons
+        self.prometheus = Prometheus(self.root / "prometheus", []) if prometheus else None
         self.airflow: CeleryAirflow | None = None
         self.settings = None
+
+    @property
+    def triton(self):
+        """The first Triton (the one a single-replica stack has)."""
+        return self.tritons[0] if self.tritons else None
 
     def start(self) -> TeamStack:
         from seqcls.localtriton import LocalTriton, TritonServerConfig
@@ -279,21 +293,30 @@ class TeamStack:
             self.mlflow.root.mkdir(parents=True, exist_ok=True)
             self.mlflow.prepare().start()
             self.redis.start()
-            http, grpc = free_port(), free_port()
+            ports = [(free_port(), free_port(), free_port()) for _ in range(self.triton_count)]
             shared = self.root / "shared"
             self.settings = Settings(
                 home=shared / "home",
                 triton_repository=shared / "models",
-                triton_grpc=(f"127.0.0.1:{grpc}",),
-                triton_http=(f"127.0.0.1:{http}",),
+                triton_grpc=tuple(f"127.0.0.1:{grpc}" for _, grpc, _ in ports),
+                triton_http=tuple(f"127.0.0.1:{http}" for http, _, _ in ports),
                 mlflow_tracking_uri=self.mlflow.url,
                 checkpoints_root=shared / "checkpoints",
             )
             for path in (self.settings.home, self.settings.triton_repository, self.settings.checkpoints_root):
                 path.mkdir(parents=True, exist_ok=True)
-            self.triton = LocalTriton(TritonServerConfig.from_settings(self.settings, metrics_port=free_port()))
-            self.triton.start()
-            self.settings = dataclasses.replace(self.settings, triton_metrics=(self.triton.config.metrics_url,))
+            for i, (http, grpc, metrics) in enumerate(ports, start=1):
+                config = TritonServerConfig.from_settings(
+                    self.settings, http_port=http, grpc_port=grpc, metrics_port=metrics,
+                    state_dir=self.root / "tritons" / f"triton-{i}",
+                )  # fmt: skip
+                self.tritons.append(LocalTriton(config))
+                self.tritons[-1].start()
+            metrics_urls = tuple(t.config.metrics_url for t in self.tritons)
+            self.settings = dataclasses.replace(self.settings, triton_metrics=metrics_urls)
+            if self.prometheus is not None:
+                self.prometheus.targets = list(metrics_urls)
+                self.prometheus.start()
             self.airflow = CeleryAirflow(
                 self.root / "airflow",
                 self.settings,
@@ -314,14 +337,14 @@ class TeamStack:
 
     def cli_env(self) -> dict[str, str]:
         """The environment of a ``seqcls`` CLI pointed at this stack (what the containers' variables say)."""
-        assert self.settings is not None and self.mlflow is not None and self.triton is not None
+        assert self.settings is not None and self.mlflow is not None and self.tritons
         s = self.settings
         return {
             "SEQCLS_HOME": str(s.home),
             "SEQCLS_TRITON_REPOSITORY": str(s.triton_repository),
             "SEQCLS_TRITON_GRPC": ",".join(s.triton_grpc),
             "SEQCLS_TRITON_HTTP": ",".join(s.triton_http),
-            "SEQCLS_TRITON_METRICS": self.triton.config.metrics_url,
+            "SEQCLS_TRITON_METRICS": ",".join(t.config.metrics_url for t in self.tritons),
             "SEQCLS_CHECKPOINTS_ROOT": str(s.checkpoints_root),
             **self.mlflow.client_env(),
         }
@@ -329,8 +352,10 @@ class TeamStack:
     def stop(self) -> None:
         if self.airflow is not None:
             self.airflow.stop()
-        if self.triton is not None:
-            self.triton.stop()
+        if self.prometheus is not None:
+            self.prometheus.stop()
+        for triton in self.tritons:
+            triton.stop()
         self.redis.stop()
         if self.mlflow is not None:
             self.mlflow.kill()
