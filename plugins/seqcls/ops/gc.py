@@ -262,7 +262,7 @@ def _plan_model(
     policy: str = archive.KEEP,
     evidence_keep: int | None = None,
 ) -> _Plan:
-    plan = _Plan(ModelGc(str(model)))
+    plan = _Plan(ModelGc(str(model)), policy=policy)
     kept = _why_kept(settings, model, retain)
     now = time.time()
     refused: list[tuple[str, Path]] = []
@@ -451,6 +451,7 @@ def gc(
                     _apply(plan, trash, t0, budget)
                     _apply_versions(settings, plan, t0, budget)
                     _apply_evidence(plan, trash, t0, budget)
+                _compacted_versions(settings, plan, apply)
         except Exception as exc:  # one model's problem: reported, collects nothing of it; the others go on
             log.warning("gc %s: %s", model, exc, exc_info=not isinstance(exc, SeqclsError))
             error = str(exc) if isinstance(exc, SeqclsError) else f"{type(exc).__name__}: {exc}"
@@ -533,6 +534,25 @@ def _apply_evidence(plan: _Plan, trash: Trash, t0: float, budget: float | None) 
                 evidence.compact(p.workspace, p.record, trash, m.model_name, p.bytes)
             except SeqclsError as exc:
                 item.collect, item.reasons = False, [f"in use ({exc})"]
+
+
+def _compacted_versions(settings: Settings, plan: _Plan, apply: bool) -> None:
+    """Archived MLflow versions of compacted releases lose what is left of their files (:mod:`.archive`)."""
+    model = plan.model.model_name
+    releases = settings.releases_dir / model
+    fps = {n for n in evidence.records(settings, model) if not (releases / n).is_dir()}
+    if plan.policy != archive.ARCHIVE or not fps:
+        return
+    c = client(settings)
+    for vp in archive.plan_compacted(c, model, fps):
+        why = "what is left of it (release compacted)" + ("; a gc was interrupted: finished now" * vp.unfinished)
+        item = Item(MLFLOW, f"models:/{model}/{vp.version}", sum(vp.parts.values()), True, parts=[why])
+        plan.model.items.append(item)
+        try:
+            if apply:
+                archive.collect_compacted(c, model, vp)
+        except Exception as exc:  # MLflow refused this one: kept, said; the next gc finishes it
+            item.collect, item.reasons = False, [f"MLflow refused ({type(exc).__name__}: {exc}); the next gc retries"]
 
 
 def after_promote(
