@@ -49,6 +49,7 @@ from seqcls.registry import archive
 from seqcls.registry.ledger import CHAMPION, FINGERPRINT_TAG, PREVIOUS, aliased_version, client
 from seqcls.release import control
 from seqcls.release.workspace import FAILED_DIR, MANIFEST, Release, Workspace, workspace_dir
+from seqcls.serving import statelog
 from seqcls.serving.lease import ReleaseLease
 from seqcls.serving.pins import PIN_PREFIX
 from seqcls.serving.repository import DEFAULT_RETAIN, Repository
@@ -451,6 +452,7 @@ def gc(
                     _apply(plan, trash, t0, budget)
                     _apply_versions(settings, plan, t0, budget)
                     _apply_evidence(plan, trash, t0, budget)
+                    statelog.rotate(statelog.log_path(Path(str(settings.triton_repository)), model))
                 _compacted_versions(settings, plan, apply)
         except Exception as exc:  # one model's problem: reported, collects nothing of it; the others go on
             log.warning("gc %s: %s", model, exc, exc_info=not isinstance(exc, SeqclsError))

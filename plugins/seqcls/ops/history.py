@@ -26,7 +26,7 @@ from seqcls.registry.ledger import version_label as ledger_version_label
 from seqcls.registry.runs import PARITY_TAG, QUALITY_TAG
 from seqcls.release.keys import served_release_key
 from seqcls.serving.repository import Repository
-from seqcls.serving.statelog import EVENTS, log_path
+from seqcls.serving.statelog import EVENTS, log_path, read_lines
 from seqcls.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -125,7 +125,7 @@ def read_entries(repository: Path, model_name: str) -> tuple[list[HistoryEntry],
     """The log of ``model_name`` as history entries, oldest first, and the numbers of damaged lines."""
     path = log_path(repository, model_name)
     try:
-        lines = path.read_bytes().splitlines()
+        lines = read_lines(path)  # rotated segments first, oldest first
     except FileNotFoundError:
         return [], []
     out: list[HistoryEntry] = []
