@@ -26,7 +26,7 @@ from typing import Any
 
 from seqcls import faults
 from seqcls.contract.names import ModelName, require_name
-from seqcls.files import atomic_write
+from seqcls.files import atomic_write, replace_file
 from seqcls.settings import airflow_task_context
 
 log = logging.getLogger(__name__)
@@ -165,7 +165,7 @@ def rotate(path: Path, max_bytes: int | None = None) -> Path | None:
         done = segments(path)
         number = (_segment_number(path, done[-1]) or (0, True))[0] + 1 if done else 1
         plain = path.with_name(f"{path.name}.{number:06d}")
-        os.rename(path, plain)  # appenders waiting for the lock open the new log (append_line)
+        replace_file(path, plain)  # appenders waiting for the lock open the new log (append_line)
         faults.point("statelog:rotated")
     finally:
         os.close(fd)
