@@ -177,3 +177,16 @@ def test_history_and_status_say_which_releases_were_compacted(settings: Settings
     assert compacted == {_fp(i)[:16] for i in (1, 2)}, [(e.fingerprint, e.evidence) for e in found.entries]
     text = "\n".join(lines(found))
     assert f"{_fp(1)[:12]} (compacted)" in text and f"{_fp(5)[:12]} (compacted)" not in text, text
+
+
+def test_after_promote_compacts_with_the_run_s_evidence_keep(
+    settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from types import SimpleNamespace
+
+    wss = [_release(settings, i) for i in range(1, 4)]
+    monkeypatch.setattr(gc_mod.control, "release_owner", lambda release: "release:seqcls:0123456789abcdef:01234567")
+    release = SimpleNamespace(config=SimpleNamespace(model_name=NAME), settings=settings)
+    done = gc_mod.after_promote(release, evidence_keep=2)  # type: ignore[arg-type]
+    assert done is not None and done.ok
+    assert [ws.exists() for ws in wss] == [False, True, True]

@@ -156,6 +156,8 @@ class Compacted:
 def compact(ws: Path, record: Path, trash: Trash, model: str, freed: int) -> Compacted:
     """Under the workspace's lock (a step writing it makes gc skip it, a SeqclsError): write the audit record
     atomically, then move the workspace into the trash (one rename). Re-running it finishes an interrupted one."""
+    if not (ws / MANIFEST).is_file():  # gone since the plan (or never a release): never overwrite a record
+        return Compacted(record, 0)
     with held(ws / LOCK, timeout=0, what=f"gc of release {ws.name}", error=SeqclsError):
         data = json.dumps(build_record(ws, model), ensure_ascii=False, default=str, sort_keys=True)
         record.parent.mkdir(parents=True, exist_ok=True)
