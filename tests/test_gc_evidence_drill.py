@@ -2,14 +2,17 @@
 
 Seven releases of tiny checkpoints with ``evidence_keep`` 3: the two oldest (pruned from Triton, no rollback
 reaches them) are compacted; a gc killed -9 between writing an audit record and removing the workspace leaves a
-state ``status`` calls clean after one ``sync`` and is finished by the next gc; status and history say which
-releases were compacted; every version the policy keeps is still a working rollback target and the champion's
+state ``status`` calls clean after one ``sync`` and is finished by the next gc, as do a gc killed between tagging
+a compacted release's MLflow version and deleting its files and a state-log rotation killed before compressing
+(history unchanged); status and history say which releases were compacted; every version the policy keeps is still a working rollback target and the champion's
 graph is still found from its kept workspace.
 """
 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -22,6 +25,7 @@ from seqcls.registry.archive import COMPACTED_REMOVED_TAG
 from seqcls.registry.ledger import client
 from seqcls.serving.published import champion_graph
 from seqcls.serving.repository import Repository
+from seqcls.serving.statelog import log_path, segments
 from tests.helpers.drills import Drill, drill_test, make_drill, served_answers
 
 NAME = ModelName("seqcls")
@@ -71,6 +75,11 @@ def test_old_releases_are_compacted_and_every_kept_version_still_rolls_back(
     assert sync.returncode == 0, sync.stdout[-2000:] + sync.stderr[-3000:]
     assert d.cli("status").returncode == 0
     d.assert_invariant(served=7)
+    out = d.cli("gc", "--apply", SEQCLS_FAULT_PLAN="die@gc:mlflow-compacted-tagged")  # the MLflow side killed
+    assert out.returncode == -9, out.stderr[-3000:]
+    assert not workspaces[1].exists() and not workspaces[2].exists()  # compacted; MLflow v1 tagged, files there
+    assert d.cli("sync").returncode == 0 and d.cli("status").returncode == 0
+    d.assert_invariant(served=7)
     out = d.cli("gc", "--apply")
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
     assert not leftovers(d.settings)
@@ -90,6 +99,16 @@ def test_old_releases_are_compacted_and_every_kept_version_still_rolls_back(
     assert status.returncode == 0 and "2 compacted releases' audit records" in status.stdout, status.stdout
     history = d.cli("history")
     assert history.returncode == 0 and history.stdout.count("(compacted)") >= 2, history.stdout
+
+    # the state log rotated by a process killed -9 before compressing: status clean after one sync, history whole
+    log_file = log_path(d.repo, NAME)
+    code = f"from pathlib import Path; from seqcls.serving.statelog import rotate; rotate(Path({str(log_file)!r}), 1)"
+    killed = subprocess.run([sys.executable, "-c", code], env={**d.env, "SEQCLS_FAULT_PLAN": "die@statelog:rotated"})
+    assert killed.returncode == -9 and segments(log_file) and not log_file.exists()
+    assert d.cli("sync").returncode == 0 and d.cli("status").returncode == 0
+    d.assert_invariant(served=7)
+    again = d.cli("history")
+    assert again.returncode == 0 and again.stdout == history.stdout, again.stdout
 
     repo = Repository.from_settings(d.settings, NAME)
     _, source = champion_graph(repo, 7, tmp_path / "champion")  # the quality gate's re-scoring still finds it
