@@ -4,8 +4,8 @@ Seven releases of tiny checkpoints with ``evidence_keep`` 3: the two oldest (pru
 reaches them) are compacted; a gc killed -9 between writing an audit record and removing the workspace leaves a
 state ``status`` calls clean after one ``sync`` and is finished by the next gc, as do a gc killed between tagging
 a compacted release's MLflow version and deleting its files and a state-log rotation killed before compressing
-(history unchanged); status and history say which releases were compacted; every version the policy keeps is still a working rollback target and the champion's
-graph is still found from its kept workspace.
+(history unchanged); status and history say which releases were compacted; every version the policy keeps is
+still a working rollback target and the champion's graph is still found from its kept workspace.
 """
 
 from __future__ import annotations
