@@ -16,7 +16,7 @@ import pytest
 from seqcls.errors import InputError
 from seqcls.files import held
 from seqcls.ops.gc import gc
-from seqcls.registry.archive import ARCHIVED_TAG, REMOVED_TAG
+from seqcls.registry.archive import ARCHIVED_TAG, COMPACTED_REMOVED_TAG, COMPACTED_TAG, REMOVED_TAG
 from seqcls.settings import Settings
 from tests.helpers.gc import NAME
 from tests.helpers.gc import fp as _fp
@@ -173,6 +173,46 @@ def test_gc_killed_between_tagging_and_deleting_is_finished_by_the_next(mlflow_h
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
     assert not any(_has_graphs(six[i]) for i in (1, 2))
     assert all(REMOVED_TAG in c.get_model_version(NAME, str(i)).tags for i in (1, 2))
+
+
+def _small_left(dirs: tuple[Path, Path]) -> bool:
+    run_dir, model_dir = dirs
+    return (run_dir / "parity" / "report.json").exists() or (model_dir / "MLmodel").exists()
+
+
+def test_archived_versions_of_compacted_releases_lose_their_small_artifacts_too(mlflow_home: Settings, six) -> None:
+    result = gc(mlflow_home, apply=True, evidence_keep=1)  # workspaces 1-3 compacted (4-6: published/served)
+    assert result.ok, result.lines()
+    assert not any((mlflow_home.releases_dir / NAME / _fp(i)[:16]).exists() for i in (1, 2, 3))
+    c = _client(mlflow_home)
+    for i in (1, 2):  # archived and compacted: nothing of their files left; the version, tags and metrics stay
+        mv = c.get_model_version(NAME, str(i))
+        assert not _small_left(six[i]) and not _has_graphs(six[i]), i
+        assert mv.tags["fingerprint"] == _fp(i) and mv.tags[COMPACTED_TAG] and mv.tags[REMOVED_TAG]
+        assert "parity" in "".join(json.loads(mv.tags[COMPACTED_REMOVED_TAG])), mv.tags
+        assert c.get_run(mv.run_id).data.metrics["quality.micro_f1"] == 0.9
+    for i in (3, 4, 5, 6):  # 3: its alias keeps the version whole; 4-6: kept releases
+        assert _small_left(six[i]) and _has_graphs(six[i]), i
+        assert COMPACTED_TAG not in c.get_model_version(NAME, str(i)).tags
+    items = _mlflow_items(gc(mlflow_home, evidence_keep=1))
+    assert set(items) == {3, 4, 5, 6}, items  # done: not listed again
+
+
+def test_gc_killed_between_tagging_compacted_and_deleting_is_finished_by_the_next(mlflow_home: Settings, six) -> None:
+    env = {**os.environ, "SEQCLS_FAULT_PLAN": "die@gc:mlflow-compacted-tagged"}
+    cmd = [sys.executable, "-m", "seqcls.cli", "gc", "--apply", "--evidence-keep", "1"]
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == -9, out.stderr[-3000:]
+    c = _client(mlflow_home)
+    tags = c.get_model_version(NAME, "1").tags
+    assert tags.get(COMPACTED_TAG) and COMPACTED_REMOVED_TAG not in tags and _small_left(six[1])
+    dry = subprocess.run([*cmd[:-3], "--evidence-keep", "1"], capture_output=True, text=True, timeout=300)
+    assert "interrupted" in dry.stdout, dry.stdout
+    env.pop("SEQCLS_FAULT_PLAN")
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+    assert not any(_small_left(six[i]) for i in (1, 2))
+    assert all(COMPACTED_REMOVED_TAG in c.get_model_version(NAME, str(i)).tags for i in (1, 2))
 
 
 def test_the_policy_is_checked_where_it_is_given(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

@@ -192,6 +192,7 @@ def _cmd_gc(args: argparse.Namespace) -> tuple[int, Printer]:
         apply=args.apply,
         keep_refused=args.keep_refused,
         mlflow_versions=args.mlflow_versions,
+        evidence_keep=args.evidence_keep,
     )
     text = json.dumps(result.to_dict(), indent=2, default=str) if args.json else "\n".join(result.lines())
     return (0 if result.ok else 1), lambda: print(text)

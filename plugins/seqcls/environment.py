@@ -13,6 +13,7 @@ from seqcls.settings import (
     CONTROL_KEY_FILE,
     DEFAULT_EVAL_SET_MAX_MB,
     DEFAULT_EVAL_SET_MAX_TEXTS,
+    DEFAULT_GC_EVIDENCE_KEEP,
     DEFAULT_GC_KEEP_REFUSED,
     DEFAULT_GC_MIN_AGE,
     DEFAULT_GC_MLFLOW_VERSIONS,
@@ -28,6 +29,7 @@ from seqcls.settings import (
     ENV_EVAL_SET_MAX_MB,
     ENV_EVAL_SET_MAX_TEXTS,
     ENV_FAULT_PLAN,
+    ENV_GC_EVIDENCE_KEEP,
     ENV_GC_KEEP_REFUSED,
     ENV_GC_MIN_AGE,
     ENV_GC_MLFLOW_VERSIONS,
@@ -153,6 +155,13 @@ ENVIRONMENT: tuple[EnvVar, ...] = (
         str(DEFAULT_GC_KEEP_REFUSED),
         "`seqcls gc`: per model, the newest refused attempts whose evidence (`failed/`) is kept.",
         "`seqcls gc --keep-refused` / models file keep_refused",
+    ),
+    EnvVar(
+        ENV_GC_EVIDENCE_KEEP,
+        str(DEFAULT_GC_EVIDENCE_KEEP),
+        "`seqcls gc`: per model, the newest releases whose evidence stays as it is; older ones nothing else keeps "
+        "are compacted into one audit record each (manifest, hashes, verdicts, reports).",
+        "`seqcls gc --evidence-keep` / DAG param evidence_keep",
     ),
     EnvVar(
         ENV_GC_MIN_AGE,

@@ -50,6 +50,8 @@ ENV_GC_KEEP_REFUSED = "SEQCLS_GC_KEEP_REFUSED"  # `seqcls gc`: refused attempts 
 ENV_GC_MIN_AGE = "SEQCLS_GC_MIN_AGE"  # `seqcls gc`: seconds a workspace is left alone after its last write
 ENV_GC_MLFLOW_VERSIONS = "SEQCLS_GC_MLFLOW_VERSIONS"  # `seqcls gc`: archive (default) | delete | keep old versions
 DEFAULT_GC_KEEP_REFUSED = 5
+ENV_GC_EVIDENCE_KEEP = "SEQCLS_GC_EVIDENCE_KEEP"  # `seqcls gc`: the newest releases whose evidence stays as is
+DEFAULT_GC_EVIDENCE_KEEP = 30
 DEFAULT_GC_MIN_AGE = 3600.0
 DEFAULT_GC_MLFLOW_VERSIONS = "archive"
 GC_MLFLOW_POLICIES = ("archive", "delete", "keep")
@@ -304,6 +306,9 @@ class Settings:
     #: What gc does with an MLflow version no serving, rollback or restore reaches (SEQCLS_GC_MLFLOW_VERSIONS):
     #: "archive" (its heavy artifacts go, the version stays), "delete" or "keep".
     gc_mlflow_versions: str = DEFAULT_GC_MLFLOW_VERSIONS
+    #: The newest releases per model whose evidence stays as it is (SEQCLS_GC_EVIDENCE_KEEP); older ones nothing
+    #: else keeps are compacted into one audit record each.
+    gc_evidence_keep: int = DEFAULT_GC_EVIDENCE_KEEP
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "home", Path(self.home).expanduser().resolve())
@@ -347,6 +352,9 @@ class Settings:
         keep = self.gc_keep_refused
         if isinstance(keep, bool) or not isinstance(keep, int) or keep < 0:
             raise InputError(f"{ENV_GC_KEEP_REFUSED} / keep_refused must be an integer ≥ 0, got {keep!r}")
+        evidence = self.gc_evidence_keep
+        if isinstance(evidence, bool) or not isinstance(evidence, int) or evidence < 0:
+            raise InputError(f"{ENV_GC_EVIDENCE_KEEP} / evidence_keep must be an integer ≥ 0, got {evidence!r}")
         if not self.gc_min_age >= 0:
             raise InputError(f"{ENV_GC_MIN_AGE} must be seconds ≥ 0, got {self.gc_min_age!r}")
         policy = str(self.gc_mlflow_versions).strip().lower()
@@ -388,6 +396,7 @@ class Settings:
             "gc_keep_refused": _number(env, ENV_GC_KEEP_REFUSED, int, DEFAULT_GC_KEEP_REFUSED),
             "gc_min_age": _number(env, ENV_GC_MIN_AGE, float, DEFAULT_GC_MIN_AGE),
             "gc_mlflow_versions": env.get(ENV_GC_MLFLOW_VERSIONS) or DEFAULT_GC_MLFLOW_VERSIONS,
+            "gc_evidence_keep": _number(env, ENV_GC_EVIDENCE_KEEP, int, DEFAULT_GC_EVIDENCE_KEEP),
         }
         for key, value in overrides.items():
             if key not in values:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from seqcls.contract.names import ModelName
@@ -16,6 +17,11 @@ HEAVY_BYTES = 50_000
 
 def fp(i: int) -> str:
     return f"{i:02d}" * 32
+
+
+def when(i: int) -> str:
+    """Workspace ``i``'s last write: one day after ``i - 1``'s (the release order gc's evidence horizon reads)."""
+    return (datetime(2026, 1, 1, tzinfo=UTC) + timedelta(days=i)).isoformat(timespec="seconds")
 
 
 def workspace(settings: Settings, i: int, *, refused: str | None = None, evalset: str | None = None) -> Path:
@@ -31,7 +37,7 @@ def workspace(settings: Settings, i: int, *, refused: str | None = None, evalset
         (ws / "failed" / "evaluate").mkdir(parents=True)
         (ws / "failed" / "evaluate" / "evaluation.json").write_text("{}")
         steps["evaluate"] = {"status": "failed", "error": "GateError: quality gate refused", "finished_at": refused}
-    manifest = {"schema": 1, "steps": steps, "checkpoint": {"path": "x"}, "fingerprint": fp(i)}
+    manifest = {"schema": 1, "steps": steps, "checkpoint": {"path": "x"}, "fingerprint": fp(i), "updated_at": when(i)}
     if evalset:
         manifest["eval_sets"] = {"/data/test.txt": {"copy": str(settings.eval_sets_dir / evalset), "sha256": "0"}}
     (ws / "manifest.json").write_text(json.dumps(manifest))

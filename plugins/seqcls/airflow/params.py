@@ -66,6 +66,16 @@ def run_params(model_name: str, root: str = "") -> dict[str, dict[str, Any]]:
             "model keep their evidence (failed/); older ones are collected. Empty: SEQCLS_GC_KEEP_REFUSED (5).",
             "section": EXPERT_SECTION,
         },
+        "evidence_keep": {
+            "default": None,
+            "type": ["integer", "null"],
+            "minimum": 0,
+            "title": "Releases whose evidence stays",
+            "description": "Retention after this run's promote (`seqcls gc`): the newest N releases of the model keep "
+            "their evidence as it is; older ones nothing else keeps are compacted into one audit record each. "
+            "Empty: SEQCLS_GC_EVIDENCE_KEEP (30).",
+            "section": EXPERT_SECTION,
+        },
         "mlflow_versions": {
             "default": None,
             "type": ["string", "null"],

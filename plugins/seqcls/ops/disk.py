@@ -16,6 +16,9 @@ from seqcls.settings import Settings
 #: A workspace's heavy artifacts: the checkpoint snapshot, the static export, the ONNX graphs, a step's staging.
 #: Everything else of it (manifest, reports, records: kilobytes) is its evidence and stays.
 HEAVY = ("checkpoint", "static", "onnx", ".staging")
+#: Where a model's compacted releases keep their audit record each (:mod:`seqcls.ops.evidence`).
+AUDIT_DIR = ".audit"
+AUDIT_SUFFIX = ".json.gz"
 
 
 def tree_bytes(path: Path) -> int:
@@ -65,6 +68,11 @@ def workspaces(settings: Settings, model: str) -> list[Path]:
     return sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")) if root.is_dir() else []
 
 
+def audit_dir(settings: Settings, model: str) -> Path:
+    """``<home>/releases/<model>/.audit/``: one compressed audit record per compacted release."""
+    return settings.releases_dir / model / AUDIT_DIR
+
+
 def evalset_refs(manifest: dict[str, Any] | None) -> set[str]:
     """The names of the kept eval-set copies (``<home>/evalsets/``) a workspace's manifest refers to."""
     kept = (manifest or {}).get(KEPT) or {}
@@ -81,6 +89,8 @@ class DiskUse:
     evidence: int = 0
     triton: int = 0
     evalsets: int = 0  # the eval-set copies its workspaces refer to (shared with other models)
+    compacted: int = 0  # releases whose workspace went, compacted into one audit record each
+    audit: int = 0  # bytes of those records
 
     def to_dict(self) -> dict[str, int]:
         return asdict(self)
@@ -91,6 +101,7 @@ class DiskUse:
             f"  disk: {mb(total)} in {self.workspaces} release workspaces (heavy {mb(self.heavy)}, failed/ "
             f"{mb(self.failed)}, evidence {mb(self.evidence)}); Triton repository {mb(self.triton)}; eval sets "
             f"{mb(self.evalsets)}"
+            + (f"; {self.compacted} compacted releases' audit records {mb(self.audit)}" if self.compacted else "")
         )
 
 
@@ -116,10 +127,26 @@ def disk_use(settings: Settings, model: ModelName) -> DiskUse:
             else:
                 use.evidence += size
         refs |= evalset_refs(read_manifest(ws))
+    audits = audit_dir(settings, model)
+    for record in audits.glob(f"*{AUDIT_SUFFIX}") if audits.is_dir() else ():
+        use.compacted += 1
+        use.audit += tree_bytes(record)
     repo = Path(str(settings.triton_repository))
     use.triton = sum(tree_bytes(repo / m) for m in model.names.all)
     use.evalsets = sum(tree_bytes(settings.eval_sets_dir / r) for r in refs)
     return use
 
 
-__all__ = ["HEAVY", "DiskUse", "disk_use", "evalset_refs", "megabytes", "read_manifest", "tree_bytes", "workspaces"]
+__all__ = [
+    "AUDIT_DIR",
+    "AUDIT_SUFFIX",
+    "HEAVY",
+    "DiskUse",
+    "audit_dir",
+    "disk_use",
+    "evalset_refs",
+    "megabytes",
+    "read_manifest",
+    "tree_bytes",
+    "workspaces",
+]

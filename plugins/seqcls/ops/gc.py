@@ -12,7 +12,9 @@ kept for the newest ``gc_keep_refused`` refused attempts and collected for the r
 once per home by content) is collected when no kept workspace of any model refers to it. An MLflow version is
 kept exactly when its release workspace is kept whole (or an alias points to it); the others are archived
 (their graphs deleted, the version kept with its tags and evidence), deleted, or left alone
-(``gc_mlflow_versions``, :mod:`seqcls.registry.archive`).
+(``gc_mlflow_versions``, :mod:`seqcls.registry.archive`). Releases older than the newest ``gc_evidence_keep``
+and kept for none of those reasons lose their workspace too: its evidence compacted first into one audit record
+(:mod:`seqcls.ops.evidence`), so a year of daily releases holds a bounded number of workspaces.
 
 Safe under faults: gc holds each model's release lease (refused at once, naming the holder, while a release
 holds it) and each workspace's lock while it moves things; what it collects is first renamed into
@@ -22,13 +24,10 @@ deleted. A gc killed midway leaves only trash that the next gc or ``seqcls sync`
 
 from __future__ import annotations
 
-import argparse
 import contextlib
-import errno
 import json
 import logging
 import os
-import shutil
 import socket
 import time
 from collections.abc import Iterator, Sequence
@@ -40,14 +39,17 @@ from typing import Any
 from seqcls import faults
 from seqcls.contract.names import ModelName
 from seqcls.errors import SeqclsError
-from seqcls.files import atomic_write, held, replace_dir, replace_file
+from seqcls.files import atomic_write, held
+from seqcls.ops import evidence
 from seqcls.ops.disk import HEAVY, evalset_refs, megabytes, read_manifest, tree_bytes, workspaces
+from seqcls.ops.gcargs import GC_HELP, add_arguments
 from seqcls.ops.sync import models_in, operator_models
-from seqcls.ops.trash import finish_leftovers, leftovers, trash_root
+from seqcls.ops.trash import Trash, finish_leftovers, leftovers
 from seqcls.registry import archive
 from seqcls.registry.ledger import CHAMPION, FINGERPRINT_TAG, PREVIOUS, aliased_version, client
 from seqcls.release import control
 from seqcls.release.workspace import FAILED_DIR, MANIFEST, Release, Workspace, workspace_dir
+from seqcls.serving import statelog
 from seqcls.serving.lease import ReleaseLease
 from seqcls.serving.pins import PIN_PREFIX
 from seqcls.serving.repository import DEFAULT_RETAIN, Repository
@@ -61,9 +63,11 @@ GC_BUDGET = 60.0
 
 #: The kinds gc reports, in its order.
 WORKSPACE, FAILED, MLFLOW, EVALSET, LEFTOVER = "workspace", "failed", "mlflow", "evalset", "leftover"
+EVIDENCE = "evidence"
 KINDS = {
     WORKSPACE: "release workspaces' heavy artifacts",
     FAILED: "failed/ leftovers",
+    EVIDENCE: "old releases' evidence, compacted into one audit record each",
     MLFLOW: "MLflow versions' heavy artifacts",
     EVALSET: "eval-set copies no longer referenced",
     LEFTOVER: "leftovers of an interrupted gc",
@@ -238,36 +242,6 @@ def _why_kept(settings: Settings, model: ModelName, retain: int) -> dict[Path, l
     return why
 
 
-# ---------------------------------------------------------------------------- the command line
-
-GC_HELP = (
-    "retention: what release workspaces, failed/ leftovers, MLflow versions' artifacts and eval-set copies can go, "
-    "and why the rest is kept; a dry run unless --apply"
-)
-
-
-def _count(text: str) -> int:
-    if not text.isdigit():
-        raise argparse.ArgumentTypeError(f"expected a whole number ≥ 0, got {text!r}")
-    return int(text)
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    """``seqcls gc``'s own flags (the CLI adds --home/--grpc/--json), written beside what they steer."""
-    p.add_argument("--model-name", type=ModelName, default=None, help="one model (default: every model with releases)")
-    mode = p.add_mutually_exclusive_group()
-    mode.add_argument("--dry-run", dest="apply", action="store_false", help="only say what would go (default)")
-    mode.add_argument("--apply", dest="apply", action="store_true", help="collect it, under each model's lease")
-    p.add_argument("--keep-refused", type=_count, default=None, metavar="N",
-                   help="the newest N refused attempts per model keep their evidence (default "
-                   "$SEQCLS_GC_KEEP_REFUSED or 5)")  # fmt: skip
-    p.add_argument("--mlflow-versions", choices=GC_MLFLOW_POLICIES, default=None,
-                   help="an MLflow version whose release workspace is collected: archive (delete its graphs, keep "
-                   "the version, its tags and evidence), delete it, or keep it (default $SEQCLS_GC_MLFLOW_VERSIONS "
-                   "or archive)")  # fmt: skip
-    p.set_defaults(apply=False)
-
-
 # ---------------------------------------------------------------------------- the plan
 
 
@@ -278,12 +252,18 @@ class _Plan:
     refs: set[str] = field(default_factory=set)  # eval-set copies the kept workspaces refer to
     versions: list[archive.VersionPlan] = field(default_factory=list)  # MLflow versions to archive/delete
     policy: str = archive.DEFAULT_POLICY
+    compact: list[evidence.Planned] = field(default_factory=list)  # workspaces beyond the evidence horizon
 
 
 def _plan_model(
-    settings: Settings, model: ModelName, keep_refused: int, retain: int, policy: str = archive.KEEP
+    settings: Settings,
+    model: ModelName,
+    keep_refused: int,
+    retain: int,
+    policy: str = archive.KEEP,
+    evidence_keep: int | None = None,
 ) -> _Plan:
-    plan = _Plan(ModelGc(str(model)))
+    plan = _Plan(ModelGc(str(model)), policy=policy)
     kept = _why_kept(settings, model, retain)
     now = time.time()
     refused: list[tuple[str, Path]] = []
@@ -295,6 +275,7 @@ def _plan_model(
             if when is not None:
                 refused.append((when, ws))
     newest_refused = {ws for _, ws in sorted(refused, reverse=True)[:keep_refused]}
+    whole: set[Path] = set(newest_refused)  # workspaces nothing of whose evidence goes
     for ws, manifest in manifests.items():
         reasons = list(kept.get(ws.resolve(), []))
         try:
@@ -306,6 +287,7 @@ def _plan_model(
         if manifest is None:
             reasons.append(f"{ws / MANIFEST} is unreadable: nothing of it is collected")
         if reasons:
+            whole.add(ws)
             plan.model.items.append(Item(WORKSPACE, str(ws), tree_bytes(ws), False, reasons))
             plan.refs |= evalset_refs(manifest)
             continue
@@ -327,7 +309,22 @@ def _plan_model(
             plan.moves.append((ws, heavy))
     if policy != archive.KEEP:
         _plan_versions(settings, model, plan, policy)
+    _plan_evidence(settings, model, plan, manifests, whole, evidence_keep)
     return plan
+
+
+def _plan_evidence(settings: Settings, model: ModelName, plan: _Plan, manifests: dict[Path, dict[str, Any] | None],
+                   whole: set[Path], keep: int | None) -> None:  # fmt: skip
+    """Beyond the newest ``keep`` releases, what nothing else keeps is compacted; the records so far, said."""
+    keep = settings.gc_evidence_keep if keep is None else keep
+    plan.compact = evidence.plan(settings, model, manifests, whole, keep)
+    for p in plan.compact:
+        plan.model.items.append(Item(EVIDENCE, str(p.workspace), p.bytes, True, parts=p.parts(keep)))
+    done = evidence.records(settings, model)
+    if done:
+        reason = f"{len(done)} compacted releases: one audit record each (manifest, hashes, verdicts, reports)"
+        size = sum(tree_bytes(r) for r in done.values())
+        plan.model.items.append(Item(EVIDENCE, str(evidence.audit_dir(settings, model)), size, False, [reason]))
 
 
 def _plan_versions(settings: Settings, model: ModelName, plan: _Plan, policy: str) -> None:
@@ -366,34 +363,7 @@ def _evalset_items(settings: Settings, refs: set[str]) -> list[Item]:
 # ---------------------------------------------------------------------------- crash-safe removal
 
 
-class _Trash:
-    """One gc's trash directory: each collected path is renamed into it (one rename, same file system)."""
-
-    def __init__(self, settings: Settings) -> None:
-        self.root = trash_root(settings) / f"{os.getpid()}-{int(time.time() * 1000)}"
-        self.n = 0
-
-    def take(self, path: Path) -> bool:
-        """Move ``path`` aside; False (and a warning) when it cannot be renamed there (another file system)."""
-        self.root.mkdir(parents=True, exist_ok=True)
-        self.n += 1
-        try:
-            (replace_dir if path.is_dir() else replace_file)(path, self.root / f"{self.n}-{path.name}")
-        except FileNotFoundError:
-            return True  # already gone
-        except OSError as exc:
-            if exc.errno == errno.EXDEV:
-                log.warning("gc: %s is on another file system than %s; left in place", path, self.root)
-                return False
-            raise
-        return True
-
-    def empty(self) -> None:
-        faults.point("gc:before-delete")
-        shutil.rmtree(self.root, ignore_errors=True)
-
-
-def _collect_workspace(trash: _Trash, ws: Path, paths: list[Path]) -> None:
+def _collect_workspace(trash: Trash, ws: Path, paths: list[Path]) -> None:
     """Under the workspace's lock (a step writing it makes gc skip it): move ``paths`` aside, then record in
     the manifest what was collected (a later release of the same checkpoint redoes the steps whose outputs
     went: their recorded hashes no longer match)."""
@@ -409,7 +379,9 @@ def _collect_workspace(trash: _Trash, ws: Path, paths: list[Path]) -> None:
         record = manifest.setdefault(GC_RECORD, {"collected": {}})
         record["collected"].update(moved)
         record["at"] = _now()
+        mtime = w.manifest_path.stat().st_mtime  # gc's own note is not a release's write (gc_min_age reads it)
         atomic_write(w.manifest_path, json.dumps(manifest, indent=2, ensure_ascii=False, default=str))
+        os.utime(w.manifest_path, (mtime, mtime))
 
 
 @contextlib.contextmanager
@@ -445,18 +417,20 @@ def gc(
     budget: float | None = None,
     owner: str | None = None,
     mlflow_versions: str | None = None,
+    evidence_keep: int | None = None,
 ) -> GcResult:
     """Plan (and with ``apply``, do) the collection for every (or the named) model; see the module docstring.
 
     ``budget``: seconds after which no further workspace is collected (what is left is said, for the next
     gc). ``owner``: the lease owner to take each model's lease as (default ``gc:<host>:<pid>``).
-    ``mlflow_versions``: archive / delete / keep (default: the setting)."""
+    ``mlflow_versions``: archive / delete / keep (default: the setting). ``evidence_keep``: the newest releases
+    whose evidence stays as it is (default: the setting); older ones nothing else keeps are compacted."""
     t0 = time.perf_counter()
     keep_refused = settings.gc_keep_refused if keep_refused is None else keep_refused
     policy = settings.gc_mlflow_versions if mlflow_versions is None else str(mlflow_versions).strip().lower()
     if policy not in GC_MLFLOW_POLICIES:
         raise SeqclsError(f"gc: mlflow_versions must be one of {', '.join(GC_MLFLOW_POLICIES)}, got {policy!r}")
-    if keep_refused < 0 or retain < 1:
+    if keep_refused < 0 or retain < 1 or (evidence_keep is not None and evidence_keep < 0):
         raise SeqclsError(f"gc: keep_refused must be ≥ 0 (got {keep_refused}) and retain ≥ 1 (got {retain})")
     result = GcResult(apply)
     all_models = gc_models(settings)
@@ -468,15 +442,18 @@ def gc(
     result.home += [Item(LEFTOVER, str(p), tree_bytes(p), True) for p in leftovers(settings)]
     if apply:
         finish_leftovers(settings)
-    trash = _Trash(settings)
+    trash = Trash(settings)
     for model in models:
         try:
             with _model_lease(settings, model, owner) if apply else contextlib.nullcontext():
-                plan = _plan_model(settings, model, keep_refused, retain, policy)
+                plan = _plan_model(settings, model, keep_refused, retain, policy, evidence_keep)
                 refs |= plan.refs
                 if apply:
                     _apply(plan, trash, t0, budget)
                     _apply_versions(settings, plan, t0, budget)
+                    _apply_evidence(plan, trash, t0, budget)
+                    statelog.rotate(statelog.log_path(Path(str(settings.triton_repository)), model))
+                _compacted_versions(settings, plan, apply)
         except Exception as exc:  # one model's problem: reported, collects nothing of it; the others go on
             log.warning("gc %s: %s", model, exc, exc_info=not isinstance(exc, SeqclsError))
             error = str(exc) if isinstance(exc, SeqclsError) else f"{type(exc).__name__}: {exc}"
@@ -503,7 +480,7 @@ def gc(
     return result
 
 
-def _apply(plan: _Plan, trash: _Trash, t0: float, budget: float | None) -> None:
+def _apply(plan: _Plan, trash: Trash, t0: float, budget: float | None) -> None:
     """Collect the plan's workspaces; one in use (a step holds its lock) or past the budget is kept, said so."""
     m = plan.model
     for ws, paths in plan.moves:
@@ -542,12 +519,51 @@ def _apply_versions(settings: Settings, plan: _Plan, t0: float, budget: float | 
             item.collect, item.reasons = False, [f"MLflow refused ({type(exc).__name__}: {exc}); the next gc retries"]
 
 
+def _apply_evidence(plan: _Plan, trash: Trash, t0: float, budget: float | None) -> None:
+    """Compact the plan's old releases; one whose heavy collection did not happen (in use, deferred), in use
+    now, or past the budget stays whole, said so."""
+    m = plan.model
+    held = {i.path: i.reasons for i in m.items if i.kind in (WORKSPACE, FAILED) and not i.collect and i.reasons}
+    for p in plan.compact:
+        item = next(i for i in m.items if i.kind == EVIDENCE and i.path == str(p.workspace))
+        if item.path in held:
+            item.collect, item.reasons = False, list(held[item.path])
+        elif budget is not None and time.perf_counter() - t0 > budget:
+            m.deferred += 1
+            item.collect, item.reasons = False, ["left for the next gc (time budget)"]
+        else:
+            try:
+                evidence.compact(p.workspace, p.record, trash, m.model_name, p.bytes)
+            except SeqclsError as exc:
+                item.collect, item.reasons = False, [f"in use ({exc})"]
+
+
+def _compacted_versions(settings: Settings, plan: _Plan, apply: bool) -> None:
+    """Archived MLflow versions of compacted releases lose what is left of their files (:mod:`.archive`)."""
+    model = plan.model.model_name
+    releases = settings.releases_dir / model
+    fps = {n for n in evidence.records(settings, model) if not (releases / n).is_dir()}
+    if plan.policy != archive.ARCHIVE or not fps:
+        return
+    c = client(settings)
+    for vp in archive.plan_compacted(c, model, fps):
+        why = "what is left of it (release compacted)" + ("; a gc was interrupted: finished now" * vp.unfinished)
+        item = Item(MLFLOW, f"models:/{model}/{vp.version}", sum(vp.parts.values()), True, parts=[why])
+        plan.model.items.append(item)
+        try:
+            if apply:
+                archive.collect_compacted(c, model, vp)
+        except Exception as exc:  # MLflow refused this one: kept, said; the next gc finishes it
+            item.collect, item.reasons = False, [f"MLflow refused ({type(exc).__name__}: {exc}); the next gc retries"]
+
+
 def after_promote(
     release: Release,
     *,
     keep_refused: int | None = None,
     mlflow_versions: str | None = None,
     budget: float = GC_BUDGET,
+    evidence_keep: int | None = None,
 ) -> GcResult | None:
     """The model's retention right after its promote (``gc --apply``, as the release's lease owner, bounded by
     ``budget``; ``keep_refused`` and ``mlflow_versions``: the run's, else the settings): logged; a failure is a
@@ -560,6 +576,7 @@ def after_promote(
             apply=True,
             keep_refused=keep_refused,
             mlflow_versions=mlflow_versions,
+            evidence_keep=evidence_keep,
             budget=budget,
             owner=owner,
         )
@@ -577,4 +594,4 @@ def after_promote(
     return done
 
 
-__all__ = ["KINDS", "GcResult", "Item", "ModelGc", "add_arguments", "after_promote", "gc"]
+__all__ = ["GC_HELP", "KINDS", "GcResult", "Item", "ModelGc", "add_arguments", "after_promote", "gc"]

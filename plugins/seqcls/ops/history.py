@@ -19,13 +19,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from seqcls.ops.evidence import records
 from seqcls.ops.sync import models_in, operator_models
 from seqcls.registry.ledger import client, find_version
 from seqcls.registry.ledger import version_label as ledger_version_label
 from seqcls.registry.runs import PARITY_TAG, QUALITY_TAG
 from seqcls.release.keys import served_release_key
 from seqcls.serving.repository import Repository
-from seqcls.serving.statelog import EVENTS, log_path
+from seqcls.serving.statelog import EVENTS, log_path, read_lines
 from seqcls.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -84,6 +85,8 @@ class HistoryEntry:
     gates: dict[str, str] = field(default_factory=dict)
     generation: int | None = None
     line: int = 0
+    #: "compacted" when gc compacted this release's evidence into its audit record (:mod:`seqcls.ops.evidence`).
+    evidence: str = ""
 
     def describe(self, which: str, *, registry: bool = True) -> str:
         if which == "from":
@@ -122,7 +125,7 @@ def read_entries(repository: Path, model_name: str) -> tuple[list[HistoryEntry],
     """The log of ``model_name`` as history entries, oldest first, and the numbers of damaged lines."""
     path = log_path(repository, model_name)
     try:
-        lines = path.read_bytes().splitlines()
+        lines = read_lines(path)  # rotated segments first, oldest first
     except FileNotFoundError:
         return [], []
     out: list[HistoryEntry] = []
@@ -331,6 +334,15 @@ def _join(
             e.gates = gates.get(e.to_version, {})
 
 
+def _mark_compacted(settings: Settings, model_name: str, entries: list[HistoryEntry]) -> None:
+    """Say which releases' evidence now lives in one audit record (their workspace went)."""
+    compacted = records(settings, model_name)
+    for e in entries:
+        name = (e.fingerprint or "")[:16]
+        if name in compacted and not (settings.releases_dir / model_name / name).is_dir():
+            e.evidence = "compacted"
+
+
 def history(settings: Settings, model_names: Sequence[str] | None = None, *, limit: int | None = None) -> History:
     """Every recorded serving change of the named models (default: every model with a state or log), oldest
     first, with the MLflow version of each Triton version. Never fails for MLflow or a damaged line.
@@ -354,6 +366,7 @@ def history(settings: Settings, model_names: Sequence[str] | None = None, *, lim
             notes.append(f"{log_path(root, name)}: {len(damaged)} damaged line(s) skipped (line {listed})")
         logs[name] = found
         entries += found
+        _mark_compacted(settings, name, found)
     entries.sort(key=lambda e: e.at)  # stable: one model's log order is kept within a second
     omitted = max(0, len(entries) - limit) if limit else 0
     entries = entries[omitted:]
@@ -384,7 +397,7 @@ def lines(result: History, limit: int | None = None) -> list[str]:
                 e.model_name,
                 e.kind,
                 e.change(registry=result.registry),
-                (e.fingerprint or "-")[:12],
+                (e.fingerprint or "-")[:12] + (f" ({e.evidence})" if e.evidence else ""),
                 who_label(e.who, e.by),
                 textwrap.shorten(reason, 160, placeholder=" …"),
             )

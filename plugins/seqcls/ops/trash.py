@@ -7,12 +7,19 @@ leaves that trash, which nothing refers to: the next gc, or ``seqcls sync``, del
 
 from __future__ import annotations
 
+import errno
+import logging
 import os
 import shutil
+import time
 from pathlib import Path
 
+from seqcls import faults
+from seqcls.files import replace_dir, replace_file
 from seqcls.serving.lease import pid_alive
 from seqcls.settings import Settings
+
+log = logging.getLogger(__name__)
 
 TRASH = ".gc-trash"
 
@@ -47,4 +54,31 @@ def finish_leftovers(settings: Settings) -> list[str]:
     return removed
 
 
-__all__ = ["TRASH", "finish_leftovers", "leftovers", "trash_root"]
+class Trash:
+    """One gc's trash directory: each collected path is renamed into it (one rename, same file system)."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.root = trash_root(settings) / f"{os.getpid()}-{int(time.time() * 1000)}"
+        self.n = 0
+
+    def take(self, path: Path) -> bool:
+        """Move ``path`` aside; False (and a warning) when it cannot be renamed there (another file system)."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.n += 1
+        try:
+            (replace_dir if path.is_dir() else replace_file)(path, self.root / f"{self.n}-{path.name}")
+        except FileNotFoundError:
+            return True  # already gone
+        except OSError as exc:
+            if exc.errno == errno.EXDEV:
+                log.warning("gc: %s is on another file system than %s; left in place", path, self.root)
+                return False
+            raise
+        return True
+
+    def empty(self) -> None:
+        faults.point("gc:before-delete")
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+__all__ = ["TRASH", "Trash", "finish_leftovers", "leftovers", "trash_root"]

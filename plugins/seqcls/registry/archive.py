@@ -10,6 +10,11 @@ model, which versions no serving, rollback, restore or re-scoring can reach and 
 - ``delete``: the same, then the version itself (its run stays, as a rolled-back release's does).
 - ``keep``: versions are left alone.
 
+A version archived whose release gc has since compacted (:mod:`seqcls.ops.evidence`: the workspace went, its
+audit record stays) also loses what the archive left — the run's evidence and the logged model's small files —
+keeping the version, its tags, metrics and run (:func:`plan_compacted`); tagged :data:`COMPACTED_TAG` before,
+:data:`COMPACTED_REMOVED_TAG` after, the same way.
+
 Crash safety: :data:`ARCHIVED_TAG` is set *before* anything is deleted, so a release never reuses a version
 whose files may be half gone (it registers a new one); :data:`REMOVED_TAG` is set after, so a gc killed in
 between finds the version unfinished and completes it.
@@ -35,6 +40,10 @@ DEFAULT_POLICY = DEFAULT_GC_MLFLOW_VERSIONS
 ARCHIVED_TAG = "seqcls.archived"
 #: Set after: JSON ``{"<artifact uri>": bytes}`` of what went. Missing while ARCHIVED_TAG is set: unfinished.
 REMOVED_TAG = "seqcls.archived.removed"
+#: Set (ISO time) before an archived version of a compacted release loses its remaining artifacts.
+COMPACTED_TAG = "seqcls.compacted"
+#: Set after: JSON ``{"<artifact uri>": bytes}``. Missing while COMPACTED_TAG is set: unfinished.
+COMPACTED_REMOVED_TAG = "seqcls.compacted.removed"
 #: The run's artifact directories holding graphs (the register step logs them; the rest is evidence).
 HEAVY_RUN_DIRS = ("paddle_static", "torch_export", "onnx_fp32")
 #: In the logged model's ``artifacts/``: the served graph (and external data, should a graph have it).
@@ -162,4 +171,80 @@ def collect(c, name: str, vp: VersionPlan, policy: str) -> None:
     log.info("gc: %s MLflow v%s of %s (%d bytes of artifacts)", policy + "d", version, name, sum(vp.parts.values()))
 
 
-__all__ = ["ARCHIVED_TAG", "DEFAULT_POLICY", "REMOVED_TAG", "VersionPlan", "collect", "plan"]
+def _remaining_parts(c, name: str, mv) -> dict[str, int]:
+    """Everything left of the version's files: each top-level entry of its logged model and of its run."""
+    from mlflow.store.artifact.artifact_repository_registry import get_artifact_repository
+
+    roots = [c.get_model_version_download_uri(name, str(mv.version))]
+    if mv.run_id:
+        roots.append(c.get_run(mv.run_id).info.artifact_uri)
+    parts: dict[str, int] = {}
+    for root in roots:
+        if not root or str(root).startswith(("models:/", "runs:/")):
+            continue
+        repo = get_artifact_repository(root)
+        for info in repo.list_artifacts():
+            size = sum(s for _, s in _walk(repo, info.path)) if info.is_dir else int(info.file_size or 0)
+            parts[f"{root.rstrip('/')}/{info.path}"] = size
+    return parts
+
+
+def plan_compacted(c, name: str, fingerprints: set[str]) -> list[VersionPlan]:
+    """The archived versions of ``name`` whose release (fingerprint's first 16 hex) was compacted and that still
+    hold files: collect what is left of them (an alias on one keeps it)."""
+    from mlflow.exceptions import MlflowException
+
+    if not fingerprints:
+        return []
+    try:
+        aliased = {int(v) for v in (getattr(c.get_registered_model(name), "aliases", None) or {}).values()}
+    except MlflowException as exc:
+        if is_not_found(exc):
+            return []
+        raise mlflow_failed(f"reading registered model {name!r}", exc) from exc
+    out = []
+    for mv in sorted(_all_versions(c, name), key=lambda v: int(v.version)):
+        tags = mv.tags or {}
+        fp16 = str(tags.get(FINGERPRINT_TAG, ""))[:16]
+        if REMOVED_TAG not in tags or COMPACTED_REMOVED_TAG in tags or fp16 not in fingerprints:
+            continue
+        if int(mv.version) in aliased:
+            continue
+        vp = VersionPlan(int(mv.version), fp16, unfinished=bool(tags.get(COMPACTED_TAG)))
+        try:
+            vp.parts = _remaining_parts(c, name, mv)
+        except MlflowException as exc:
+            raise mlflow_failed(f"listing the artifacts of version {vp.version} of {name!r}", exc) from exc
+        out.append(vp)
+    return out
+
+
+def collect_compacted(c, name: str, vp: VersionPlan) -> None:
+    """Delete what is left of an archived version of a compacted release: tagged before, recorded after (a gc
+    killed between finds it unfinished and completes it)."""
+    from mlflow.store.artifact.artifact_repository_registry import get_artifact_repository
+
+    version = str(vp.version)
+    if not vp.unfinished:
+        c.set_model_version_tag(name, version, COMPACTED_TAG, datetime.now(UTC).isoformat(timespec="seconds"))
+    faults.point("gc:mlflow-compacted-tagged")
+    for uri in vp.parts:
+        root, _, leaf = uri.rpartition("/")
+        get_artifact_repository(root).delete_artifacts(leaf)
+    c.set_model_version_tag(name, version, COMPACTED_REMOVED_TAG, json.dumps(vp.parts))
+    log.info("gc: MLflow v%s of %s: its remaining %d bytes of artifacts deleted (release compacted)", version, name,
+             sum(vp.parts.values()))  # fmt: skip
+
+
+__all__ = [
+    "ARCHIVED_TAG",
+    "COMPACTED_REMOVED_TAG",
+    "COMPACTED_TAG",
+    "DEFAULT_POLICY",
+    "REMOVED_TAG",
+    "VersionPlan",
+    "collect",
+    "collect_compacted",
+    "plan",
+    "plan_compacted",
+]

@@ -29,7 +29,16 @@ from seqcls.contract.names import ModelName, require_name
 from seqcls.errors import ServingError
 from seqcls.files import atomic_write
 from seqcls.serving.repository import Repository
-from seqcls.serving.statelog import EVENTS, STATE_PREFIX, actor, append_event, append_line, log_path, now_iso
+from seqcls.serving.statelog import (
+    EVENTS,
+    STATE_PREFIX,
+    actor,
+    append_event,
+    append_line,
+    log_path,
+    now_iso,
+    read_lines,
+)
 
 log = logging.getLogger(__name__)
 
@@ -349,7 +358,7 @@ def read_log(repository: Path, model_name: str) -> ServingState | None:
     """The newest state the append-only log records (its full history, bounded), None when it has none."""
     path = log_path(repository, model_name)
     try:
-        lines = path.read_bytes().splitlines()
+        lines = read_lines(path)  # its rotated segments too: the bounded history pins entries from any of them
     except OSError:
         return None
     history: list[HistoryEntry] = []

@@ -98,7 +98,8 @@ def _tree(path: Path) -> int:
 
 
 def _disk(env: dict[str, str]) -> dict[str, int]:
-    """Bytes per kind: release workspaces (heavy / failed / evidence), Triton repository, MLflow, eval sets."""
+    """Bytes per kind: release workspaces (heavy / failed / evidence), the compacted releases' audit records,
+    Triton repository, MLflow, eval sets (and two counts: workspaces, compacted releases)."""
     from seqcls.contract.names import ModelName
     from seqcls.ops.disk import disk_use
     from seqcls.settings import Settings
@@ -111,6 +112,8 @@ def _disk(env: dict[str, str]) -> dict[str, int]:
         "workspaces_failed": use.failed,
         "workspaces_evidence": use.evidence,
         "workspaces": use.workspaces,
+        "audit_records": use.audit,
+        "compacted": use.compacted,
         "triton": _tree(Path(str(settings.triton_repository))),
         "mlflow_artifacts": _tree(settings.mlflow_artifacts_dir),
         "mlflow_db": _tree(db),
@@ -118,8 +121,12 @@ def _disk(env: dict[str, str]) -> dict[str, int]:
     }
 
 
+#: The entries of a day's ``disk`` that count things, not bytes.
+COUNTS = ("workspaces", "compacted")
+
+
 def _total(disk: dict[str, int]) -> int:
-    return sum(v for k, v in disk.items() if k != "workspaces")
+    return sum(v for k, v in disk.items() if k not in COUNTS)
 
 
 def _registry(env: dict[str, str]) -> dict[str, int]:
@@ -304,15 +311,16 @@ def markdown(results: dict[str, Any]) -> str:
         f"CPU {m['cpu_model']} ({m['cpus_usable']} usable CPUs; {isa_text(m['isa'])}); load average "
         f"{results['loadavg']['start']} → {results['loadavg']['end']}; wall time {results['wall_seconds']} s.",
         "",
-        "| day | workspaces (heavy / evidence / failed MB) | Triton MB | MLflow artifacts MB | mlflow.db MB | total MB "
-        "| MLflow versions (archived) | state log KB | journal KB |",
-        "|---:|---|---:|---:|---:|---:|---|---:|---:|",
+        "| day | workspaces (heavy / evidence / failed MB) | compacted (audit MB) | Triton MB | MLflow artifacts MB "
+        "| mlflow.db MB | total MB | MLflow versions (archived) | state log KB | journal KB |",
+        "|---:|---|---|---:|---:|---:|---:|---|---:|---:|",
     ]
     for p in results["points"]:
         d, lg = p["disk"], p["logs"]
         lines.append(
             f"| {p['day']} | {d['workspaces']} ({d['workspaces_heavy'] / mb:.2f} / {d['workspaces_evidence'] / mb:.2f}"
-            f" / {d['workspaces_failed'] / mb:.2f}) | {d['triton'] / mb:.2f} | {d['mlflow_artifacts'] / mb:.2f} | "
+            f" / {d['workspaces_failed'] / mb:.2f}) | {d.get('compacted', 0)} ({d.get('audit_records', 0) / mb:.2f}) "
+            f"| {d['triton'] / mb:.2f} | {d['mlflow_artifacts'] / mb:.2f} | "
             f"{d['mlflow_db'] / mb:.2f} | {p['disk_total'] / mb:.2f} | {p['mlflow']['versions']} "
             f"({p['mlflow']['archived']}) | {lg['state_log'] / 1e3:.1f} | {lg['registry_journal'] / 1e3:.1f} |"
         )
@@ -337,8 +345,8 @@ def _plot(results: dict[str, Any], path: Path) -> None:
     days = results["days"]
     fig, (a, b) = plt.subplots(1, 2, figsize=(12, 4.5))
     x = [d["day"] for d in days]
-    for key in ("workspaces_heavy", "workspaces_evidence", "triton", "mlflow_artifacts", "mlflow_db"):
-        a.plot(x, [d["disk"][key] / 1e6 for d in days], label=key)
+    for key in ("workspaces_heavy", "workspaces_evidence", "audit_records", "triton", "mlflow_artifacts", "mlflow_db"):
+        a.plot(x, [d["disk"].get(key, 0) / 1e6 for d in days], label=key)
     a.plot(x, [_total(d["disk"]) / 1e6 for d in days], label="total", color="black", linewidth=2)
     a.set_xlabel("day")
     a.set_ylabel("MB")
