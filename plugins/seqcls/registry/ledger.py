@@ -102,7 +102,14 @@ _SQLITE_READY: set[str] = set()
 
 
 def experiment(c, settings: Settings, model_name: str) -> str:
-    """The id of experiment ``seqcls-<model>`` (created on first use; its artifacts beside a sqlite store)."""
+    """The id of experiment ``seqcls-<model>`` (created on first use; its artifacts beside a sqlite store).
+
+    Two releases of a new model validate at once outside the lease (two Airflow runs, two workers): both
+    may find no experiment and both create it; the one MLflow refuses (``RESOURCE_ALREADY_EXISTS``) uses
+    the other's instead of losing its evidence.
+    """
+    from mlflow.exceptions import MlflowException
+
     name = f"seqcls-{model_name}"
     exp = c.get_experiment_by_name(name)
     if exp is not None:
@@ -112,7 +119,16 @@ def experiment(c, settings: Settings, model_name: str) -> str:
         artifacts = settings.mlflow_artifacts_dir / name
         artifacts.mkdir(parents=True, exist_ok=True)
         location = artifacts.as_uri()
-    return c.create_experiment(name, artifact_location=location, tags={"seqcls.model_name": model_name})
+    try:
+        return c.create_experiment(name, artifact_location=location, tags={"seqcls.model_name": model_name})
+    except MlflowException as exc:
+        if (
+            getattr(exc, "error_code", None) != "RESOURCE_ALREADY_EXISTS"
+            or (exp := c.get_experiment_by_name(name)) is None
+        ):
+            raise
+        log.info("MLflow experiment %s was created by another release at the same moment; using it", name)
+        return exp.experiment_id
 
 
 def mlflow_failed(what: str, exc: Exception) -> RegistryError:
