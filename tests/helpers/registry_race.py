@@ -152,3 +152,32 @@ def racers(env: dict[str, str], n: int = 2) -> Iterator[Racers]:
             proc.join(timeout=30)
             if proc.is_alive():
                 proc.kill()
+
+
+def open_store(barrier, queue, env: dict[str, str], home: str, uri: str) -> None:
+    """One release's first MLflow call on a store nobody opened yet (``client()`` sets the store up)."""
+    os.environ.update(env)
+    from seqcls.registry.ledger import client
+    from seqcls.settings import Settings
+
+    settings = Settings.from_env(home=Path(home), mlflow_tracking_uri=uri)
+    try:
+        barrier.wait(BARRIER_SECONDS)
+        client(settings).search_registered_models(max_results=1)
+        queue.put("ok")
+    except BaseException as exc:
+        queue.put(f"{type(exc).__name__}: {str(exc)[:2000]}")
+
+
+def open_store_at_once(env: dict[str, str], home: str, uri: str, n: int = 2) -> list[str]:
+    """``n`` processes making their first call on ``uri`` at the same moment; what each said."""
+    ctx = mp.get_context("spawn")
+    barrier, queue = ctx.Barrier(n), ctx.Queue()
+    procs = [ctx.Process(target=open_store, args=(barrier, queue, env, home, uri)) for _ in range(n)]
+    for proc in procs:
+        proc.start()
+    try:
+        return [queue.get(timeout=600) for _ in procs]
+    finally:
+        for proc in procs:
+            proc.join(timeout=60)
