@@ -13,7 +13,10 @@ import pytest
 from seqcls.registry.ledger import client, experiment, opens_database
 from seqcls.settings import Settings
 from seqcls_tools.teamstack import Postgres
+from tests.helpers.airflow import private_airflow_home
 from tests.helpers.registry_race import open_store_at_once
+
+private_airflow_home()  # before anything imports airflow (the Connection's test below)
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
@@ -60,3 +63,23 @@ def test_two_first_releases_on_a_fresh_postgresql_store_then_artifacts_in_the_ho
     c.log_text(run_id, "evidence", "parity/report.txt")
     assert list((settings.mlflow_artifacts_dir / "seqcls-direct").rglob("report.txt"))
     assert not list(elsewhere.iterdir())
+
+
+def test_an_airflow_connection_to_a_postgresql_store_logs_in_through_libpq(
+    team_postgres: Postgres, home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The Connection's login and password reach psycopg2 (``PGUSER`` / ``PGPASSWORD``), not MLflow's HTTP
+    variables, which a database store never reads: the Connection's *Test* and every task log in."""
+    import json
+
+    from seqcls.airflow.hooks import MlflowHook
+
+    uri = fresh_database(team_postgres)
+    for key in DB_LOGIN:
+        monkeypatch.delenv(key, raising=False)
+    conn = {"conn_type": "generic", "login": "mlflow", "password": "mlflow", "extra": {"tracking_uri": uri}}
+    monkeypatch.setenv("AIRFLOW_CONN_MLFLOW_PG", json.dumps(conn))
+    hook = MlflowHook("mlflow_pg")
+    assert hook.credentials_env() == DB_LOGIN
+    ok, message = hook.test_connection()
+    assert ok, message
