@@ -108,6 +108,8 @@ class _SeqclsHook(BaseHook):
 
 
 SQLITE = "sqlite:///"
+#: Where a PostgreSQL tracking URI's login goes (a URI with credentials is refused: it is logged).
+LIBPQ_VARS = ("PGUSER", "PGPASSWORD")
 #: Tables every MLflow sqlite store has (the registry's, and the schema version MLflow migrates by).
 MLFLOW_TABLES = frozenset({"registered_models", "alembic_version"})
 
@@ -267,7 +269,8 @@ class MlflowHook(_SeqclsHook):
 
     def credentials_env(self) -> dict[str, str | None]:
         """MLflow's credential variables from the Connection (for ``scoped_environ``; masked): login +
-        password, or a token (extra ``token``, or a password without login); ``{}`` without any."""
+        password, or a token (extra ``token``, or a password without login); ``{}`` without any. For a
+        PostgreSQL store opened directly (``postgresql://host/db``): libpq's ``PGUSER`` / ``PGPASSWORD``."""
         conn = self.connection
         if conn is None:
             return {}
@@ -276,6 +279,9 @@ class MlflowHook(_SeqclsHook):
         for secret in (password, token):
             if secret:
                 mask_secret(secret)
+        if self.tracking_uri and self.tracking_uri.split(":", 1)[0].split("+", 1)[0].lower() == "postgresql":
+            # a PostgreSQL store opened directly: psycopg2 reads libpq's variables, never MLflow's HTTP ones
+            return dict(zip(LIBPQ_VARS, (conn.login, password), strict=True)) if password else {}
         return mlflow_credentials(conn.login, password, str(token) if token else None)
 
     def get_conn(self):

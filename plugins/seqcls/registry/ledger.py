@@ -19,6 +19,7 @@ never mistaken for "no such alias" or "no such version".
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 from datetime import UTC, datetime
@@ -85,34 +86,65 @@ def client(settings: Settings):
     uri = tracking_uri(settings)
     mlflow.set_tracking_uri(uri)
     mlflow.set_registry_uri(uri)
-    if not uri.startswith("sqlite:///") or uri in _SQLITE_READY:
+    if not opens_database(uri) or uri in _DB_READY:
         return MlflowClient(tracking_uri=uri, registry_uri=uri)
-    # Two releases (of two models) starting at once on a fresh mlflow.db would both run MLflow's
+    # Two releases (of two models) starting at once on a fresh database would both run MLflow's
     # schema migrations and one would fail ("Online migration expected to match one row"): create
-    # and migrate the stores (the client's constructor and first registry call do) under a file lock.
-    db = Path(uri[len("sqlite:///") :])
-    with held(db.with_name(db.name + ".seqcls-init.lock"), timeout=300, what="MLflow set-up", error=RegistryError):
+    # and migrate the stores (the client's constructor and first registry call do) under a file lock —
+    # beside a sqlite file, else in the home every worker shares (a PostgreSQL store opened directly).
+    if uri.startswith("sqlite:///"):
+        db = Path(uri[len("sqlite:///") :])
+        lock = db.with_name(db.name + ".seqcls-init.lock")
+    else:
+        lock = Path(settings.home) / "mlflow" / f".seqcls-init-{hashlib.sha256(uri.encode()).hexdigest()[:16]}.lock"
+        lock.parent.mkdir(parents=True, exist_ok=True)
+    with held(lock, timeout=300, what="MLflow set-up", error=RegistryError):
         c = MlflowClient(tracking_uri=uri, registry_uri=uri)
         c.search_registered_models(max_results=1)
-    _SQLITE_READY.add(uri)
+    _DB_READY.add(uri)
     return c
 
 
-_SQLITE_READY: set[str] = set()
+_DB_READY: set[str] = set()
+#: MLflow's database stores (``<dialect>[+driver]://``): the client itself opens them, no server between.
+DATABASE_DIALECTS = ("sqlite", "postgresql", "mysql", "mssql")
+
+
+def opens_database(uri: str) -> bool:
+    """Whether the client opens the store itself (sqlite, or PostgreSQL/MySQL/MSSQL by URI) rather than asking an
+    MLflow server: then seqcls, not a server, decides where artifacts go and serialises the schema set-up."""
+    scheme = uri.partition("://")[0] if "://" in uri else ""
+    return scheme.split("+", 1)[0].lower() in DATABASE_DIALECTS
 
 
 def experiment(c, settings: Settings, model_name: str) -> str:
-    """The id of experiment ``seqcls-<model>`` (created on first use; its artifacts beside a sqlite store)."""
+    """The id of experiment ``seqcls-<model>`` (created on first use; its artifacts beside a database store).
+
+    Two releases of a new model validate at once outside the lease (two Airflow runs, two workers): both
+    may find no experiment and both create it; the one MLflow refuses (``RESOURCE_ALREADY_EXISTS``) uses
+    the other's instead of losing its evidence.
+    """
+    from mlflow.exceptions import MlflowException
+
     name = f"seqcls-{model_name}"
     exp = c.get_experiment_by_name(name)
     if exp is not None:
         return exp.experiment_id
-    location = None
-    if str(settings.mlflow_tracking_uri).startswith("sqlite:"):
+    location = None  # a server's store: its own artifact root (proxied); a database store: under the shared home,
+    if opens_database(str(settings.mlflow_tracking_uri)):  # never MLflow's ./mlruns in the process's directory
         artifacts = settings.mlflow_artifacts_dir / name
         artifacts.mkdir(parents=True, exist_ok=True)
         location = artifacts.as_uri()
-    return c.create_experiment(name, artifact_location=location, tags={"seqcls.model_name": model_name})
+    try:
+        return c.create_experiment(name, artifact_location=location, tags={"seqcls.model_name": model_name})
+    except MlflowException as exc:
+        if (
+            getattr(exc, "error_code", None) != "RESOURCE_ALREADY_EXISTS"
+            or (exp := c.get_experiment_by_name(name)) is None
+        ):
+            raise
+        log.info("MLflow experiment %s was created by another release at the same moment; using it", name)
+        return exp.experiment_id
 
 
 def mlflow_failed(what: str, exc: Exception) -> RegistryError:

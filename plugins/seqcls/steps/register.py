@@ -244,31 +244,56 @@ def _new_version(c, release: Release, config: dict[str, Any], run_id: str) -> Re
     versions = package_versions()
     key = key_of(config)
     info = log_run(c, release, run_id)
-    created_rm = ensure_registered_model(c, settings, cfg.model_name)
-    journal.record(settings, cfg.model_name, "version", model=cfg.model_name, run_id=run_id, release_key=key)
-    mv = c.create_model_version(
+    version, created_rm, previous = create_version(
+        c,
+        settings,
         cfg.model_name,
-        source=info.model_uri,
         run_id=run_id,
+        source=info.model_uri,
+        model_id=info.model_id,
         tags=lineage_tags(release, report, versions, config),
         description=f"fingerprint {ckpt.fingerprint}, serving configuration {key}",
-        model_id=info.model_id,
     )
-    journal.record(settings, cfg.model_name, "created", model=cfg.model_name, run_id=run_id, version=int(mv.version))
-    faults.point("register:version-created")
-    previous = point_candidate(c, settings, cfg.model_name, int(mv.version), run_id)
     return Registered(
         model_name=cfg.model_name,
-        version=int(mv.version),
+        version=version,
         run_id=run_id,
         created=True,
         created_registered_model=created_rm,
         previous_candidate=previous,
-        model_uri=f"models:/{cfg.model_name}/{mv.version}",
+        model_uri=f"models:/{cfg.model_name}/{version}",
         logged_model=info.model_uri,
         seconds=round(time.perf_counter() - t0, 3),
         release_key=key,
     )
+
+
+def create_version(
+    c,
+    settings: Settings,
+    name: str,
+    *,
+    run_id: str,
+    source: str,
+    tags: dict[str, str],
+    description: str,
+    model_id: str | None = None,
+) -> tuple[int, bool, int | None]:
+    """The registry half of a new version, once its run holds the model: the registered model (if new), the
+    version, alias ``candidate`` — each journalled before it is made, so a dead attempt's are undone.
+
+    Apart from the artifact logging so the registry race test drives exactly this path against a shared
+    server. Returns (version, whether this call created the registered model, the previous candidate).
+    """
+    created_rm = ensure_registered_model(c, settings, name)
+    journal.record(settings, name, "version", model=name, run_id=run_id, release_key=tags.get(RELEASE_KEY_TAG))
+    mv = c.create_model_version(
+        name, source=source, run_id=run_id, tags=tags, description=description, model_id=model_id
+    )
+    journal.record(settings, name, "created", model=name, run_id=run_id, version=int(mv.version))
+    faults.point("register:version-created")
+    previous = point_candidate(c, settings, name, int(mv.version), run_id)
+    return int(mv.version), created_rm, previous
 
 
 def point_candidate(c, settings: Settings, name: str, version: int, run_id: str | None) -> int | None:
