@@ -28,6 +28,7 @@ LONG_FILES = (
     "test_airflow_dag.py",
     "test_team_stack.py",
     "test_drills.py",
+    "test_team_registry_race.py",
     "test_demo_main.py",
     "test_airflow_ui.py",
     "test_airflow_approval.py",
