@@ -18,7 +18,7 @@ from seqcls.ops.trash import leftovers, trash_root
 from seqcls.serving.lease import ReleaseLease
 from seqcls.serving.state import ServingState, write_state
 from seqcls.settings import Settings
-from tests.helpers.gc import HEAVY_BYTES, NAME
+from tests.helpers.gc import HEAVY_BYTES, NAME, check_models_file_param
 from tests.helpers.gc import fp as _fp
 from tests.helpers.gc import publish as _publish
 from tests.helpers.gc import serve as _serve
@@ -218,18 +218,12 @@ def test_after_promote_collects_with_the_run_s_keep_refused_and_never_raises(
 
 
 def test_keep_refused_is_a_dag_param_and_a_models_file_default(tmp_path: Path) -> None:
-    from seqcls.airflow.models_file import load_models
     from seqcls.airflow.params import run_params
-    from seqcls.errors import InputError
 
     assert run_params("seqcls")["keep_refused"]["default"] is None
-    path = tmp_path / "seqcls-models.yaml"
-    path.write_text("models:\n  - name: alpha\n    params:\n      keep_refused: 2\n")
-    (alpha,) = load_models(path)
-    assert alpha.params["keep_refused"] == 2
-    path.write_text("models:\n  - name: alpha\n    params:\n      keep_refused: -1\n")
-    with pytest.raises(InputError, match=r"params\.keep_refused: keep_refused must be a whole number ≥ 0"):
-        load_models(path)
+    check_models_file_param(
+        tmp_path, "keep_refused", 2, "-1", r"params\.keep_refused: keep_refused must be a whole number ≥ 0"
+    )
 
 
 def test_the_candidate_of_a_release_in_flight_or_awaiting_approval_is_kept(settings: Settings) -> None:

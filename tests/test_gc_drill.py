@@ -24,7 +24,8 @@ from seqcls.serving import restore
 from seqcls.serving.pins import pin_path
 from seqcls.serving.published import champion_graph
 from seqcls.serving.repository import Repository
-from tests.helpers.drills import Drill, drill_test, make_drill, served_answers
+from tests.helpers.drills import Drill, drill_test, served_answers
+from tests.helpers.gc import own_home_drill, tiny_checkpoints
 
 NAME = ModelName("seqcls")
 
@@ -32,20 +33,13 @@ NAME = ModelName("seqcls")
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
     """Seven tiny checkpoints (other seeds: other fingerprints), built once for the module."""
-    from seqcls_tools.testing import build_tiny_checkpoint
-
-    root = tmp_path_factory.mktemp("gc-ckpts")
-    return [build_tiny_checkpoint(root / f"c{i}", seed=10 + i, logit_scale=300.0) for i in range(7)]
+    return tiny_checkpoints(tmp_path_factory.mktemp("gc-ckpts"), seed=10)
 
 
 @pytest.fixture
 def gc_drill(drill_triton: LocalTriton, empty_mlflow_db: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     """A drill with a home of its own (gc must not collect the shared drill home's reused workspaces)."""
-    import shutil
-
-    shutil.copyfile(empty_mlflow_db, tmp_path / "mlflow.db")
-    monkeypatch.setenv("SEQCLS_GC_MIN_AGE", "0")  # every workspace old enough to collect
-    return make_drill(drill_triton, tmp_path / "home", tmp_path, monkeypatch)
+    return own_home_drill(drill_triton, empty_mlflow_db, tmp_path, monkeypatch)
 
 
 def _workspace(d: Drill, version: int) -> Path:

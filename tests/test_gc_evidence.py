@@ -19,7 +19,7 @@ from seqcls.ops.evidence import audit_path, read_record
 from seqcls.ops.gc import gc
 from seqcls.ops.trash import leftovers
 from seqcls.settings import Settings
-from tests.helpers.gc import NAME
+from tests.helpers.gc import NAME, check_models_file_param
 from tests.helpers.gc import fp as _fp
 from tests.helpers.gc import publish as _publish
 from tests.helpers.gc import serve as _serve
@@ -141,7 +141,6 @@ def test_a_gc_killed_after_moving_a_compacted_workspace_aside_leaves_trash_sync_
 def test_evidence_keep_is_a_flag_a_setting_a_dag_param_and_a_models_file_default(
     tmp_path: Path, settings: Settings, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from seqcls.airflow.models_file import load_models
     from seqcls.airflow.params import run_params
     from seqcls.errors import InputError
 
@@ -152,13 +151,7 @@ def test_evidence_keep_is_a_flag_a_setting_a_dag_param_and_a_models_file_default
     with pytest.raises(InputError, match="SEQCLS_GC_EVIDENCE_KEEP"):
         Settings.from_env()
     assert run_params("seqcls")["evidence_keep"]["default"] is None
-    path = tmp_path / "seqcls-models.yaml"
-    path.write_text("models:\n  - name: alpha\n    params:\n      evidence_keep: 10\n")
-    (alpha,) = load_models(path)
-    assert alpha.params["evidence_keep"] == 10
-    path.write_text("models:\n  - name: alpha\n    params:\n      evidence_keep: x\n")
-    with pytest.raises(InputError, match=r"params\.evidence_keep"):
-        load_models(path)
+    check_models_file_param(tmp_path, "evidence_keep", 10, "x", r"params\.evidence_keep")
     out = subprocess.run([sys.executable, "-m", "seqcls.cli", "gc", "--evidence-keep", "-1"], capture_output=True)
     assert out.returncode == 2 and b"--evidence-keep" in out.stderr
 

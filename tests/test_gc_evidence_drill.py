@@ -26,27 +26,20 @@ from seqcls.registry.ledger import client
 from seqcls.serving.published import champion_graph
 from seqcls.serving.repository import Repository
 from seqcls.serving.statelog import log_path, segments
-from tests.helpers.drills import Drill, drill_test, make_drill, served_answers
+from tests.helpers.drills import Drill, drill_test, served_answers
+from tests.helpers.gc import own_home_drill, tiny_checkpoints
 
 NAME = ModelName("seqcls")
 
 
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
-    from seqcls_tools.testing import build_tiny_checkpoint
-
-    root = tmp_path_factory.mktemp("evidence-ckpts")
-    return [build_tiny_checkpoint(root / f"c{i}", seed=40 + i, logit_scale=300.0) for i in range(7)]
+    return tiny_checkpoints(tmp_path_factory.mktemp("evidence-ckpts"), seed=40)
 
 
 @pytest.fixture
 def drill(drill_triton: LocalTriton, empty_mlflow_db: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    import shutil
-
-    shutil.copyfile(empty_mlflow_db, tmp_path / "mlflow.db")
-    monkeypatch.setenv("SEQCLS_GC_MIN_AGE", "0")
-    monkeypatch.setenv("SEQCLS_GC_EVIDENCE_KEEP", "3")
-    return make_drill(drill_triton, tmp_path / "home", tmp_path, monkeypatch)
+    return own_home_drill(drill_triton, empty_mlflow_db, tmp_path, monkeypatch, SEQCLS_GC_EVIDENCE_KEEP="3")
 
 
 def _workspace(d: Drill, version: int) -> Path:

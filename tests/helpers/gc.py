@@ -63,3 +63,39 @@ def serve(settings: Settings, *versions: tuple[int, int]) -> ServingState:
     for version, i in versions:
         state = state.with_candidate(version, fp(i), "test").promoted(version, fp(i), "test")
     return write_state(repo, state, expected_generation=0)
+
+
+def tiny_checkpoints(root: Path, seed: int, count: int = 7) -> list[Path]:
+    """``count`` tiny checkpoints (consecutive seeds from ``seed``: other fingerprints) for a gc drill module."""
+    from seqcls_tools.testing import build_tiny_checkpoint
+
+    return [build_tiny_checkpoint(root / f"c{i}", seed=seed + i, logit_scale=300.0) for i in range(count)]
+
+
+def own_home_drill(drill_triton, empty_mlflow_db: Path, tmp_path: Path, monkeypatch, **env: str):
+    """A drill with a home and MLflow store of its own (gc must not collect the shared drill home's reused
+    workspaces), every workspace old enough to collect, plus ``env``."""
+    import shutil
+
+    from tests.helpers.drills import make_drill
+
+    shutil.copyfile(empty_mlflow_db, tmp_path / "mlflow.db")
+    for key, value in {"SEQCLS_GC_MIN_AGE": "0", **env}.items():
+        monkeypatch.setenv(key, value)
+    return make_drill(drill_triton, tmp_path / "home", tmp_path, monkeypatch)
+
+
+def check_models_file_param(tmp_path: Path, name: str, good: int, bad: str, refused: str) -> None:
+    """``name`` is a models-file ``params:`` default: ``good`` is taken as is, ``bad`` refused matching ``refused``."""
+    import pytest
+
+    from seqcls.airflow.models_file import load_models
+    from seqcls.errors import InputError
+
+    path = tmp_path / "seqcls-models.yaml"
+    path.write_text(f"models:\n  - name: alpha\n    params:\n      {name}: {good}\n")
+    (alpha,) = load_models(path)
+    assert alpha.params[name] == good
+    path.write_text(f"models:\n  - name: alpha\n    params:\n      {name}: {bad}\n")
+    with pytest.raises(InputError, match=refused):
+        load_models(path)

@@ -153,22 +153,28 @@ def plan(c, name: str, kept_fingerprints: dict[str, list[str]], min_age: float) 
     return out
 
 
-def collect(c, name: str, vp: VersionPlan, policy: str) -> None:
-    """Archive (or delete) one planned version: tag it archived, delete its heavy artifacts, record what went
-    (``delete``: then delete the version). Re-running it on an unfinished version completes it."""
+def _delete_tagged(c, name: str, vp: VersionPlan, started: str, point: str, done: str) -> None:
+    """Tag the version ``started`` (unless a killed gc already did), delete its planned files, tag it ``done``
+    with what went: a gc killed in between finds it unfinished and completes it."""
     from mlflow.store.artifact.artifact_repository_registry import get_artifact_repository
 
     version = str(vp.version)
     if not vp.unfinished:
-        c.set_model_version_tag(name, version, ARCHIVED_TAG, datetime.now(UTC).isoformat(timespec="seconds"))
-    faults.point("gc:mlflow-tagged")
+        c.set_model_version_tag(name, version, started, datetime.now(UTC).isoformat(timespec="seconds"))
+    faults.point(point)
     for uri in vp.parts:
         root, _, leaf = uri.rpartition("/")
         get_artifact_repository(root).delete_artifacts(leaf)
-    c.set_model_version_tag(name, version, REMOVED_TAG, json.dumps(vp.parts))
+    c.set_model_version_tag(name, version, done, json.dumps(vp.parts))
+
+
+def collect(c, name: str, vp: VersionPlan, policy: str) -> None:
+    """Archive (or delete) one planned version: tag it archived, delete its heavy artifacts, record what went
+    (``delete``: then delete the version). Re-running it on an unfinished version completes it."""
+    _delete_tagged(c, name, vp, ARCHIVED_TAG, "gc:mlflow-tagged", REMOVED_TAG)
     if policy == DELETE:
-        c.delete_model_version(name, version)
-    log.info("gc: %s MLflow v%s of %s (%d bytes of artifacts)", policy + "d", version, name, sum(vp.parts.values()))
+        c.delete_model_version(name, str(vp.version))
+    log.info("gc: %s MLflow v%s of %s (%d bytes of artifacts)", policy + "d", vp.version, name, sum(vp.parts.values()))
 
 
 def _remaining_parts(c, name: str, mv) -> dict[str, int]:
@@ -222,17 +228,8 @@ def plan_compacted(c, name: str, fingerprints: set[str]) -> list[VersionPlan]:
 def collect_compacted(c, name: str, vp: VersionPlan) -> None:
     """Delete what is left of an archived version of a compacted release: tagged before, recorded after (a gc
     killed between finds it unfinished and completes it)."""
-    from mlflow.store.artifact.artifact_repository_registry import get_artifact_repository
-
-    version = str(vp.version)
-    if not vp.unfinished:
-        c.set_model_version_tag(name, version, COMPACTED_TAG, datetime.now(UTC).isoformat(timespec="seconds"))
-    faults.point("gc:mlflow-compacted-tagged")
-    for uri in vp.parts:
-        root, _, leaf = uri.rpartition("/")
-        get_artifact_repository(root).delete_artifacts(leaf)
-    c.set_model_version_tag(name, version, COMPACTED_REMOVED_TAG, json.dumps(vp.parts))
-    log.info("gc: MLflow v%s of %s: its remaining %d bytes of artifacts deleted (release compacted)", version, name,
+    _delete_tagged(c, name, vp, COMPACTED_TAG, "gc:mlflow-compacted-tagged", COMPACTED_REMOVED_TAG)
+    log.info("gc: MLflow v%s of %s: its remaining %d bytes of artifacts deleted (release compacted)", vp.version, name,
              sum(vp.parts.values()))  # fmt: skip
 
 
