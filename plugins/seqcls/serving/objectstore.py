@@ -286,7 +286,7 @@ def probe(store: ObjectStore) -> None:
         else:
             raise _refuse(store, "a replace with a stale If-Match ETag succeeded")
     except ObjectConflict as exc:
-        raise _refuse(store, f"an unconditioned step was refused: {exc}") from None
+        raise _refuse(store, f"a write whose condition held was refused: {exc}") from None
     except ServingError as exc:
         if "NotImplemented" in str(exc) or "501" in str(exc):
             raise _refuse(store, "the server answered NotImplemented") from None
