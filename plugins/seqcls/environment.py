@@ -214,6 +214,18 @@ ENVIRONMENT: tuple[EnvVar, ...] = (
         "Test-only: make a release fail, die, stall or pause at a named point; `@path` reads the plan from a file "
         "(seqcls.faults).",
     ),
+    EnvVar(
+        "AWS_ENDPOINT_URL_S3",
+        "unset (AWS_ENDPOINT_URL, then AWS S3)",
+        "The S3 API endpoint of an object-store repository (MinIO, SeaweedFS...), when no Connection gives one.",
+    ),
+    EnvVar("AWS_REGION", "unset (AWS_DEFAULT_REGION)", "The object store's region, when no Connection gives one."),
+    EnvVar(
+        "AWS_ACCESS_KEY_ID",
+        "unset (botocore's own chain)",
+        "With AWS_SECRET_ACCESS_KEY (and AWS_SESSION_TOKEN): the object store's credentials when no Connection "
+        "gives them; never logged.",
+    ),
 )
 
 

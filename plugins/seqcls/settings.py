@@ -484,3 +484,32 @@ def triton_resolve() -> dict[str, tuple[str, ...]]:
             raise InputError(f"{ENV_TRITON_RESOLVE}: {entry!r} is not name=addr[,addr...] (entries separated by ';')")
         out[name.strip()] = values
     return out
+
+
+#: The standard AWS variables an ``s3://`` object store falls back to when neither an argument nor an
+#: Airflow Connection says (botocore's own names, so a worker set up for the AWS CLI works unchanged).
+AWS_ENDPOINT_VARS = ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL")
+AWS_REGION_VARS = ("AWS_REGION", "AWS_DEFAULT_REGION")
+AWS_CREDENTIAL_VARS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")
+
+
+def aws_s3_environment() -> dict[str, str | None]:
+    """The object store's endpoint, region and credentials from the standard AWS variables, read now.
+
+    Why here: this module is the one place that reads the environment; seqcls.serving.objectstore
+    takes these values as arguments, so explicit arguments (a Connection) always win and a test
+    never has to touch the process environment. Keys: endpoint, region, access_key_id,
+    secret_access_key, session_token (None when unset).
+    """
+
+    def first(names: tuple[str, ...]) -> str | None:
+        return next((os.environ[n].strip() for n in names if os.environ.get(n, "").strip()), None)
+
+    key_id, secret, token = ((os.environ.get(n) or "").strip() or None for n in AWS_CREDENTIAL_VARS)
+    return {
+        "endpoint": first(AWS_ENDPOINT_VARS),
+        "region": first(AWS_REGION_VARS),
+        "access_key_id": key_id,
+        "secret_access_key": secret,
+        "session_token": token,
+    }
