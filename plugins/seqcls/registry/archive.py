@@ -114,22 +114,40 @@ def _all_versions(c, name: str) -> list:
         raise mlflow_failed(f"listing versions of {name!r}", exc) from exc
 
 
+def _aliases(c, name: str) -> dict[int, list[str]] | None:
+    """Each version's aliases (None: no registered model ``name``)."""
+    from mlflow.exceptions import MlflowException
+
+    aliases: dict[int, list[str]] = {}
+    try:
+        rm = c.get_registered_model(name)
+    except MlflowException as exc:
+        if is_not_found(exc):
+            return None
+        raise mlflow_failed(f"reading registered model {name!r}", exc) from exc
+    for alias, version in (getattr(rm, "aliases", None) or {}).items():
+        aliases.setdefault(int(version), []).append(alias)
+    return aliases
+
+
+def _listed(lister, c, name: str, mv) -> dict[str, int]:
+    """``lister(c, name, mv)``: a version's artifact parts, an MLflow failure named after the version."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        return lister(c, name, mv)
+    except MlflowException as exc:
+        raise mlflow_failed(f"listing the artifacts of version {mv.version} of {name!r}", exc) from exc
+
+
 def plan(c, name: str, kept_fingerprints: dict[str, list[str]], min_age: float) -> list[VersionPlan]:
     """What to do with each version of ``name`` not yet archived: kept when an alias points to it, when its
     fingerprint (first 16 hex) is one ``kept_fingerprints`` names (why: the reasons given, e.g. "served
     Triton v7"), when registered less than ``min_age`` seconds ago (a release may be between register and
     publish); else collected. A version of a kept fingerprint is kept whatever its serving configuration."""
-    from mlflow.exceptions import MlflowException
-
-    try:
-        aliases: dict[int, list[str]] = {}
-        rm = c.get_registered_model(name)
-        for alias, version in (getattr(rm, "aliases", None) or {}).items():
-            aliases.setdefault(int(version), []).append(alias)
-    except MlflowException as exc:
-        if is_not_found(exc):
-            return []
-        raise mlflow_failed(f"reading registered model {name!r}", exc) from exc
+    aliases = _aliases(c, name)
+    if aliases is None:
+        return []
     now_ms = time.time() * 1000
     out: list[VersionPlan] = []
     for mv in sorted(_all_versions(c, name), key=lambda v: int(v.version)):
@@ -145,10 +163,7 @@ def plan(c, name: str, kept_fingerprints: dict[str, list[str]], min_age: float) 
         if age < min_age:
             vp.reasons.append(f"registered {age:.0f}s ago (< {min_age:.0f}s: a release may be between steps)")
         if vp.collect:
-            try:
-                vp.parts = _heavy_parts(c, name, mv)
-            except MlflowException as exc:
-                raise mlflow_failed(f"listing the artifacts of version {vp.version} of {name!r}", exc) from exc
+            vp.parts = _listed(_heavy_parts, c, name, mv)
         out.append(vp)
     return out
 
@@ -198,16 +213,11 @@ def _remaining_parts(c, name: str, mv) -> dict[str, int]:
 def plan_compacted(c, name: str, fingerprints: set[str]) -> list[VersionPlan]:
     """The archived versions of ``name`` whose release (fingerprint's first 16 hex) was compacted and that still
     hold files: collect what is left of them (an alias on one keeps it)."""
-    from mlflow.exceptions import MlflowException
-
     if not fingerprints:
         return []
-    try:
-        aliased = {int(v) for v in (getattr(c.get_registered_model(name), "aliases", None) or {}).values()}
-    except MlflowException as exc:
-        if is_not_found(exc):
-            return []
-        raise mlflow_failed(f"reading registered model {name!r}", exc) from exc
+    aliased = _aliases(c, name)
+    if aliased is None:
+        return []
     out = []
     for mv in sorted(_all_versions(c, name), key=lambda v: int(v.version)):
         tags = mv.tags or {}
@@ -217,10 +227,7 @@ def plan_compacted(c, name: str, fingerprints: set[str]) -> list[VersionPlan]:
         if int(mv.version) in aliased:
             continue
         vp = VersionPlan(int(mv.version), fp16, unfinished=bool(tags.get(COMPACTED_TAG)))
-        try:
-            vp.parts = _remaining_parts(c, name, mv)
-        except MlflowException as exc:
-            raise mlflow_failed(f"listing the artifacts of version {vp.version} of {name!r}", exc) from exc
+        vp.parts = _listed(_remaining_parts, c, name, mv)
         out.append(vp)
     return out
 

@@ -162,8 +162,7 @@ def rotate(path: Path, max_bytes: int | None = None) -> Path | None:
         fcntl.flock(fd, fcntl.LOCK_EX)
         if not _same_file(fd, path) or os.fstat(fd).st_size < limit:
             return None
-        done = segments(path)
-        number = (_segment_number(path, done[-1]) or (0, True))[0] + 1 if done else 1
+        number = max((_segment_number(path, seg)[0] for seg in segments(path)), default=0) + 1
         plain = path.with_name(f"{path.name}.{number:06d}")
         replace_file(path, plain)  # appenders waiting for the lock open the new log (append_line)
         faults.point("statelog:rotated")
