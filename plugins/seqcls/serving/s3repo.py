@@ -14,8 +14,11 @@ ETag read before), so of two writers who read the same config one wins and the o
 :class:`~seqcls.serving.objectstore.ObjectConflict`, and decides again from what is there now.
 
 A version number is never reused: a version that has any object (marked or not) is refused, because a
-Triton that loaded the old bytes under that number would keep serving them. Not here yet: who allocates
-the number (the recorded serving state) and one writer at a time (the release lease) on the store.
+Triton that loaded the old bytes under that number would keep serving them. Triton's S3 file system
+downloads a model's whole directory, every version, on each load: versions nobody serves cost every load.
+
+Not here yet: who allocates the number (the recorded serving state) and one writer at a time (the release
+lease) on the store.
 """
 
 from __future__ import annotations
