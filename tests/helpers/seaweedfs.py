@@ -59,6 +59,8 @@ class SeaweedFS:
     bucket: str
     credentials: S3Credentials = field(repr=False)
     log_file: Path
+    #: weed's own pid: its glog files are named ``weed.<host>.<user>.log.<LEVEL>.<date>.<pid>``.
+    pid: int = 0
 
     def location(self, prefix: str) -> S3Location:
         return S3Location.parse(f"s3://{self.bucket}/{prefix}", endpoint=self.endpoint, credentials=self.credentials)
@@ -121,7 +123,11 @@ def seaweedfs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SeaweedFS]:
     actions = ["Admin", "Read", "Write", "List", "Tagging"]
     config.write_text(json.dumps({"identities": [{"name": "seqcls", "credentials": [identity], "actions": actions}]}))
     ports = dict(zip(_PORT_FLAGS, _free_ports(len(_PORT_FLAGS)), strict=True))
-    args = [str(weed), "mini", f"-dir={root / 'data'}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1"]
+    # -logdir (a global flag: before the command) and the local sockets: weed's defaults are /tmp itself,
+    # where every run would leave its glog files (weed.INFO, weed.vm.*.log.*) and sockets behind.
+    (root / "logs").mkdir()
+    args = [str(weed), f"-logdir={root / 'logs'}", "mini", f"-dir={root / 'data'}", "-ip=127.0.0.1"]
+    args += ["-ip.bind=127.0.0.1", f"-s3.localSocket={root / 's3.sock'}", f"-filer.localSocket={root / 'filer.sock'}"]
     args += [f"-{flag}={port}" for flag, port in ports.items()]
     args += ["-admin.ui=false", "-webdav=false", f"-s3.config={config}", f"-bucket={BUCKET}"]
     (root / "data").mkdir()
@@ -131,7 +137,7 @@ def seaweedfs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SeaweedFS]:
     endpoint = f"http://127.0.0.1:{ports['s3.port']}"
     try:
         _wait_ready(endpoint, proc, log_file)
-        server = SeaweedFS(endpoint, BUCKET, creds, log_file)
+        server = SeaweedFS(endpoint, BUCKET, creds, log_file, proc.pid)
         _wait_bucket(server)
         log.info("SeaweedFS S3 at %s (log %s)", endpoint, log_file)
         yield server

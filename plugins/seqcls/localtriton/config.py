@@ -17,12 +17,17 @@ Choices that matter when reading the command line (:meth:`TritonServerConfig.com
   non-loopback host needs ``allow_remote=True``.
 * Flags seqcls sets itself (repository, control mode, ports, addresses) may not be passed again
   in ``extra_args``: status and stop rely on them.
+* The repository is a directory, or an object store in Triton's own form (``s3://host:port/bucket/prefix``;
+  built by :func:`seqcls.serving.s3repo.triton_repository`). Its credentials go into the server's
+  environment (``environment``), never onto its command line, into the state file or a log line; such a
+  server needs an explicit ``control_key`` (the key file lives in a POSIX repository's root).
 """
 
 from __future__ import annotations
 
 import ipaddress
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -58,6 +63,23 @@ _MANAGED_FLAGS = (
     "--allow-grpc",  # load/unload and smoke tests go over gRPC
     *RESTRICTED_FLAGS,  # the control key (control_key / the repository's key file)
 )
+
+
+#: Repository URIs the local server takes (Triton's S3 file system is built into the wheel's server).
+OBJECT_STORE_SCHEMES = ("s3://",)
+
+
+def repository_value(value: Path | str) -> Path | str:
+    """A repository as the config holds it: an object-store URI stays a string (``Path`` would turn
+    ``s3://b`` into ``s3:/b``); anything else is a resolved directory path."""
+    text = str(value)
+    if isinstance(value, str) and "://" in text:
+        if not text.startswith(OBJECT_STORE_SCHEMES) or len(text) <= len("s3://"):
+            raise InputError(
+                f"Triton repository {text!r}: a local server takes a directory or s3://[host:port/]bucket/prefix"
+            )
+        return text.rstrip("/")
+    return Path(value).expanduser().resolve()
 
 
 def is_loopback(host: str) -> bool:
@@ -99,7 +121,8 @@ def parse_endpoint(value: str) -> tuple[str, int]:
 class TritonServerConfig:
     """How to run one local Triton; validated up front so a typo fails before any process starts."""
 
-    repository: Path
+    #: A directory, or an object store's URI in Triton's form (see the module docstring).
+    repository: Path | str
     http_port: int = 8000
     grpc_port: int = 8001
     metrics_port: int = 8002
@@ -116,10 +139,20 @@ class TritonServerConfig:
     exit_timeout: int = DEFAULT_EXIT_TIMEOUT
     #: The model-control key; None = the repository's key file (generated on first start).
     control_key: str | None = field(default=None, repr=False)
+    #: Variables added to the server's environment only (an object store's credentials): never logged.
+    environment: Mapping[str, str] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
-        set_(self, "repository", Path(self.repository).expanduser().resolve())
+        set_(self, "repository", repository_value(self.repository))
+        set_(self, "environment", dict(self.environment))
+        if not all(isinstance(k, str) and isinstance(v, str) for k, v in self.environment.items()):
+            raise InputError("environment must map variable names to strings")
+        if self.remote and self.control_key is None:
+            raise InputError(
+                f"Triton repository {self.repository}: an object-store repository has no control key file; "
+                "pass control_key (SEQCLS_TRITON_CONTROL_KEY)"
+            )
         set_(self, "state_dir", Path(self.state_dir).expanduser().resolve())
         self._check_ports()
         # localhost -> 127.0.0.1: one address family, so the port check and Triton agree.
@@ -204,6 +237,25 @@ class TritonServerConfig:
         if len(settings.triton_http) > 1 or len(settings.triton_grpc) > 1:
             log.debug("several Triton endpoints configured; the local server uses the first ones")
         return cls(**values)
+
+    @property
+    def remote(self) -> bool:
+        """The repository is an object store (Triton reads it over the network; nothing local to create)."""
+        return isinstance(self.repository, str)
+
+    def prepare_repository(self) -> None:
+        """A local repository directory exists before the server starts (created empty when absent)."""
+        if isinstance(self.repository, str):
+            return
+        if self.repository.exists() and not self.repository.is_dir():
+            raise InputError(f"Triton model repository {self.repository} is a file, not a directory")
+        if not self.repository.exists():
+            self.repository.mkdir(parents=True)
+            log.info("created empty model repository %s", self.repository)
+
+    def process_environment(self, base: Mapping[str, str]) -> dict[str, str]:
+        """``base`` (the server's prepared environment) with :attr:`environment` added."""
+        return {**base, **self.environment}
 
     @property
     def client_host(self) -> str:

@@ -30,10 +30,10 @@ from typing import Any
 
 import psutil
 
-from seqcls.errors import InputError, ServingError
+from seqcls.errors import ServingError
 from seqcls.files import atomic_write, replace_file
 from seqcls.localtriton import keys, process
-from seqcls.localtriton.config import TritonServerConfig, hostport
+from seqcls.localtriton.config import TritonServerConfig, hostport, repository_value
 from seqcls.localtriton.distribution import TritonDistribution, find_libpython, prepare_server, server_environment
 from seqcls.localtriton.health import probe, tail, wait_until_live
 from seqcls.localtriton.ports import check_ports_free
@@ -66,7 +66,7 @@ class TritonStatus:
     metrics_url: str
     log_path: Path
     version: str | None
-    repository: Path
+    repository: Path | str
     state_dir: Path
     detail: str
 
@@ -118,18 +118,14 @@ class LocalTriton:
             dist = self._distribution or TritonDistribution.locate()
             libpython = find_libpython()
             check_ports_free(cfg)
-            if cfg.repository.exists() and not cfg.repository.is_dir():
-                raise InputError(f"Triton model repository {cfg.repository} is a file, not a directory")
-            if not cfg.repository.exists():
-                cfg.repository.mkdir(parents=True)
-                log.info("created empty model repository %s", cfg.repository)
+            cfg.prepare_repository()
             server_dir = prepare_server(dist, cfg.state_dir)
             process.warn_low_shm()
 
             shm_prefix = f"seqcls-{secrets.token_hex(4)}-"
             key = cfg.control_key or keys.ensure_key(cfg.repository)
             cmd = cfg.command(server_dir, shm_prefix, key)
-            env = server_environment(dist, libpython)
+            env = cfg.process_environment(server_environment(dist, libpython))
             self._rotate_log()
             log.info("starting tritonserver %s: HTTP %s, gRPC %s", dist.version, cfg.http_url, cfg.grpc_url)
             log.debug("tritonserver command: %s", " ".join(keys.masked(cmd, key)))
@@ -221,7 +217,7 @@ class LocalTriton:
             grpc_url=hostport(host, int(state["grpc_port"])),
             metrics_url=hostport(host, int(state["metrics_port"])),
             version=version,
-            repository=Path(state["repository"]),
+            repository=repository_value(state["repository"]),
             detail=detail,
         )
 
