@@ -22,7 +22,7 @@ import pytest
 
 from seqcls.contract.names import ModelName
 from seqcls.errors import LeaseError, ServingError
-from seqcls.serving.objectstore import ObjectStore, S3Location
+from seqcls.serving.objectstore import ObjectConflict, ObjectStore, S3Location
 from seqcls.serving.s3lease import LeaseLost, LeaseRecord, LeaseView, S3ReleaseLease, control_key
 from seqcls.serving.s3repo import MANIFEST, Manifest, ManifestFile
 from seqcls.serving.s3state import S3ServingState, StateConflict
@@ -329,3 +329,31 @@ def test_the_store_down_gives_a_clear_error_naming_it_and_changes_nothing(seawee
         assert where in str(exc) and seaweedfs.credentials.secret_access_key not in str(exc), str(exc)
     assert live.read() == before and live.events().events == events
     assert json.loads(_store(seaweedfs).read(live.key)[0])["published"] == 1
+
+
+class _LostResponses(ObjectStore):
+    """A store whose conditional writes land but answer with a conflict, as a retried PUT meeting its own
+    first attempt (whose response was lost) does."""
+
+    def replace(self, key: str, data: bytes, etag: str) -> str:
+        super().replace(key, data, etag)
+        raise ObjectConflict(f"{key}: lost: PreconditionFailed (the retry of a write that landed)")
+
+
+@pytest.mark.integration
+def test_a_write_that_landed_but_answered_conflict_is_recognised_as_its_own(seaweedfs: SeaweedFS) -> None:
+    model = _model()
+    flaky = _LostResponses(seaweedfs.location("repo"))
+    lease = S3ReleaseLease(flaky, model)
+    held = lease.acquire("run-1", timeout=0)  # a create: not affected
+    renewed = lease.renew(held, step="reload")
+    assert renewed.etag == lease.view().etag and lease.view().record.step == "reload"
+    state = S3ServingState(flaky, model)
+    state.update(lambda s: s.allocated(1))  # created
+    written = state.update(lambda s: s.allocated(2))  # replaced: landed, answered 412
+    assert (written.attempts, state.read().state.published, state.read().etag) == (1, 2, written.etag)
+    other = S3ServingState(_store(seaweedfs), model)
+    stale = other.read()
+    other.update(lambda s: s.allocated(3))
+    with pytest.raises(StateConflict):  # a real conflict still is one
+        state.write(stale.state.allocated(4), stale)

@@ -247,9 +247,9 @@ class S3ReleaseLease:
         log.info("release lease of %s taken by %s (token %s)", self.model_name, owner, record.token[:8])
         return HeldLease(self.model_name, record, etag, written, round(written - started, 3), took_over)
 
-    def _lost(self, held: HeldLease, doing: str) -> LeaseLost:
+    def _lost(self, held: HeldLease, doing: str, view: LeaseView | None = None) -> LeaseLost:
         try:
-            now = self.view().describe()
+            now = (view or self.view()).describe()
         except Exception as exc:  # the store went away too: say so, the conflict already decided
             now = f"unknown ({exc})"
         return LeaseLost(
@@ -259,15 +259,21 @@ class S3ReleaseLease:
         )
 
     def renew(self, held: HeldLease, step: str | None = None) -> HeldLease:
-        """Extend the lease (compare-and-swap on the held ETag); LeaseLost when someone else took it."""
-        record = replace(
-            held.record, generation=held.record.generation + 1, step=held.record.step if step is None else step
-        )
+        """Extend the lease (compare-and-swap on the held ETag); LeaseLost when someone else took it.
+
+        A conflict whose record is exactly the one this renewal wrote is a retried PUT meeting its own first
+        attempt (the response was lost): the renewal landed, and its ETag is taken from the read.
+        """
+        step = held.record.step if step is None else step
+        record = replace(held.record, generation=held.record.generation + 1, step=step)
         written = time.monotonic()
         try:
             etag = self._write(record, held.etag)
         except ObjectConflict:
-            raise self._lost(held, "renewing it") from None
+            view = self.view()
+            if view.record != record or view.etag is None:
+                raise self._lost(held, "renewing it", view) from None
+            etag = view.etag
         log.debug("release lease of %s renewed by %s (step %s)", self.model_name, held.owner, record.step)
         return replace(held, record=record, etag=etag, written=written)
 

@@ -146,17 +146,22 @@ class S3ServingState:
         started = time.monotonic()
         self.check_applicable(state, read.state)
         new = replace(state, generation=read.state.generation + 1, updated_at=now_iso())
-        data = (json.dumps(new.to_dict(), indent=1) + "\n").encode("utf-8")
+        # ``write_id``: two writers deciding the same change in the same second still write different bytes
+        document = {**new.to_dict(), "write_id": secrets.token_hex(8)}
+        data = (json.dumps(document, indent=1) + "\n").encode("utf-8")
         try:
             if read.etag is None:
                 etag = self.store.create(self.key, data)
             else:
                 etag = self.store.replace(self.key, data, read.etag)
         except ObjectConflict:
-            raise StateConflict(
-                f"{self.uri(self.key)}: the serving state of {self.model_name!r} changed since it was read "
-                f"(generation {read.state.generation}); another writer won. Read it again and decide from it."
-            ) from None
+            landed = self.store.read(self.key)  # a retried PUT meeting its own first attempt wrote these bytes
+            if landed is None or landed[0] != data:
+                raise StateConflict(
+                    f"{self.uri(self.key)}: the serving state of {self.model_name!r} changed since it was read "
+                    f"(generation {read.state.generation}); another writer won. Read it again and decide from it."
+                ) from None
+            etag = landed[1]
         seq = self._state_event(new, read.state)
         seconds = round(time.monotonic() - started, 3)
         log.info(
