@@ -357,3 +357,13 @@ def test_a_write_that_landed_but_answered_conflict_is_recognised_as_its_own(seaw
     other.update(lambda s: s.allocated(3))
     with pytest.raises(StateConflict):  # a real conflict still is one
         state.write(stale.state.allocated(4), stale)
+
+
+@pytest.mark.integration
+def test_a_writer_far_behind_the_log_still_appends_at_its_end(seaweedfs: SeaweedFS) -> None:
+    model = _model()
+    behind, busy = S3ServingState(_store(seaweedfs), model), S3ServingState(_store(seaweedfs), model)
+    assert behind.append({"event": "first"}).seq == 1
+    assert [busy.append({"event": "busy"}).seq for _ in range(20)] == list(range(2, 22))
+    assert behind.append({"event": "late"}).seq == 22  # its guess (2) taken: tries on, lists again
+    assert [e.seq for e in behind.events().events] == list(range(1, 23))

@@ -44,7 +44,8 @@ STATE = "state.json"
 LOG = "log/"
 SEQ_DIGITS = 12
 _EVENT_RE = re.compile(rf"^\d{{{SEQ_DIGITS}}}\.json$")
-#: Conflicts in a row before an append re-lists the log instead of trying the next number.
+#: Conflicts in a row before an append lists the log again instead of trying the next number (its guess, the
+#: number after its own last append, is far behind when others appended many events meanwhile).
 _RELIST_AFTER = 8
 
 
@@ -100,6 +101,8 @@ class S3ServingState:
         self.repository = S3Repository(store)
         self.key = control_key(model, STATE)
         self.log_prefix = control_key(model, LOG)
+        #: The number after this instance's last append: the next append tries it without listing the log.
+        self._next_seq: int | None = None
 
     def __repr__(self) -> str:
         return f"S3ServingState({self.model_name!r}, {self.store.location})"
@@ -215,9 +218,9 @@ class S3ServingState:
         """Add ``record`` (with when, who and a unique id) as the next event; a lost race takes the next number."""
         record = {**record, "at": now_iso(), "who": actor(), "id": secrets.token_hex(8)}
         data = (json.dumps(record, sort_keys=True) + "\n").encode("utf-8")
-        conflicts = 0
+        conflicts, seq = 0, self._next_seq
         while True:
-            if conflicts % _RELIST_AFTER == 0:
+            if seq is None or (conflicts and conflicts % _RELIST_AFTER == 0):
                 keys = self._event_keys()
                 seq = (self._seq(keys[-1]) if keys else 0) + 1
             key = f"{self.log_prefix}{seq:0{SEQ_DIGITS}d}.json"
@@ -228,6 +231,7 @@ class S3ServingState:
                 seq += 1
                 log.debug("event log of %s: %s was taken; trying %d", self.model_name, key, seq)
                 continue
+            self._next_seq = seq + 1
             log.info("event %d of %s: %s", seq, self.model_name, record.get("event", "?"))
             return LogEvent(seq, record)
 
