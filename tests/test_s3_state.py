@@ -216,11 +216,15 @@ def test_a_holder_whose_expired_lease_was_taken_over_finds_out_at_its_next_renew
 @pytest.mark.integration
 def test_hold_keeps_the_lease_renewed_and_releases_it_at_the_end(seaweedfs: SeaweedFS) -> None:
     lease = S3ReleaseLease(_store(seaweedfs), _model())
-    with lease.hold("cli-1", ttl=0.6) as keeper:
-        first = keeper.check().etag
-        keeper.stop.wait(2.0)  # a few heartbeats
-        assert keeper.check().etag != first and lease.view().record.owner == "cli-1"
-    assert lease.view().free
+    with lease.hold("cli-1", ttl=1.5) as keeper:
+        first = keeper.check().record.generation
+        for _ in range(300):  # until the heartbeat has renewed twice (bounded; not a timing assertion)
+            if lease.view().record.generation >= first + 2:
+                break
+            keeper.stop.wait(0.1)
+        seen = lease.view().record
+        assert keeper.lost is None and seen.owner == "cli-1" and seen.generation >= first + 2
+    assert lease.view().free and lease.view().record.owner == "cli-1"
 
 
 # --- the state ---------------------------------------------------------------------------------------------
