@@ -22,6 +22,8 @@ import logging
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import datetime
+from email.utils import parsedate_to_datetime
 from typing import Any
 
 from seqcls.errors import InputError, ServingError
@@ -147,6 +149,28 @@ def _status(exc: Exception) -> str:
     return str(response.get("ResponseMetadata", {}).get("HTTPStatusCode", ""))
 
 
+@dataclass(frozen=True)
+class Stamped:
+    """One read with the store's own clock: a lease's age is measured there, not on a host's clock.
+
+    ``modified`` is the object's ``Last-Modified``, ``store_time`` the response's ``Date`` (both whole
+    seconds, HTTP dates); ``data``/``etag``/``modified`` are None when the key does not exist, and
+    ``store_time`` is None only when the server sent no ``Date``.
+    """
+
+    data: bytes | None
+    etag: str | None
+    modified: datetime | None
+    store_time: datetime | None
+
+
+def _date(headers: Mapping[str, str], name: str) -> datetime | None:
+    try:
+        return parsedate_to_datetime(headers[name])
+    except (KeyError, TypeError, ValueError, IndexError):
+        return None
+
+
 class ObjectStore:
     """The conditional-write primitives over one :class:`S3Location` (keys are relative to its prefix).
 
@@ -171,6 +195,18 @@ class ObjectStore:
         """The object's bytes and ETag, or None when it does not exist."""
         got = self._get(key)
         return None if got is None else (got[0], got[1])
+
+    def read_stamped(self, key: str) -> Stamped:
+        """The object (or its absence) with the store's ``Last-Modified`` and ``Date`` (see :class:`Stamped`)."""
+        try:
+            response = self._s3.get_object(Bucket=self.location.bucket, Key=self.location.key(key))
+        except Exception as exc:
+            if _code(exc) in _MISSING_CODES or _status(exc) == "404":
+                headers = (getattr(exc, "response", None) or {}).get("ResponseMetadata", {}).get("HTTPHeaders", {})
+                return Stamped(None, None, None, _date(headers, "date"))
+            raise self._fail("reading", key, exc) from None
+        headers = response.get("ResponseMetadata", {}).get("HTTPHeaders", {})
+        return Stamped(response["Body"].read(), response["ETag"], response.get("LastModified"), _date(headers, "date"))
 
     def _get(self, key: str) -> tuple[bytes, str, dict[str, str]] | None:
         try:
