@@ -62,7 +62,11 @@ def test_a_database_url_must_name_the_postgres_service() -> None:
 @pytest.mark.slow
 @pytest.mark.integration
 def test_a_release_registers_in_postgres_behind_basic_auth(
-    drill: Drill, team_mlflow: MlflowServer, team_postgres: Postgres, tiny_checkpoint_src: Path
+    drill: Drill,
+    team_mlflow: MlflowServer,
+    team_postgres: Postgres,
+    tiny_checkpoint_src: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     env = {**team_mlflow.client_env(), "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0"}
     # the wrong password: refused by the server, nothing reaches Triton or the registry
@@ -75,8 +79,17 @@ def test_a_release_registers_in_postgres_behind_basic_auth(
     assert not team_postgres.query("mlflow", "SELECT name FROM registered_models WHERE name = 'teamreg'")
     assert not (drill.repo / "teamreg").exists()
 
+    server_log = team_mlflow.root / "mlflow.log"
+    seen = server_log.stat().st_size
     out = drill.cli("release", "--checkpoint", str(tiny_checkpoint_src), "--model-name", "teamreg", "--json", **env)
     assert out.returncode == 0, out.stderr[-3000:]
+    with server_log.open("rb") as fh:
+        fh.seek(seen)
+        requests = [line for line in fh.read().decode(errors="replace").splitlines() if '"GET /' in line
+                    or '"POST /' in line or '"PUT /' in line or '"PATCH /' in line or '"DELETE /' in line]  # fmt: skip
+    # every request pays basic auth's password hash: the model is logged without fetching each metric's history
+    assert not [r for r in requests if "/metrics/get-history" in r], len(requests)
+    print(f"\n{len(requests)} requests to the MLflow server for one release")
     # the registry is PostgreSQL: the version and its champion alias are rows there
     versions = team_postgres.query("mlflow", "SELECT version FROM model_versions WHERE name = 'teamreg'")
     aliases = team_postgres.query(
@@ -87,6 +100,18 @@ def test_a_release_registers_in_postgres_behind_basic_auth(
     assert list((team_mlflow.root / "artifacts").rglob("MLmodel")), "no model artifacts in the proxied store"
     status = drill.cli("status", "--model-name", "teamreg", **env)
     assert status.returncode == 0, status.stdout[-2000:]
+    # the logged model is the run's output and carries the run's gate metrics, as log_model in a run would link them
+    from mlflow.tracking import MlflowClient
+
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    c = MlflowClient(tracking_uri=team_mlflow.url, registry_uri=team_mlflow.url)
+    version = c.get_model_version("teamreg", "1")
+    assert version.source.startswith("models:/m-"), version.source  # the logged model is the version's source
+    model, run = c.get_logged_model(version.source.removeprefix("models:/")), c.get_run(version.run_id)
+    assert model.source_run_id == run.info.run_id
+    assert [o.model_id for o in run.outputs.model_outputs] == [model.model_id]
+    assert {m.key: m.value for m in model.metrics} == run.data.metrics and run.data.metrics
 
 
 @pytest.mark.slow
