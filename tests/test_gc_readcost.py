@@ -211,3 +211,22 @@ def test_gc_rotates_at_the_threshold_it_is_given(settings: Settings) -> None:
     assert gc(settings, apply=True, statelog_rotate_bytes=size).ok and len(segments(path)) == 1
     with pytest.raises(Exception, match="statelog_rotate_bytes must be a whole number of bytes ≥ 1, got 0"):
         gc(settings, statelog_rotate_bytes=0)
+
+
+def test_a_snapshot_stays_the_same_size_after_hundreds_of_releases(settings: Settings, tmp_path: Path) -> None:
+    """What a snapshot keeps is bounded (the newest changes and the versions they name), not one entry per version
+    ever released — and recovery and ``history --limit`` still give what the whole log gives."""
+    repo = Path(str(settings.triton_repository))
+    path = log_path(repo, NAME)
+    state, sizes = None, []
+    for day in range(1, 361, 20):
+        state = _releases(repo, day, day + 19, state)
+        state = _rollback(repo, state)  # a rollback each rotation: previous walks back through older releases
+        assert gc(settings, apply=True).ok
+        sizes.append(snapshot_path(path, len(segments(path))).stat().st_size)
+    state = _rollback(repo, _releases(repo, 361, 362, state))
+    assert max(sizes[-6:]) <= 1.02 * min(sizes[-6:]), sizes  # flat from 120 releases on
+    whole = _whole(settings, tmp_path)
+    assert read_log(repo, NAME) == read_log(Path(str(whole.triton_repository)), NAME)
+    got, want = history_mod.history(settings, [NAME], limit=20), history_mod.history(whole, [NAME], limit=20)
+    assert [e.to_dict() for e in got.entries] == [e.to_dict() for e in want.entries] and got.omitted == want.omitted

@@ -125,6 +125,8 @@ class History:
 
 
 _START = {"serving": None, "previous": None, "candidate": None}
+#: The highest versions a state-log snapshot names (with their newest fingerprint) for the MLflow join.
+VERSIONS_KEPT = 100
 
 
 def _parse(model_name: str, path: Path, lines: list[bytes], first: int, cur: dict[str, Any]
@@ -176,17 +178,19 @@ class LogRead:
 def summarize_log(previous: dict[str, Any] | None, lines: list[bytes], first: int) -> dict[str, Any]:
     """The ``history`` part of a state-log snapshot (:func:`seqcls.serving.statelog.rotate`): the state the log
     leaves at the cut, how many entries and which damaged lines it holds, each version's newest fingerprint and
-    every version named — so ``history --limit`` resumes after it and joins exactly as a read of the whole log."""
+    the :data:`VERSIONS_KEPT` highest versions named — so ``history --limit`` resumes after it and joins as a read
+    of the whole log does (its walk down older versions for an old champion's number stops there)."""
     prev = _snapshot_part(previous) if previous else LogRead([], [], 0, {}, set())
     cur = previous.get("cur", _START) if previous else _START
     entries, damaged, cur = _parse("", Path("the state log being rotated"), lines, first, cur)
+    named = sorted(prev.named | _named(entries))[-VERSIONS_KEPT:]
     fps = {**prev.fingerprints, **_fingerprints(entries)}
     return {
         "cur": cur,
         "entries": prev.total + len(entries),
         "damaged": prev.damaged + damaged,
-        "fingerprints": {str(v): fp for v, fp in sorted(fps.items())},
-        "named": sorted(prev.named | _named(entries)),
+        "fingerprints": {str(v): fps[v] for v in named if v in fps},
+        "named": named,
     }
 
 

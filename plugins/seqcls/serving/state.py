@@ -364,7 +364,8 @@ def summarize_log(previous: dict[str, Any] | None, lines: list[bytes], first: in
     prev = previous or {}
     at = Path("the state log being rotated")
     entries, last = fold_states(at, lines, first, prev.get("history") or [], prev.get("last"), HistoryEntry.from_dict)
-    return {"last": last, "history": retained(entries, 2 * HISTORY_LIMIT, _SERVING_ACTIONS)}
+    live = {last.get(k) for k in ("serving", "previous", "candidate")} if isinstance(last, dict) else set()
+    return {"last": last, "history": retained(entries, 2 * HISTORY_LIMIT, _SERVING_ACTIONS, live - {None})}
 
 
 def _logged(path: Path, lines: list[bytes], first: int, part: dict[str, Any], model_name: str) -> ServingState | None:

@@ -258,15 +258,19 @@ def fold_states(path: Path, lines: list[bytes], first: int, entries: Entries, la
     return entries, last
 
 
-def retained(entries: list[dict[str, Any]], keep: int, serving: tuple[str, ...]) -> list[dict[str, Any]]:
+def retained(entries: Entries, keep: int, serving: tuple[str, ...], live: set[int]) -> Entries:
     """What a snapshot keeps of the history before its cut: the newest ``keep`` entries whose action is one of
-    ``serving``, the newest ``keep`` others, and each version's newest fingerprinted entry — all a later bounding
-    of the history (:func:`seqcls.serving.state.bounded_history`, ``keep`` ≥ its limit + 3) may still keep,
-    whatever is live by then, so recovering from a snapshot gives what recovering from the whole log gives."""
+    ``serving``, the newest ``keep`` others, and the newest fingerprinted entry of each version they name or that
+    is ``live`` at the cut. A later bounding of the history (:func:`seqcls.serving.state.bounded_history`, ``keep``
+    ≥ its limit + 3) keeps nothing else: a version becomes live again only by a rollback, to a version the
+    writers' own bounded history names — so recovering from a snapshot gives what the whole log gives, at a size
+    that does not grow with the releases behind it."""
     served = [i for i, e in enumerate(entries) if e.get("action") in serving]
     others = [i for i, e in enumerate(entries) if e.get("action") not in serving]
+    kept = set(served[-keep:]) | set(others[-keep:])
+    named = live | {entries[i].get("version") for i in kept}
     newest = {e.get("version"): i for i, e in enumerate(entries) if e.get("fingerprint")}
-    kept = set(served[-keep:]) | set(others[-keep:]) | set(newest.values())
+    kept |= {i for v, i in newest.items() if v in named}
     return [e for i, e in enumerate(entries) if i in kept]
 
 
