@@ -141,8 +141,12 @@ def _registry(env: dict[str, str]) -> dict[str, int]:
 
 def _logs(env: dict[str, str], repository: Path) -> dict[str, int]:
     home = Path(env["SEQCLS_HOME"])
+    live = repository / ".seqcls-state.seqcls.log.jsonl"
+    rotated = list(repository.glob(f"{live.name}.*"))  # compressed segments and their snapshots
     return {
-        "state_log": _tree(repository / ".seqcls-state.seqcls.log.jsonl"),
+        "state_log": _tree(live) + sum(_tree(p) for p in rotated),
+        "state_log_live": _tree(live),
+        "state_log_segments": sum(1 for p in rotated if not p.name.endswith(".snap")),
         "registry_journal": _tree(home / "registry-journal" / "seqcls.jsonl"),
         "monitor": _tree(home / "monitor"),
     }
