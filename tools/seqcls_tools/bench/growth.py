@@ -371,14 +371,78 @@ def _plot(results: dict[str, Any], path: Path) -> None:
     plt.close(fig)
 
 
+def read_cost(releases: int, rounds: int = 7) -> dict[str, Any]:
+    """The state log's common readers on a synthetic log of ``releases`` daily releases (candidate, exposure and
+    champion move each; a rollback every 30th), rotated by gc's path at the default threshold every 10th day:
+    bytes read and the median in-process time of the recovery read (``read_log``) and of the call behind
+    ``history --limit 20`` (MLflow answered by a stub), CLI start-up excluded. Counts, not a gate: no assert."""
+    from seqcls.contract.names import ModelName
+    from seqcls.ops import history as hist
+    from seqcls.serving import statelog
+    from seqcls.serving.state import ServingState, read_log, write_state
+    from seqcls.settings import Settings
+
+    with tempfile.TemporaryDirectory(prefix="seqcls-readcost-") as tmp:
+        settings = Settings.from_env(home=tmp, triton_repository=str(Path(tmp) / "repo"))  # never the env's
+        repo, name = Path(str(settings.triton_repository)), ModelName("seqcls")
+        repo.mkdir(parents=True, exist_ok=True)
+        state = ServingState.empty(name)
+        for v in range(1, releases + 1):
+            fp = f"{v:064x}"
+            cand = write_state(repo, state.with_candidate(v, fp, "bench"), expected_generation=state.generation)
+            state = write_state(repo, cand.promoted(v, fp, "bench"), expected_generation=cand.generation)
+            statelog.append_event(repo, name, "promote", version=v, mlflow=v, mlflow_previous=v - 1 or None)
+            if v % 30 == 0:
+                state = write_state(repo, state.rolled_back("bench", "day 30"), expected_generation=state.generation)
+            if v % 10 == 0:
+                hist.rotate_log(repo, name, settings.statelog_rotate_bytes)
+        saved_lookup, saved_read = hist._Registry.lookup, Path.read_bytes
+        hist._Registry.lookup = lambda self, m, fp, key: ((int(fp, 16) if fp else None), {})  # type: ignore[method-assign]
+        read: list[int] = []
+
+        def spy(self: Path) -> bytes:
+            data = saved_read(self)
+            read.append(len(data))
+            return data
+
+        out: dict[str, Any] = {"releases": releases}
+        try:
+            Path.read_bytes = spy  # type: ignore[method-assign]
+            calls = {
+                "read_log": lambda: read_log(repo, name),
+                "history_limit_20": lambda: hist.history(settings, [name], limit=20),
+            }
+            for label, call in calls.items():
+                times = []
+                for _ in range(rounds):
+                    read.clear()
+                    t0 = time.perf_counter()
+                    call()
+                    times.append(time.perf_counter() - t0)
+                out[label] = {"ms": round(statistics.median(times) * 1000, 2), "bytes_read": sum(read)}
+        finally:
+            hist._Registry.lookup, Path.read_bytes = saved_lookup, saved_read  # type: ignore[method-assign]
+        path = statelog.log_path(repo, name)
+        out["segments"] = len(statelog.segments(path))
+        out["live_bytes"] = path.stat().st_size
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m seqcls_tools.bench.growth", description=__doc__.split("\n")[0])
     p.add_argument("--days", type=int, default=365, help="days simulated (one release a day)")
     p.add_argument("--out", type=Path, default=Path("var/bench/growth"), help="where results.json/.md and the plot go")
     p.add_argument("--repeats", type=int, default=3, help="interleaved rounds of the commands at each checkpoint day")
     p.add_argument("--keep-work", action="store_true", help="keep the home, repository and MLflow store")
+    p.add_argument("--read-cost", type=int, nargs="+", metavar="RELEASES",
+                   help="instead: the state log's readers on synthetic logs of N releases (JSON lines)")  # fmt: skip
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    if args.read_cost:
+        logging.getLogger().setLevel(logging.ERROR)
+        for n in args.read_cost:
+            print(json.dumps(read_cost(n)))
+        return 0
     results = run_growth(GrowthConfig(days=args.days, out=args.out, repeats=args.repeats, keep_work=args.keep_work))
     print(markdown(results))
     print(f"files: {args.out / 'results.json'}, {args.out / 'results.md'}, {args.out / 'growth.png'}")
