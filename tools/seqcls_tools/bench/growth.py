@@ -14,6 +14,9 @@ within each round. The full release's time at a checkpoint is the median of the 
 it. Ratios are against day 1 of the same run. Output in ``--out``: ``results.json``, ``results.md``,
 ``growth.png``.
 
+``--read-cost N…`` instead times the state log's common readers in process on synthetic logs of N releases
+(:func:`read_cost`): what the rotation's snapshots bound, below a CLI command's start-up.
+
 Why tiny checkpoints whose predictions are fixed: the classifier's weights are zero and its bias decides
 (every text → ``财经``, ``财经##融资``), so every good release scores the eval set perfectly whatever its seed,
 and the worse retrain (its ``财经##融资`` bias negative) drops micro-F1 to 0.67: refused by the quality gate.
@@ -424,7 +427,7 @@ def read_cost(releases: int, rounds: int = 7) -> dict[str, Any]:
             hist._Registry.lookup, Path.read_bytes = saved_lookup, saved_read  # type: ignore[method-assign]
         path = statelog.log_path(repo, name)
         out["segments"] = len(statelog.segments(path))
-        out["live_bytes"] = path.stat().st_size
+        out["live_bytes"] = path.stat().st_size if path.exists() else 0  # just rotated: no live file yet
     return out
 
 
