@@ -18,7 +18,6 @@ import pytest
 from seqcls.ops import gc as gc_mod
 from seqcls.ops.gc import gc
 from seqcls.ops.history import read_entries
-from seqcls.serving import statelog
 from seqcls.serving.state import ServingState, read_log, write_state
 from seqcls.serving.statelog import append_line, log_path, read_lines, rotate, segments
 from seqcls.settings import Settings
@@ -110,7 +109,8 @@ def test_a_writer_waiting_on_the_lock_while_the_log_rotates_writes_into_the_new_
 def test_gc_apply_rotates_a_large_state_log(settings: Settings, monkeypatch: pytest.MonkeyPatch) -> None:
     repo = Path(str(settings.triton_repository))
     _releases(repo, 1, 3)
-    monkeypatch.setattr(statelog, "ROTATE_BYTES", 1)
+    monkeypatch.setenv("SEQCLS_STATELOG_ROTATE_BYTES", "1")
+    settings = Settings.from_env()
     gc(settings)  # a dry run changes nothing
     assert not segments(log_path(repo, NAME))
     assert gc(settings, apply=True).ok

@@ -51,3 +51,11 @@ def test_a_three_day_run_writes_its_results_and_plot(tmp_path: Path) -> None:
     assert day3["mlflow"]["versions"] == 3 and day3["logs"]["state_log"] > 0 and day3["seconds"]["status"] > 0
     assert set(results["ratios"]["3"]) >= {"status", "history", "sync", "noop_release", "release", "disk_total"}
     assert json.loads((cfg.out / "results.json").read_text())["points"] and (cfg.out / "growth.png").stat().st_size
+
+
+def test_read_cost_reads_the_live_log_and_one_snapshot_after_rotations(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SEQCLS_STATELOG_ROTATE_BYTES", "20000")  # a segment every ~40 releases
+    out = growth.read_cost(130, rounds=1)
+    assert out["segments"] >= 3, out
+    assert out["live_bytes"] < out["read_log"]["bytes_read"] < out["live_bytes"] + 50_000, out  # + the snapshot
+    assert out["history_limit_20"]["bytes_read"] < out["live_bytes"] + 100_000, out  # at most a segment more

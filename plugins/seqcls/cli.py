@@ -193,6 +193,7 @@ def _cmd_gc(args: argparse.Namespace) -> tuple[int, Printer]:
         keep_refused=args.keep_refused,
         mlflow_versions=args.mlflow_versions,
         evidence_keep=args.evidence_keep,
+        statelog_rotate_bytes=args.statelog_rotate_bytes,
     )
     text = json.dumps(result.to_dict(), indent=2, default=str) if args.json else "\n".join(result.lines())
     return (0 if result.ok else 1), lambda: print(text)

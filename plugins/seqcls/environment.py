@@ -21,6 +21,7 @@ from seqcls.settings import (
     DEFAULT_HTTP,
     DEFAULT_METRICS,
     DEFAULT_MODEL_NAME,
+    DEFAULT_STATELOG_ROTATE_BYTES,
     DEVICES,
     ENV_AIRFLOW_RUN_URL,
     ENV_ALLOW_UNSAFE_PICKLE,
@@ -46,6 +47,7 @@ from seqcls.settings import (
     ENV_SERVING_LAYOUT,
     ENV_SERVING_METRICS,
     ENV_SERVING_PIPELINE,
+    ENV_STATELOG_ROTATE_BYTES,
     ENV_TRITON_CONTROL_KEY,
     ENV_TRITON_GRPC,
     ENV_TRITON_HTTP,
@@ -162,6 +164,13 @@ ENVIRONMENT: tuple[EnvVar, ...] = (
         "`seqcls gc`: per model, the newest releases whose evidence stays as it is; older ones nothing else keeps "
         "are compacted into one audit record each (manifest, hashes, verdicts, reports).",
         "`seqcls gc --evidence-keep` / DAG param evidence_keep",
+    ),
+    EnvVar(
+        ENV_STATELOG_ROTATE_BYTES,
+        str(DEFAULT_STATELOG_ROTATE_BYTES),
+        "`seqcls gc`: a model's state log larger than this (bytes) is rotated into a compressed segment and a "
+        "snapshot; the common readers (state recovery, `history --limit`) read the snapshot and what follows it.",
+        "`seqcls gc --statelog-rotate-bytes` / DAG param statelog_rotate_bytes",
     ),
     EnvVar(
         ENV_GC_MIN_AGE,

@@ -52,6 +52,8 @@ ENV_GC_MLFLOW_VERSIONS = "SEQCLS_GC_MLFLOW_VERSIONS"  # `seqcls gc`: archive (de
 DEFAULT_GC_KEEP_REFUSED = 5
 ENV_GC_EVIDENCE_KEEP = "SEQCLS_GC_EVIDENCE_KEEP"  # `seqcls gc`: the newest releases whose evidence stays as is
 DEFAULT_GC_EVIDENCE_KEEP = 30
+ENV_STATELOG_ROTATE_BYTES = "SEQCLS_STATELOG_ROTATE_BYTES"  # `seqcls gc`: a state log larger than this is rotated
+DEFAULT_STATELOG_ROTATE_BYTES = 256_000
 DEFAULT_GC_MIN_AGE = 3600.0
 DEFAULT_GC_MLFLOW_VERSIONS = "archive"
 GC_MLFLOW_POLICIES = ("archive", "delete", "keep")
@@ -309,6 +311,9 @@ class Settings:
     #: The newest releases per model whose evidence stays as it is (SEQCLS_GC_EVIDENCE_KEEP); older ones nothing
     #: else keeps are compacted into one audit record each.
     gc_evidence_keep: int = DEFAULT_GC_EVIDENCE_KEEP
+    #: A state log larger than this many bytes is rotated by gc into a compressed segment and a snapshot
+    #: (SEQCLS_STATELOG_ROTATE_BYTES): what the common readers of the log read at most.
+    statelog_rotate_bytes: int = DEFAULT_STATELOG_ROTATE_BYTES
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "home", Path(self.home).expanduser().resolve())
@@ -355,6 +360,10 @@ class Settings:
         evidence = self.gc_evidence_keep
         if isinstance(evidence, bool) or not isinstance(evidence, int) or evidence < 0:
             raise InputError(f"{ENV_GC_EVIDENCE_KEEP} / evidence_keep must be an integer ≥ 0, got {evidence!r}")
+        rotate = self.statelog_rotate_bytes
+        if isinstance(rotate, bool) or not isinstance(rotate, int) or rotate < 1:
+            what = f"{ENV_STATELOG_ROTATE_BYTES} / statelog_rotate_bytes"
+            raise InputError(f"{what} must be a whole number of bytes ≥ 1, got {rotate!r}")
         if not self.gc_min_age >= 0:
             raise InputError(f"{ENV_GC_MIN_AGE} must be seconds ≥ 0, got {self.gc_min_age!r}")
         policy = str(self.gc_mlflow_versions).strip().lower()
@@ -397,6 +406,7 @@ class Settings:
             "gc_min_age": _number(env, ENV_GC_MIN_AGE, float, DEFAULT_GC_MIN_AGE),
             "gc_mlflow_versions": env.get(ENV_GC_MLFLOW_VERSIONS) or DEFAULT_GC_MLFLOW_VERSIONS,
             "gc_evidence_keep": _number(env, ENV_GC_EVIDENCE_KEEP, int, DEFAULT_GC_EVIDENCE_KEEP),
+            "statelog_rotate_bytes": _number(env, ENV_STATELOG_ROTATE_BYTES, int, DEFAULT_STATELOG_ROTATE_BYTES),
         }
         for key, value in overrides.items():
             if key not in values:

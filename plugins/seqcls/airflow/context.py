@@ -41,7 +41,7 @@ ROLLBACK_ON: tuple[str, ...] = tuple(s.task_id for s in STEPS if s.undo_on_failu
 #: Not among them: the checkpoints root, which the deployment sets (``seqcls.airflow.roots``).
 NON_RELEASE_PARAMS = frozenset(
     {"checkpoint", "triton_conn_id", "mlflow_conn_id", "skip_if_champion", "keep_refused", "mlflow_versions"}
-    | {"evidence_keep"}
+    | {"evidence_keep", "statelog_rotate_bytes"}
 )
 RELEASE_PARAMS = frozenset(f.name for f in fields(ReleaseConfig))
 

@@ -92,7 +92,7 @@ MODEL_KEYS = (
 DEFAULT_KEYS = tuple(k for k in MODEL_KEYS if k not in ("name", "checkpoints_root", "eval_set"))
 TOP_KEYS = ("defaults", "models")
 #: Run-level params a model may default besides the release parameters.
-RUN_PARAMS = ("skip_if_champion", "keep_refused", "mlflow_versions", "evidence_keep")
+RUN_PARAMS = ("skip_if_champion", "keep_refused", "mlflow_versions", "evidence_keep", "statelog_rotate_bytes")
 #: The ``serving:`` block: the model's serving spec (:class:`~seqcls.spec.ServingSpec`), key → release param.
 SERVING_KEYS = {
     "profile": "profile",
@@ -275,6 +275,8 @@ def _params(where: str, name: str, params: Mapping[str, Any]) -> dict[str, Any]:
                 raise InputError(f"keep_refused must be a whole number ≥ 0 (refused attempts kept), got {value!r}")
             if key == "evidence_keep" and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
                 raise InputError(f"evidence_keep must be a whole number ≥ 0 (releases kept as is), got {value!r}")
+            if key == "statelog_rotate_bytes" and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise InputError(f"statelog_rotate_bytes must be a whole number of bytes ≥ 1, got {value!r}")
             if key == "mlflow_versions" and value not in GC_MLFLOW_POLICIES:
                 raise InputError(f"mlflow_versions must be one of {', '.join(GC_MLFLOW_POLICIES)}, got {value!r}")
             if key in release:

@@ -35,6 +35,13 @@ def root_label(root: str = "") -> str:
     return text if text.startswith(("/", "~")) else f"{ENV_CHECKPOINTS_ROOT}/{text}"
 
 
+def _retention_count(title: str, minimum: int, description: str) -> dict[str, Any]:
+    """A whole-number retention param of the run's gc after promote (empty: its setting)."""
+    return {"default": None, "type": ["integer", "null"], "minimum": minimum, "title": title,
+            "description": f"Retention after this run's promote (`seqcls gc`): {description}",
+            "section": EXPERT_SECTION}  # fmt: skip
+
+
 def run_params(model_name: str, root: str = "") -> dict[str, dict[str, Any]]:
     """Schemas of the params that pick what to release (not release parameters); ``root`` = the model's
     configured checkpoints root (models file), shown in the ``checkpoint`` description."""
@@ -57,25 +64,25 @@ def run_params(model_name: str, root: str = "") -> dict[str, dict[str, Any]]:
             "description": "End as skipped when the checkpoint already is the MLflow champion (always on for "
             "scheduled and asset-triggered runs). Turn off to release it again, e.g. after a Triton restart.",
         },
-        "keep_refused": {
-            "default": None,
-            "type": ["integer", "null"],
-            "minimum": 0,
-            "title": "Refused attempts kept",
-            "description": "Retention after this run's promote (`seqcls gc`): the newest N refused attempts of the "
-            "model keep their evidence (failed/); older ones are collected. Empty: SEQCLS_GC_KEEP_REFUSED (5).",
-            "section": EXPERT_SECTION,
-        },
-        "evidence_keep": {
-            "default": None,
-            "type": ["integer", "null"],
-            "minimum": 0,
-            "title": "Releases whose evidence stays",
-            "description": "Retention after this run's promote (`seqcls gc`): the newest N releases of the model keep "
-            "their evidence as it is; older ones nothing else keeps are compacted into one audit record each. "
+        "keep_refused": _retention_count(
+            "Refused attempts kept",
+            0,
+            "the newest N refused attempts of the model keep their evidence (failed/); "
+            "older ones are collected. Empty: SEQCLS_GC_KEEP_REFUSED (5).",
+        ),
+        "evidence_keep": _retention_count(
+            "Releases whose evidence stays",
+            0,
+            "the newest N releases of the model keep their evidence as it is; "
+            "older ones nothing else keeps are compacted into one audit record each. "
             "Empty: SEQCLS_GC_EVIDENCE_KEEP (30).",
-            "section": EXPERT_SECTION,
-        },
+        ),
+        "statelog_rotate_bytes": _retention_count(
+            "State log rotation (bytes)",
+            1,
+            "the model's state log larger than this is rotated into a compressed "
+            "segment and a snapshot. Empty: SEQCLS_STATELOG_ROTATE_BYTES (256000).",
+        ),
         "mlflow_versions": {
             "default": None,
             "type": ["string", "null"],

@@ -210,7 +210,8 @@ def run_task_step(
         if name == "promote":
             run = as_params(params)  # bounded, logged, never fails:
             after_promote(release, keep_refused=run.get("keep_refused"), mlflow_versions=run.get("mlflow_versions"),
-                          evidence_keep=run.get("evidence_keep"))  # fmt: skip
+                          evidence_keep=run.get("evidence_keep"),
+                          statelog_rotate_bytes=run.get("statelog_rotate_bytes"))  # fmt: skip
     summary = report(result, ti=ti, settings=settings, model_name=release.config.model_name)
     return {**summary, "model_name": release.config.model_name, "fingerprint": release.checkpoint.fingerprint}
 

@@ -43,13 +43,13 @@ from seqcls.files import atomic_write, held
 from seqcls.ops import evidence
 from seqcls.ops.disk import HEAVY, evalset_refs, megabytes, read_manifest, tree_bytes, workspaces
 from seqcls.ops.gcargs import GC_HELP, add_arguments
+from seqcls.ops.history import rotate_log
 from seqcls.ops.sync import models_in, operator_models
 from seqcls.ops.trash import Trash, finish_leftovers, leftovers
 from seqcls.registry import archive
 from seqcls.registry.ledger import CHAMPION, FINGERPRINT_TAG, PREVIOUS, aliased_version, client
 from seqcls.release import control
 from seqcls.release.workspace import FAILED_DIR, MANIFEST, Release, Workspace, workspace_dir
-from seqcls.serving import statelog
 from seqcls.serving.lease import ReleaseLease
 from seqcls.serving.pins import PIN_PREFIX
 from seqcls.serving.repository import DEFAULT_RETAIN, Repository
@@ -418,13 +418,15 @@ def gc(
     owner: str | None = None,
     mlflow_versions: str | None = None,
     evidence_keep: int | None = None,
+    statelog_rotate_bytes: int | None = None,
 ) -> GcResult:
     """Plan (and with ``apply``, do) the collection for every (or the named) model; see the module docstring.
 
     ``budget``: seconds after which no further workspace is collected (what is left is said, for the next
     gc). ``owner``: the lease owner to take each model's lease as (default ``gc:<host>:<pid>``).
     ``mlflow_versions``: archive / delete / keep (default: the setting). ``evidence_keep``: the newest releases
-    whose evidence stays as it is (default: the setting); older ones nothing else keeps are compacted."""
+    whose evidence stays as it is (default: the setting); older ones nothing else keeps are compacted. Likewise
+    ``statelog_rotate_bytes``: a state log larger than this is rotated, with a snapshot."""
     t0 = time.perf_counter()
     keep_refused = settings.gc_keep_refused if keep_refused is None else keep_refused
     policy = settings.gc_mlflow_versions if mlflow_versions is None else str(mlflow_versions).strip().lower()
@@ -432,6 +434,9 @@ def gc(
         raise SeqclsError(f"gc: mlflow_versions must be one of {', '.join(GC_MLFLOW_POLICIES)}, got {policy!r}")
     if keep_refused < 0 or retain < 1 or (evidence_keep is not None and evidence_keep < 0):
         raise SeqclsError(f"gc: keep_refused must be ≥ 0 (got {keep_refused}) and retain ≥ 1 (got {retain})")
+    rotate_at = settings.statelog_rotate_bytes if statelog_rotate_bytes is None else statelog_rotate_bytes
+    if not isinstance(rotate_at, int) or rotate_at < 1:
+        raise SeqclsError(f"gc: statelog_rotate_bytes must be a whole number of bytes ≥ 1, got {rotate_at!r}")
     result = GcResult(apply)
     all_models = gc_models(settings)
     models = operator_models(model_names) or all_models
@@ -452,7 +457,7 @@ def gc(
                     _apply(plan, trash, t0, budget)
                     _apply_versions(settings, plan, t0, budget)
                     _apply_evidence(plan, trash, t0, budget)
-                    statelog.rotate(statelog.log_path(Path(str(settings.triton_repository)), model))
+                    rotate_log(Path(str(settings.triton_repository)), model, rotate_at)
                 _compacted_versions(settings, plan, apply)
         except Exception as exc:  # one model's problem: reported, collects nothing of it; the others go on
             log.warning("gc %s: %s", model, exc, exc_info=not isinstance(exc, SeqclsError))
@@ -564,22 +569,16 @@ def after_promote(
     mlflow_versions: str | None = None,
     budget: float = GC_BUDGET,
     evidence_keep: int | None = None,
+    statelog_rotate_bytes: int | None = None,
 ) -> GcResult | None:
     """The model's retention right after its promote (``gc --apply``, as the release's lease owner, bounded by
     ``budget``; ``keep_refused`` and ``mlflow_versions``: the run's, else the settings): logged; a failure is a
     warning, never the release's (returns None then)."""
     model, owner = release.config.model_name, control.release_owner(release)
     try:
-        done = gc(
-            release.settings,
-            [model],
-            apply=True,
-            keep_refused=keep_refused,
-            mlflow_versions=mlflow_versions,
-            evidence_keep=evidence_keep,
-            budget=budget,
-            owner=owner,
-        )
+        done = gc(release.settings, [model], apply=True, keep_refused=keep_refused, mlflow_versions=mlflow_versions,
+                  evidence_keep=evidence_keep, statelog_rotate_bytes=statelog_rotate_bytes, budget=budget,
+                  owner=owner)  # fmt: skip
     except Exception as exc:
         log.warning("gc after promote of %s failed (the release is not affected): %s", model, exc)
         return None

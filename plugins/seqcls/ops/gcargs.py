@@ -19,6 +19,12 @@ def _count(text: str) -> int:
     return int(text)
 
 
+def _bytes(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number of bytes ≥ 1, got {text!r}")
+    return int(text)
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """``seqcls gc``'s own flags (the CLI adds --home/--grpc/--json), written beside what they steer."""
     p.add_argument("--model-name", type=ModelName, default=None, help="one model (default: every model with releases)")
@@ -36,6 +42,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="the newest N releases per model keep their evidence as it is; older ones nothing "
                    "else keeps are compacted into one audit record each (default $SEQCLS_GC_EVIDENCE_KEEP "
                    "or 30)")  # fmt: skip
+    p.add_argument("--statelog-rotate-bytes", type=_bytes, default=None, metavar="BYTES",
+                   help="rotate a model's state log larger than this into a compressed segment and a snapshot "
+                   "(default $SEQCLS_STATELOG_ROTATE_BYTES or 256000)")  # fmt: skip
     p.set_defaults(apply=False)
 
 

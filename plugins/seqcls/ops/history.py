@@ -19,14 +19,17 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from seqcls.contract.names import ModelName
 from seqcls.ops.evidence import records
 from seqcls.ops.sync import models_in, operator_models
 from seqcls.registry.ledger import client, find_version
 from seqcls.registry.ledger import version_label as ledger_version_label
 from seqcls.registry.runs import PARITY_TAG, QUALITY_TAG
 from seqcls.release.keys import served_release_key
+from seqcls.serving import statelog
 from seqcls.serving.repository import Repository
-from seqcls.serving.statelog import EVENTS, log_path, read_lines
+from seqcls.serving.state import summarize_log as state_summary
+from seqcls.serving.statelog import EVENTS, Chunk, Summarizer, log_path, read_lines, read_tail, segments
 from seqcls.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -121,17 +124,19 @@ class History:
         return {"entries": [e.to_dict() for e in self.entries], "notes": self.notes, "registry": self.registry}
 
 
-def read_entries(repository: Path, model_name: str) -> tuple[list[HistoryEntry], list[int]]:
-    """The log of ``model_name`` as history entries, oldest first, and the numbers of damaged lines."""
-    path = log_path(repository, model_name)
-    try:
-        lines = read_lines(path)  # rotated segments first, oldest first
-    except FileNotFoundError:
-        return [], []
+_START = {"serving": None, "previous": None, "candidate": None}
+#: The highest versions a state-log snapshot names (with their newest fingerprint) for the MLflow join.
+VERSIONS_KEPT = 100
+
+
+def _parse(model_name: str, path: Path, lines: list[bytes], first: int, cur: dict[str, Any]
+           ) -> tuple[list[HistoryEntry], list[int], dict[str, Any]]:  # fmt: skip
+    """History entries of ``lines`` (the first numbered ``first``, read after the state ``cur``), the numbers of
+    the damaged ones, and the state they leave."""
     out: list[HistoryEntry] = []
     damaged: list[int] = []
-    cur: dict[str, Any] = {"serving": None, "previous": None, "candidate": None}
-    for number, raw in enumerate(lines, 1):
+    cur = dict(cur)
+    for number, raw in enumerate(lines, first):
         if not raw.strip():
             continue
         try:
@@ -142,7 +147,109 @@ def read_entries(repository: Path, model_name: str) -> tuple[list[HistoryEntry],
             damaged.append(number)
             continue
         out += new
+    return out, damaged, cur
+
+
+def read_entries(repository: Path, model_name: str) -> tuple[list[HistoryEntry], list[int]]:
+    """The whole log of ``model_name`` as history entries, oldest first, and the numbers of damaged lines."""
+    path = log_path(repository, model_name)
+    try:
+        lines = read_lines(path)  # rotated segments first, oldest first
+    except FileNotFoundError:
+        return [], []
+    out, damaged, _ = _parse(model_name, path, lines, 1, _START)
     return out, damaged
+
+
+@dataclass
+class LogRead:
+    """What :func:`read_recent` read of one model's log: ``entries`` (oldest first: the newest ones at least, or
+    all), and of the whole log: its damaged lines, how many entries it holds, each Triton version's newest
+    fingerprint and every version it names (what the MLflow join needs)."""
+
+    entries: list[HistoryEntry]
+    damaged: list[int]
+    total: int
+    fingerprints: dict[int, str]
+    named: set[int]
+    segments_read: int = 0
+
+
+def summarize_log(previous: dict[str, Any] | None, lines: list[bytes], first: int) -> dict[str, Any]:
+    """The ``history`` part of a state-log snapshot (:func:`seqcls.serving.statelog.rotate`): the state the log
+    leaves at the cut, how many entries and which damaged lines it holds, each version's newest fingerprint and
+    the :data:`VERSIONS_KEPT` highest versions named — so ``history --limit`` resumes after it and joins as a read
+    of the whole log does (its walk down older versions for an old champion's number stops there)."""
+    prev = _snapshot_part(previous) if previous else LogRead([], [], 0, {}, set())
+    cur = previous.get("cur", _START) if previous else _START
+    entries, damaged, cur = _parse("", Path("the state log being rotated"), lines, first, cur)
+    named = sorted(prev.named | _named(entries))[-VERSIONS_KEPT:]
+    fps = {**prev.fingerprints, **_fingerprints(entries)}
+    return {
+        "cur": cur,
+        "entries": prev.total + len(entries),
+        "damaged": prev.damaged + damaged,
+        "fingerprints": {str(v): fps[v] for v in named if v in fps},
+        "named": named,
+    }
+
+
+def _snapshot_part(part: dict[str, Any]) -> LogRead:
+    """A snapshot's ``history`` part as a LogRead without entries (ValueError/TypeError/KeyError when wrong)."""
+    fps = {int(v): str(fp) for v, fp in dict(part["fingerprints"]).items()}
+    damaged = [int(n) for n in part["damaged"]]
+    return LogRead([], damaged, int(part["entries"]), fps, {int(v) for v in part["named"]})
+
+
+def rotate_log(repository: Path, model_name: ModelName, max_bytes: int) -> Path | None:
+    """Rotate ``model_name``'s state log when larger than ``max_bytes`` (``seqcls gc``), with the snapshot state
+    recovery and ``history --limit`` resume from; the new segment, or None when it was left alone."""
+    parts: dict[str, Summarizer] = {"state": state_summary, "history": summarize_log}
+    return statelog.rotate(log_path(repository, model_name), max_bytes, summarizers=parts)
+
+
+def read_recent(repository: Path, model_name: str, newest: int | None = None) -> LogRead:
+    """At least the ``newest`` entries of ``model_name``'s log (None: all), read from its newest end: the live
+    file, then older segments only while fewer were found, each resumed from the snapshot before it — so
+    ``history --limit 20`` reads the same few kilobytes after years of releases. A segment whose snapshot is
+    missing or unreadable is read with everything before it."""
+    path = log_path(repository, model_name)
+    parsed: list[tuple[list[HistoryEntry], list[int]]] = []
+    bases: list[dict[str, Any] | None] = []
+
+    def parse(chunk: Chunk) -> bool:  # False: its snapshot part is unusable
+        part = (chunk.snapshot or {}).get("parts", {}).get("history") if chunk.snapshot else None
+        if chunk.snapshot is not None and not isinstance(part, dict):
+            return False
+        found, damaged, _ = _parse(model_name, path, chunk.lines, chunk.first, (part or {}).get("cur", _START))
+        parsed.append((found, damaged))
+        bases.append(part)
+        return True
+
+    def want(chunks: list[Chunk]) -> bool:
+        if not parse(chunks[-1]):
+            raise _Unusable
+        return newest is None or sum(len(p[0]) for p in parsed) < newest
+
+    try:
+        tail = read_tail(path, want=want)
+        if len(parsed) < len(tail.chunks) and not parse(tail.chunks[-1]):
+            raise _Unusable
+        base = _snapshot_part(bases[-1]) if bases[-1] is not None else LogRead([], [], 0, {}, set())
+    except FileNotFoundError:
+        return LogRead([], [], 0, {}, set())
+    except (_Unusable, ValueError, TypeError, KeyError, AttributeError):
+        log.warning("%s: a snapshot's history part is unusable: reading the whole log", path)
+        entries, damaged = read_entries(repository, model_name)
+        return LogRead(entries, damaged, len(entries), _fingerprints(entries), _named(entries), len(segments(path)))
+    entries = [e for found, _ in reversed(parsed) for e in found]
+    damaged = base.damaged + [n for _, d in reversed(parsed) for n in d]
+    fps = {**base.fingerprints, **_fingerprints(entries)}
+    return LogRead(entries, damaged, base.total + len(entries), fps, base.named | _named(entries), tail.segments_read)
+
+
+class _Unusable(Exception):
+    """A snapshot without a usable history part."""
 
 
 def _version(value: Any) -> int | None:
@@ -288,18 +395,16 @@ def _named(entries: list[HistoryEntry]) -> set[int]:
     return {x for e in entries for x in (e.from_version, e.to_version) if x is not None}
 
 
-def _join(
-    settings: Settings, model_name: str, entries: list[HistoryEntry], registry: _Registry, shown: list[HistoryEntry]
-) -> None:
+def _join(settings: Settings, model_name: str, read: LogRead, registry: _Registry, shown: list[HistoryEntry]) -> None:
     """Fill in the MLflow version (and gate verdicts) of every Triton version the ``shown`` entries name.
 
     Only those are looked up — one registry query each, the cost that would otherwise grow with every
-    release. ``entries`` (the whole log) still gives each version's newest recorded fingerprint, and the
-    versions older lines name are asked, newest first, only while a shown champion move's old MLflow
-    number is not settled — so ``shown`` gets the same numbers as a join of the whole log would give it.
+    release. ``read`` (the whole log's figures, from its snapshot) still gives each version's newest recorded
+    fingerprint, and the versions older lines name are asked, newest first, only while a shown champion move's
+    old MLflow number is not settled — so ``shown`` gets the same numbers as a join of the whole log would give it.
     """
     repo = Repository.from_settings(settings, model_name)
-    fps = _fingerprints(entries)
+    fps = read.fingerprints
     mlflow: dict[int, int | None] = {}
     gates: dict[int, dict[str, str]] = {}
 
@@ -319,7 +424,7 @@ def _join(
     named = _named(shown)
     for v in sorted(named):
         ask(v)
-    for v in sorted(_named(entries) - named, reverse=True):
+    for v in sorted(read.named - named, reverse=True):
         if registry.error is not None or settled(v):
             break
         ask(v)
@@ -349,30 +454,34 @@ def history(settings: Settings, model_names: Sequence[str] | None = None, *, lim
 
     ``limit``: only the newest ``limit`` entries (across the models), cut *before* the MLflow join, so a
     daily ``history --limit`` costs the same after years of releases as after a few; the rest is counted
-    in ``omitted``. Every log is still read whole: the state each line leaves depends on the lines before.
+    in ``omitted``. Each log is read from its newest end, resumed at the state-log snapshots (:func:`read_recent`),
+    only as far back as ``limit`` entries; without a limit, whole.
     """
     if limit is not None and limit < 1:
         raise ValueError(f"limit must be 1 or more, got {limit}")
     root = Path(str(settings.triton_repository))
     names = operator_models(model_names) or models_in(root)
     registry = _Registry(settings)
-    logs: dict[str, list[HistoryEntry]] = {}
+    logs: dict[str, LogRead] = {}
     entries: list[HistoryEntry] = []
     notes: list[str] = []
+    total = 0
     for name in names:
-        found, damaged = read_entries(root, name)
-        if damaged:
-            listed = ", ".join(str(n) for n in damaged[:20]) + (" …" if len(damaged) > 20 else "")
-            notes.append(f"{log_path(root, name)}: {len(damaged)} damaged line(s) skipped (line {listed})")
-        logs[name] = found
-        entries += found
-        _mark_compacted(settings, name, found)
+        read = read_recent(root, name, limit)  # newest first: each model's newest ``limit`` hold the newest overall
+        if read.damaged:
+            listed = ", ".join(str(n) for n in read.damaged[:20]) + (" …" if len(read.damaged) > 20 else "")
+            notes.append(f"{log_path(root, name)}: {len(read.damaged)} damaged line(s) skipped (line {listed})")
+        logs[name] = read
+        entries += read.entries
+        total += read.total
     entries.sort(key=lambda e: e.at)  # stable: one model's log order is kept within a second
-    omitted = max(0, len(entries) - limit) if limit else 0
-    entries = entries[omitted:]
+    entries = entries[-limit:] if limit else entries
+    omitted = total - len(entries)
     kept = {id(e) for e in entries}
-    for name, found in logs.items():
-        _join(settings, name, found, registry, [e for e in found if id(e) in kept])
+    for name, read in logs.items():
+        shown = [e for e in read.entries if id(e) in kept]
+        _mark_compacted(settings, name, shown)
+        _join(settings, name, read, registry, shown)
     if registry.error is not None:
         notes.append(f"MLflow was unreachable ({registry.error}): versions are shown without their MLflow numbers")
     return History(entries, notes, registry=registry.error is None, omitted=omitted)
@@ -411,4 +520,17 @@ def lines(result: History, limit: int | None = None) -> list[str]:
     return out + [f"note: {n}" for n in result.notes]
 
 
-__all__ = ["KINDS", "History", "HistoryEntry", "history", "lines", "read_entries", "version_label", "who_label"]
+__all__ = [
+    "KINDS",
+    "History",
+    "HistoryEntry",
+    "LogRead",
+    "history",
+    "lines",
+    "read_entries",
+    "read_recent",
+    "rotate_log",
+    "summarize_log",
+    "version_label",
+    "who_label",
+]

@@ -35,9 +35,12 @@ from seqcls.serving.statelog import (
     actor,
     append_event,
     append_line,
+    fold_states,
     log_path,
     now_iso,
     read_lines,
+    read_tail,
+    retained,
 )
 
 log = logging.getLogger(__name__)
@@ -354,31 +357,46 @@ def _readable(path: Path, model_name: str) -> ServingState | None:
         return None
 
 
-def read_log(repository: Path, model_name: str) -> ServingState | None:
-    """The newest state the append-only log records (its full history, bounded), None when it has none."""
-    path = log_path(repository, model_name)
-    try:
-        lines = read_lines(path)  # its rotated segments too: the bounded history pins entries from any of them
-    except OSError:
-        return None
-    history: list[HistoryEntry] = []
-    last: dict[str, Any] | None = None
-    for number, line in enumerate(lines, 1):
-        try:
-            record = json.loads(line.decode("utf-8"))
-            if isinstance(record, dict) and "state" not in record and record.get("event") in EVENTS:
-                continue  # an event (a refusal, a champion move): no state in it
-            history += [HistoryEntry.from_dict(e) for e in record["entries"]]
-            last = {**record["state"], "generation": record["generation"], "model_name": model_name}
-        except (ValueError, TypeError, KeyError) as exc:
-            log.warning("%s line %d: skipped, unreadable (%s)", path, number, str(exc)[:120])
+def summarize_log(previous: dict[str, Any] | None, lines: list[bytes], first: int) -> dict[str, Any]:
+    """The ``state`` part of a state-log snapshot (:func:`seqcls.serving.statelog.rotate`): the last recorded
+    state and what a later recovery may keep of the history (:func:`~seqcls.serving.statelog.retained`; twice
+    the bounded history's length), from the previous snapshot's part and the lines since."""
+    prev = previous or {}
+    at = Path("the state log being rotated")
+    entries, last = fold_states(at, lines, first, prev.get("history") or [], prev.get("last"), HistoryEntry.from_dict)
+    live = {last.get(k) for k in ("serving", "previous", "candidate")} if isinstance(last, dict) else set()
+    return {"last": last, "history": retained(entries, 2 * HISTORY_LIMIT, _SERVING_ACTIONS, live - {None})}
+
+
+def _logged(path: Path, lines: list[bytes], first: int, part: dict[str, Any], model_name: str) -> ServingState | None:
+    """The state ``lines`` leave after a snapshot's ``part`` (ValueError/TypeError/AttributeError when wrong)."""
+    entries, last = fold_states(path, lines, first, part.get("history") or [], part.get("last"), HistoryEntry.from_dict)
     if last is None:
         return None
+    state = replace(ServingState.from_dict({**last, "model_name": model_name, "history": []}), model_name=model_name)
+    return replace(state, history=bounded_history([HistoryEntry.from_dict(e) for e in entries], state.live_versions()))
+
+
+def read_log(repository: Path, model_name: str) -> ServingState | None:
+    """The newest state the append-only log records (its full history, bounded), None when it has none: read
+    from the newest snapshot of the log (:func:`summarize_log`) and the lines after it, so its cost does not grow
+    with the releases behind it — the same state a read of the whole log gives."""
+    path = log_path(repository, model_name)
     try:
-        state = replace(ServingState.from_dict({**last, "history": []}), model_name=model_name)
-    except ValueError:
+        (chunk,) = read_tail(path).chunks
+    except OSError:
         return None
-    return replace(state, history=bounded_history(history, state.live_versions()))
+    part = (chunk.snapshot or {}).get("parts", {}).get("state") or {}
+    try:
+        return _logged(path, chunk.lines, chunk.first, part, model_name)
+    except (ValueError, TypeError, AttributeError) as exc:
+        if not part:  # the whole log was read: its last state is unreadable
+            return None
+        log.warning("%s: its newest snapshot's state is unusable (%s): reading the whole log", path, exc)
+    try:
+        return _logged(path, read_lines(path), 1, {}, model_name)
+    except (ValueError, TypeError, AttributeError):
+        return None
 
 
 def recovered_state(repository: Path, model_name: str) -> ServingState | None:
@@ -577,5 +595,6 @@ __all__ = [
     "restore_state",
     "state_damaged",
     "state_path",
+    "summarize_log",
     "write_state",
 ]

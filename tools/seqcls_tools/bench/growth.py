@@ -14,6 +14,9 @@ within each round. The full release's time at a checkpoint is the median of the 
 it. Ratios are against day 1 of the same run. Output in ``--out``: ``results.json``, ``results.md``,
 ``growth.png``.
 
+``--read-cost N…`` instead times the state log's common readers in process on synthetic logs of N releases
+(:func:`read_cost`): what the rotation's snapshots bound, below a CLI command's start-up.
+
 Why tiny checkpoints whose predictions are fixed: the classifier's weights are zero and its bias decides
 (every text → ``财经``, ``财经##融资``), so every good release scores the eval set perfectly whatever its seed,
 and the worse retrain (its ``财经##融资`` bias negative) drops micro-F1 to 0.67: refused by the quality gate.
@@ -141,8 +144,12 @@ def _registry(env: dict[str, str]) -> dict[str, int]:
 
 def _logs(env: dict[str, str], repository: Path) -> dict[str, int]:
     home = Path(env["SEQCLS_HOME"])
+    live = repository / ".seqcls-state.seqcls.log.jsonl"
+    rotated = list(repository.glob(f"{live.name}.*"))  # compressed segments and their snapshots
     return {
-        "state_log": _tree(repository / ".seqcls-state.seqcls.log.jsonl"),
+        "state_log": _tree(live) + sum(_tree(p) for p in rotated),
+        "state_log_live": _tree(live),
+        "state_log_segments": sum(1 for p in rotated if not p.name.endswith(".snap")),
         "registry_journal": _tree(home / "registry-journal" / "seqcls.jsonl"),
         "monitor": _tree(home / "monitor"),
     }
@@ -367,14 +374,78 @@ def _plot(results: dict[str, Any], path: Path) -> None:
     plt.close(fig)
 
 
+def read_cost(releases: int, rounds: int = 7) -> dict[str, Any]:
+    """The state log's common readers on a synthetic log of ``releases`` daily releases (candidate, exposure and
+    champion move each; a rollback every 30th), rotated by gc's path at the default threshold every 10th day:
+    bytes read and the median in-process time of the recovery read (``read_log``) and of the call behind
+    ``history --limit 20`` (MLflow answered by a stub), CLI start-up excluded. Counts, not a gate: no assert."""
+    from seqcls.contract.names import ModelName
+    from seqcls.ops import history as hist
+    from seqcls.serving import statelog
+    from seqcls.serving.state import ServingState, read_log, write_state
+    from seqcls.settings import Settings
+
+    with tempfile.TemporaryDirectory(prefix="seqcls-readcost-") as tmp:
+        settings = Settings.from_env(home=tmp, triton_repository=str(Path(tmp) / "repo"))  # never the env's
+        repo, name = Path(str(settings.triton_repository)), ModelName("seqcls")
+        repo.mkdir(parents=True, exist_ok=True)
+        state = ServingState.empty(name)
+        for v in range(1, releases + 1):
+            fp = f"{v:064x}"
+            cand = write_state(repo, state.with_candidate(v, fp, "bench"), expected_generation=state.generation)
+            state = write_state(repo, cand.promoted(v, fp, "bench"), expected_generation=cand.generation)
+            statelog.append_event(repo, name, "promote", version=v, mlflow=v, mlflow_previous=v - 1 or None)
+            if v % 30 == 0:
+                state = write_state(repo, state.rolled_back("bench", "day 30"), expected_generation=state.generation)
+            if v % 10 == 0:
+                hist.rotate_log(repo, name, settings.statelog_rotate_bytes)
+        saved_lookup, saved_read = hist._Registry.lookup, Path.read_bytes
+        hist._Registry.lookup = lambda self, m, fp, key: ((int(fp, 16) if fp else None), {})  # type: ignore[method-assign]
+        read: list[int] = []
+
+        def spy(self: Path) -> bytes:
+            data = saved_read(self)
+            read.append(len(data))
+            return data
+
+        out: dict[str, Any] = {"releases": releases}
+        try:
+            Path.read_bytes = spy  # type: ignore[method-assign]
+            calls = {
+                "read_log": lambda: read_log(repo, name),
+                "history_limit_20": lambda: hist.history(settings, [name], limit=20),
+            }
+            for label, call in calls.items():
+                times = []
+                for _ in range(rounds):
+                    read.clear()
+                    t0 = time.perf_counter()
+                    call()
+                    times.append(time.perf_counter() - t0)
+                out[label] = {"ms": round(statistics.median(times) * 1000, 2), "bytes_read": sum(read)}
+        finally:
+            hist._Registry.lookup, Path.read_bytes = saved_lookup, saved_read  # type: ignore[method-assign]
+        path = statelog.log_path(repo, name)
+        out["segments"] = len(statelog.segments(path))
+        out["live_bytes"] = path.stat().st_size if path.exists() else 0  # just rotated: no live file yet
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m seqcls_tools.bench.growth", description=__doc__.split("\n")[0])
     p.add_argument("--days", type=int, default=365, help="days simulated (one release a day)")
     p.add_argument("--out", type=Path, default=Path("var/bench/growth"), help="where results.json/.md and the plot go")
     p.add_argument("--repeats", type=int, default=3, help="interleaved rounds of the commands at each checkpoint day")
     p.add_argument("--keep-work", action="store_true", help="keep the home, repository and MLflow store")
+    p.add_argument("--read-cost", type=int, nargs="+", metavar="RELEASES",
+                   help="instead: the state log's readers on synthetic logs of N releases (JSON lines)")  # fmt: skip
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    if args.read_cost:
+        logging.getLogger().setLevel(logging.ERROR)
+        for n in args.read_cost:
+            print(json.dumps(read_cost(n)))
+        return 0
     results = run_growth(GrowthConfig(days=args.days, out=args.out, repeats=args.repeats, keep_work=args.keep_work))
     print(markdown(results))
     print(f"files: {args.out / 'results.json'}, {args.out / 'results.md'}, {args.out / 'growth.png'}")
