@@ -30,6 +30,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -422,9 +423,8 @@ def _settled(team_stack, model: str, changed_from: str | None = None) -> list:
     if changed_from is not None:
         assert s["recorded"]["fingerprint"] != changed_from, s
     answers = _answers(team_stack.settings, model)
-    for triton in team_stack.tritons:
-        triton.stop()
-        triton.start()
+    with ThreadPoolExecutor(len(team_stack.tritons)) as pool:  # the replicas restart at once, as a fleet's would
+        list(pool.map(lambda triton: (triton.stop(), triton.start()), team_stack.tritons))
     sync = _seqcls(team_stack, "sync")
     assert sync.returncode == 0, sync.stdout + sync.stderr
     assert _answers(team_stack.settings, model) == answers
