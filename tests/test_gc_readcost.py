@@ -23,7 +23,7 @@ from seqcls.serving.state import ServingState, read_log, write_state
 from seqcls.serving.statelog import append_event, log_path, read_tail, segments, snapshot_path
 from seqcls.settings import Settings
 from tests.helpers.gc import NAME, check_models_file_param
-from tests.helpers.gc import fp as _fp
+from tests.helpers.gc import releases as _releases
 
 SEGMENT = re.compile(r"\.log\.jsonl\.\d+(\.gz)?$")
 
@@ -35,15 +35,6 @@ def settings(home: Path, monkeypatch: pytest.MonkeyPatch) -> Settings:
     monkeypatch.setenv("SEQCLS_GC_MLFLOW_VERSIONS", "keep")
     monkeypatch.setenv("SEQCLS_STATELOG_ROTATE_BYTES", "1")  # every gc --apply rotates
     return Settings.from_env()
-
-
-def _releases(repo: Path, first: int, last: int, state: ServingState | None = None) -> ServingState:
-    """Record releases ``first``..``last`` (candidate then promoted: two state lines, two entries each)."""
-    state = state or ServingState.empty(NAME)
-    for v in range(first, last + 1):
-        cand = write_state(repo, state.with_candidate(v, _fp(v), "t"), expected_generation=state.generation)
-        state = write_state(repo, cand.promoted(v, _fp(v), "t"), expected_generation=cand.generation)
-    return state
 
 
 def _rollback(repo: Path, state: ServingState) -> ServingState:

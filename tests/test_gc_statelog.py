@@ -18,11 +18,11 @@ import pytest
 from seqcls.ops import gc as gc_mod
 from seqcls.ops.gc import gc
 from seqcls.ops.history import read_entries
-from seqcls.serving.state import ServingState, read_log, write_state
+from seqcls.serving.state import read_log
 from seqcls.serving.statelog import append_line, log_path, read_lines, rotate, segments
 from seqcls.settings import Settings
 from tests.helpers.gc import NAME
-from tests.helpers.gc import fp as _fp
+from tests.helpers.gc import releases as _releases
 
 
 @pytest.fixture
@@ -30,15 +30,6 @@ def settings(home: Path, monkeypatch: pytest.MonkeyPatch) -> Settings:
     monkeypatch.setattr(gc_mod, "_registry_fingerprints", lambda settings, model: {})
     monkeypatch.setenv("SEQCLS_GC_MLFLOW_VERSIONS", "keep")
     return Settings.from_env()
-
-
-def _releases(repo: Path, first: int, last: int, state: ServingState | None = None) -> ServingState:
-    """Record releases ``first``..``last`` (candidate then promoted: two state lines each)."""
-    state = state or ServingState.empty(NAME)
-    for v in range(first, last + 1):
-        cand = write_state(repo, state.with_candidate(v, _fp(v), "t"), expected_generation=state.generation)
-        state = write_state(repo, cand.promoted(v, _fp(v), "t"), expected_generation=cand.generation)
-    return state
 
 
 def test_rotation_moves_whole_lines_and_every_reader_sees_the_same_log(settings: Settings) -> None:

@@ -65,6 +65,16 @@ def serve(settings: Settings, *versions: tuple[int, int]) -> ServingState:
     return write_state(repo, state, expected_generation=0)
 
 
+def releases(repo: Path, first: int, last: int, state: ServingState | None = None) -> ServingState:
+    """Record releases ``first``..``last`` in ``repo``'s state (candidate then promoted: two state lines, two
+    history entries each); the state after the last."""
+    state = state or ServingState.empty(NAME)
+    for v in range(first, last + 1):
+        cand = write_state(repo, state.with_candidate(v, fp(v), "t"), expected_generation=state.generation)
+        state = write_state(repo, cand.promoted(v, fp(v), "t"), expected_generation=cand.generation)
+    return state
+
+
 def tiny_checkpoints(root: Path, seed: int, count: int = 7) -> list[Path]:
     """``count`` tiny checkpoints (consecutive seeds from ``seed``: other fingerprints) for a gc drill module."""
     from seqcls_tools.testing import build_tiny_checkpoint
