@@ -16,9 +16,9 @@ telling the same story as Airflow's run list. Served == recorded == champion at 
 
 Then the drills, on the same stack, each through a fault plan the workers read from a file
 (``SEQCLS_FAULT_PLAN=@path``, :mod:`seqcls.faults`): a Celery worker kill -9'd during ``reload_triton``;
-two runs of one model at once, the first meeting a PostgreSQL restart during ``register_model`` and a
-scheduler kill -9 during ``smoke_test``; the MLflow server stopped during ``promote``. Each ends with served
-== recorded == champion and the same answers after a Triton restart and one sync.
+two runs of one model at once, the first meeting a PostgreSQL restart during ``register_model``, a
+scheduler kill -9 during ``smoke_test`` and the MLflow server kill -9'd during ``promote``. Each ends with
+served == recorded == champion and the same answers after a Triton restart and one sync.
 """
 
 from __future__ import annotations
@@ -483,12 +483,17 @@ def test_a_celery_worker_killed_during_reload_triton_is_undone(team_stack, train
     assert _settled(team_stack, "beta") == before
 
 
-def test_two_runs_at_once_postgres_restarted_in_register_scheduler_killed_in_smoke(team_stack, trained) -> None:
+def test_two_runs_at_once_postgres_restarted_in_register_scheduler_killed_in_smoke_mlflow_down_in_promote(
+    team_stack, trained
+) -> None:
     """Two runs of one model triggered at once for one new checkpoint: ``max_active_runs=1`` queues the
-    second, which then finds the checkpoint champion and skips — never two releases. The first meets two
-    faults and carries on to promotion: PostgreSQL (Airflow's metadata and MLflow's store) restarted while
-    ``register_model`` is between logging its artifacts and creating the version, and the scheduler
-    kill -9'd while ``smoke_test`` runs, then started again (it adopts the running task)."""
+    second, which then finds the checkpoint champion and skips — never two releases. The first meets three
+    faults, one after the other, and carries on to promotion: PostgreSQL (Airflow's metadata and MLflow's
+    store) restarted while ``register_model`` is between logging its artifacts and creating the version;
+    the scheduler kill -9'd while ``smoke_test`` runs, then started again (it adopts the running task); the
+    MLflow server kill -9'd as ``promote`` starts and back 15 s later (the MLflow client's retries carry the
+    alias move over the outage). One run for the three: each fault is planted at its own point, and a run
+    costs minutes on this stack."""
     import os
     import signal
 
@@ -497,7 +502,7 @@ def test_two_runs_at_once_postgres_restarted_in_register_scheduler_killed_in_smo
     token = stack.token()
     candidate = _nudged(trained["good"], team_stack.settings.checkpoints_root / "beta" / "6-nudged", delta=2e-3)
     champion = _fingerprint(team_stack, "beta")
-    _plant(team_stack, "pause@register:artifacts,pause@task:before:smoke")
+    _plant(team_stack, "pause@register:artifacts,pause@task:before:smoke,pause@task:before:promote")
     paused: list[int] = []
     try:
         runs = [_trigger(stack, dag_id, candidate, token) for _ in range(2)]
@@ -516,22 +521,33 @@ def test_two_runs_at_once_postgres_restarted_in_register_scheduler_killed_in_smo
         pg_down = time.perf_counter() - t0
         os.kill(paused[-1], signal.SIGCONT)
         paused.append(_at_fault(stack, dag_id, first, "smoke_test", "pauses"))
-        _plant(team_stack, None)
         t_kill = time.perf_counter()
         airflow.kill("scheduler")
         os.kill(paused[-1], signal.SIGCONT)  # smoke_test runs on with no scheduler
         time.sleep(5)
         airflow.restart("scheduler")
+        paused.append(_at_fault(stack, dag_id, first, "promote", "pauses"))
+        scheduler_back = time.perf_counter() - t_kill  # from the kill to the next task's start
+        _plant(team_stack, None)
+        team_stack.mlflow.kill()
+        t_stop = time.perf_counter()
+        os.kill(paused[-1], signal.SIGCONT)
+        time.sleep(15)
+        team_stack.mlflow.start()
+        mlflow_down = time.perf_counter() - t_stop
     finally:
         _plant(team_stack, None)
         for pid in paused:  # never leave a stopped task behind a failed assertion
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGCONT)
+        if team_stack.mlflow.proc is None or team_stack.mlflow.proc.poll() is not None:
+            team_stack.mlflow.start()
     done, states = _ended(stack, dag_id, first, token, "the first run to end")
-    recovery = time.perf_counter() - t_kill
+    recovery = time.perf_counter() - t_stop
     other, other_states = _ended(stack, dag_id, second, token, "the second run to end")
     print(f"\nPostgreSQL restarted in {pg_down:.1f}s during register_model; scheduler killed during smoke_test: "
-          f"run {done['state']} {recovery:.0f}s after the kill; {states}; the second run: {other_states}")  # fmt: skip
+          f"promote started {scheduler_back:.0f}s after the kill; MLflow down {mlflow_down:.0f}s during promote: "
+          f"run {done['state']} {recovery:.0f}s after the stop; {states}; the second run: {other_states}")  # fmt: skip
     assert done["state"] == "success" and states["promote"] == "success", states
     assert states["rollback"] == "skipped", states
     assert other["state"] == "success" and other_states["promote"] == "skipped", other_states  # champion already
@@ -542,42 +558,6 @@ def test_two_runs_at_once_postgres_restarted_in_register_scheduler_killed_in_smo
     for entry in json.loads(hist.stdout)["entries"]:
         kinds.setdefault((entry.get("who") or {}).get("run_id"), []).append(entry["kind"])
     assert "promote" in kinds.get(first, []) and second not in kinds, kinds
-
-
-def test_mlflow_stopped_during_promote(team_stack, trained) -> None:
-    """The MLflow server killed while ``promote`` starts and back 15 s later: the MLflow client's retries carry
-    the alias move over the outage — the run is promoted, nothing half-done."""
-    import os
-    import signal
-
-    stack, dag_id = team_stack.airflow.stack, DAG_IDS["beta"]
-    token = stack.token()
-    candidate = _nudged(trained["good"], team_stack.settings.checkpoints_root / "beta" / "7-nudged", delta=3e-3)
-    champion = _fingerprint(team_stack, "beta")
-    _plant(team_stack, "pause@task:before:promote")
-    pid = None
-    try:
-        run_id = _trigger(stack, dag_id, candidate, token)
-        pid = _at_fault(stack, dag_id, run_id, "promote", "pauses")
-        _plant(team_stack, None)
-        team_stack.mlflow.kill()
-        t_stop = time.perf_counter()
-        os.kill(pid, signal.SIGCONT)
-        time.sleep(15)
-        team_stack.mlflow.start()
-        back = time.perf_counter() - t_stop
-    finally:
-        _plant(team_stack, None)
-        if pid is not None:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGCONT)
-        if team_stack.mlflow.proc is None or team_stack.mlflow.proc.poll() is not None:
-            team_stack.mlflow.start()
-    done, states = _ended(stack, dag_id, run_id, token, "the run to end after MLflow came back")
-    recovery = time.perf_counter() - t_stop
-    print(f"\nMLflow down {back:.0f}s during promote: run {done['state']} {recovery:.0f}s after the stop; {states}")
-    assert done["state"] == "success" and states["promote"] == "success", states
-    _settled(team_stack, "beta", changed_from=champion)
 
 
 def test_seqcls_team_stack_serves_until_ctrl_c_and_stops_everything(tmp_path: Path) -> None:
