@@ -32,8 +32,8 @@ import numpy as np
 ENGINES = {"bf16": ("openvino", "bf16")}
 #: CPU flags (``/proc/cpuinfo``) that give a bf16 profile hardware bf16 arithmetic; one is enough.
 BF16_CPU_FLAGS = ("amx_bf16", "avx512_bf16")
-#: sequence lengths a text is padded to (capped by the session's ``max_length``); a longer text runs at its own
-BUCKETS = (16, 32, 64, 128, 256, 512)
+#: lengths a text is padded to (capped by the graph's positions); a longer text runs alone at its own length
+BUCKETS = (16, 32, 64, 128)
 #: rows of one bucket run together up to this many; the batch dimension is padded to a power of two
 MAX_BATCH = 8
 _IDS, _MASK = "input_ids", "attention_mask"
@@ -61,9 +61,10 @@ class OpenVINOSession:
     default), latency mode: one request at a time, as a Triton instance or a gate runs it.
 
     ``run`` answers every row in its bucket shape (module docstring); ``pad_id`` is the id the graph masks
-    (ERNIE's graph derives its mask from it), ``max_length`` caps the buckets (the release's, at most the
-    model's positions). ``batching``: whether rows of one bucket share an execution (the self-check's
-    verdict, or False when asked for ``batch=False``); ``refusal`` says why not."""
+    (ERNIE's graph derives its mask from it); the buckets stop at the graph's position-embedding rows
+    (``max_length`` overrides it), read from the graph so that every caller (gates, pyfunc, Triton) pads
+    alike. ``batching``: whether rows of one bucket share an execution (the self-check's verdict; False
+    when asked for ``batch=False``); ``refusal`` says why not."""
 
     def __init__(self, path, precision="bf16", threads=0, *, pad_id=0, max_length=None, batch=True, warm=True):
         import openvino as ov
@@ -88,7 +89,7 @@ class OpenVINOSession:
         self._request = self.compiled.create_infer_request()
         self._lock = threading.Lock()  # one infer request: callers on several threads take turns
         self.pad_id = int(pad_id)
-        self.buckets = bucket_lengths(max_length)
+        self.buckets = bucket_lengths(position_limit(model) if max_length is None else max_length)
         self.batching, self.refusal, self.self_check = False, "batching not asked for", None
         if warm:
             self.warm()
@@ -192,15 +193,31 @@ def _shape(x, rows, lengths, width, pad):
     return out
 
 
+def position_limit(model):
+    """Rows of the graph's position-embedding table (None when not found): the one 2-D constant table a
+    ``Gather`` reads with indices that are not a graph input (ids and token types are; ``Convert`` passed)."""
+    tables = []
+    for op in model.get_ordered_ops():
+        if op.get_type_name() != "Gather":
+            continue
+        data, index = op.input_value(0), op.input_value(1).get_node()
+        while index.get_type_name() == "Convert":
+            index = index.input_value(0).get_node()
+        shape = data.get_partial_shape()
+        table = data.get_node().get_type_name() == "Constant" and shape.rank.is_static and len(shape) == 2
+        if table and index.get_type_name() != "Parameter" and shape[0].is_static:
+            tables.append(shape[0].get_length())
+    return tables[0] if len(tables) == 1 else None
+
+
 def bucket_lengths(max_length=None):
-    """:data:`BUCKETS` up to ``max_length``, which is itself the last bucket (None: all of them)."""
-    if max_length is None:
+    """:data:`BUCKETS` below ``max_length``, which is then the last bucket (None, or beyond them all: all)."""
+    if max_length is None or int(max_length) >= BUCKETS[-1]:
         return tuple(BUCKETS)
-    cap = int(max_length)
-    return tuple(sorted({b for b in BUCKETS if b < cap} | {cap}))
+    return tuple(sorted({b for b in BUCKETS if b < int(max_length)} | {int(max_length)}))
 
 
-def self_check(session, *, rows_per_bucket=2 * MAX_BATCH, compositions=4, seed=0, vocab=100):
+def self_check(session, *, rows_per_bucket=MAX_BATCH + 4, compositions=3, seed=0, vocab=100):
     """Synthetic texts of every bucket, each alone vs in random compositions (sizes, neighbours, positions):
     ``{"passed", "rows_compared", "compositions", "rows_differing", "max_abs_diff", "why"}``. Any difference,
     or a failure, refuses batching; ids are drawn from ``[1, vocab)`` (below any real vocabulary)."""
