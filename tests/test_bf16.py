@@ -10,6 +10,7 @@ really is bf16), the quality gate scores it against fp32.
 from __future__ import annotations
 
 import json
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -121,6 +122,25 @@ def test_bf16_release_serves_openvino_bf16_answers_through_triton(
     client = _client(server)
     alone = np.concatenate([infer(client, [t])[1] for t in TEXTS])
     assert np.array_equal(probs, alone)
+    # the gate's batch-invariance criterion, with its evidence; and 8 concurrent clients (Triton's dynamic
+    # batcher merges their requests, rows of one bucket share OpenVINO runs) get each text's answer alone
+    invariance = parity["batch_invariance"]
+    assert invariance["passed"] and invariance["serving"] == "batched", invariance
+    assert invariance["rows_compared"] > 0 and invariance["rows_differing"] == 0
+    assert invariance["engine_self_check"]["passed"]
+    texts = [*TEXTS, *(t + t[::-1] for t in TEXTS), *(t * 3 for t in TEXTS)]
+    alone = {t: infer(client, [t])[1] for t in texts}
+    answers: dict[int, list[tuple[str, np.ndarray]]] = {}
+
+    def ask(k: int) -> None:
+        mine = _client(server)
+        answers[k] = [(t, infer(mine, [t])[1]) for _ in range(3) for t in texts[k::8] + texts[: k + 1]]
+
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(ask, range(8)))
+    got = [(t, p) for rows in answers.values() for t, p in rows]
+    assert len(got) > 8 * 3
+    assert [t for t, p in got if not np.array_equal(p, alone[t])] == [], "a text's answer moved with its batch-mates"
 
 
 @pytest.mark.slow
