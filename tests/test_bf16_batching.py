@@ -173,3 +173,13 @@ def test_openvino_bf16_on_this_cpu_is_batch_invariant_in_bucket_shapes(tmp_path:
     unbatched = seqcls_engine.session(tmp_path / "model.onnx", "bf16", threads=1, batch=False, warm=False)
     assert not unbatched.batching and unbatched.self_check is None
     assert np.array_equal(unbatched.run(["logits"], _feed(texts))[0], alone)  # the same answers, one at a time
+
+
+def test_profile_timing_hands_a_batching_engine_each_batch_in_one_call() -> None:
+    from seqcls.profiles.timing import runs_at
+
+    feeds = [{"input_ids": np.ones((1, n), np.int64)} for n in (3, 5, 3, 7)]
+    runs = runs_at(feeds, 2, merge=False, any_length=True)
+    assert [r["input_ids"].shape for r in runs] == [(2, 5), (2, 7)]
+    assert runs[0]["input_ids"].tolist() == [[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]]
+    assert len(runs_at(feeds, 2, merge=False)) == 4  # refused batching: each text alone

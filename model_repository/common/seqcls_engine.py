@@ -156,7 +156,12 @@ class OpenVINOSession:
                     if out[k] is None:
                         out[k] = np.zeros((len(lengths), *part.shape[1:]), part.dtype)
                     out[k][chunk] = part
-        return [o if o is not None else np.zeros((0,), np.float32) for o in out]
+        return [o if o is not None else self._empty(i) for o, i in zip(out, index, strict=True)]
+
+    def _empty(self, i):
+        """Output ``i`` for no rows: ``[0, ...]`` with the graph's other dimensions (0 where dynamic)."""
+        shape = self._outputs[i].shape or [0, 0]
+        return np.zeros((0, *[d or 0 for d in shape[1:]]), np.float32)
 
     def warm(self):
         """Run every (batch, bucket) shape once: OpenVINO's first run of a shape is slower."""

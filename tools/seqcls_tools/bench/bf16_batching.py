@@ -105,6 +105,7 @@ def _answers(server, texts: list[str]) -> dict[str, Any]:
 
 
 def run(work: Path, quick: bool, rounds: int) -> dict[str, Any]:
+    from seqcls.steps import run_release
     from seqcls_tools.bench.corpus import make_corpus
     from seqcls_tools.bench.machine import machine_facts
 
@@ -119,6 +120,8 @@ def run(work: Path, quick: bool, rounds: int) -> dict[str, Any]:
         for i, (name, options) in enumerate(SERVED.items()):
             server = stack.enter_context(BenchServer(work, 300 + i, keep=False, state=f"state-bf16-{i}"))
             release = bench_release(checkpoint, "bf16", bench_settings(home, server))
+            for _ in run_release(release, until="validate"):  # done once: the workspace is shared
+                pass
             serve_release(release, options)
             warm_up(server, texts, budget)
             servers[name] = server
