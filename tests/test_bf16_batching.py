@@ -51,10 +51,11 @@ def _session(coupled: bool, batch: bool = True) -> seqcls_engine.OpenVINOSession
     s = seqcls_engine.OpenVINOSession.__new__(seqcls_engine.OpenVINOSession)
     s._inputs, s._outputs = [_Port("input_ids"), _Port("token_type_ids")], [_Port("logits", "tensor(float)")]
     s._request, s._lock, s.pad_id, s.precision = _Request(coupled), threading.Lock(), 0, "bf16"
-    s.buckets = seqcls_engine.bucket_lengths(64)
+    s.bucket_set, s.vocab = seqcls_engine.bucket_lengths(64), 200
     s.self_check = seqcls_engine.self_check(s) if batch else None
     s.batching = bool(batch and s.self_check["passed"])
-    s.refusal = None if s.batching else (s.self_check or {}).get("why", "batching not asked for")
+    s.buckets = s.bucket_set if s.batching else ()
+    s.refusal = None if s.batching else (s.self_check or {}).get("why", "batch=False")
     return s
 
 
@@ -67,6 +68,20 @@ def _feed(rows: list[list[int]]) -> dict[str, np.ndarray]:
 
 
 ROWS = [[1, 5, 9, 2], [1, 7, 2], [1, *range(3, 30), 2], [1, 8, 8, 8, 8, 8, 2], [1, *[4] * 50, 2]]
+
+
+def test_batching_is_wanted_where_it_pays_amx_unless_overridden(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(seqcls_engine.BATCHING_ENV, raising=False)
+    assert seqcls_engine.batching_wanted(frozenset({"avx512_bf16", "amx_bf16"})) == (True, None)
+    wanted, why = seqcls_engine.batching_wanted(frozenset({"avx512_bf16"}))
+    assert not wanted and "amx_bf16" in why and "SEQCLS_BF16_BATCHING=on" in why
+    monkeypatch.setenv(seqcls_engine.BATCHING_ENV, "on")
+    assert seqcls_engine.batching_wanted(frozenset({"avx512_bf16"})) == (True, None)
+    monkeypatch.setenv(seqcls_engine.BATCHING_ENV, "off")
+    assert seqcls_engine.batching_wanted(frozenset({"amx_bf16"})) == (False, "SEQCLS_BF16_BATCHING=off")
+    monkeypatch.setenv(seqcls_engine.BATCHING_ENV, "sometimes")
+    with pytest.raises(ValueError, match="SEQCLS_BF16_BATCHING='sometimes'; expected auto, on or off"):
+        seqcls_engine.batching_wanted()
 
 
 def test_buckets_stop_at_the_graphs_positions() -> None:
@@ -96,7 +111,7 @@ def test_the_self_check_refuses_an_engine_whose_rows_depend_on_their_batch_mates
     assert "instead of alone" in s.refusal and "bucket 16" in s.refusal
     s._request.shapes.clear()
     (together,) = s.run(["logits"], _feed(ROWS))
-    assert all(shape[0] == 1 for shape in s._request.shapes)  # served alone: one text per run
+    assert sorted(s._request.shapes) == sorted((1, len(r)) for r in ROWS)  # alone, each at its own length
     alone = np.concatenate([s.run(["logits"], _feed([r]))[0] for r in ROWS])
     assert np.array_equal(together, alone)
 
@@ -160,8 +175,8 @@ def _tiny_graph(path: Path, vocab: int = 200, hidden: int = 64, positions: int =
 @needs_bf16
 def test_openvino_bf16_on_this_cpu_is_batch_invariant_in_bucket_shapes(tmp_path: Path) -> None:
     _tiny_graph(tmp_path / "model.onnx")
-    s = seqcls_engine.session(tmp_path / "model.onnx", "bf16", threads=1)
-    assert s.buckets == (16, 32, 48)  # capped by the graph's 48-row position table
+    s = seqcls_engine.session(tmp_path / "model.onnx", "bf16", threads=1, batch=True)
+    assert s.buckets == (16, 32, 48) and s.vocab == 200  # capped by the graph's 48-row position table
     assert s.self_check["passed"] and s.batching, s.self_check
     rng = np.random.default_rng(0)
     texts = [[1, *rng.integers(3, 200, size=int(n)).tolist(), 2] for n in rng.integers(1, 45, size=24)]
@@ -170,9 +185,10 @@ def test_openvino_bf16_on_this_cpu_is_batch_invariant_in_bucket_shapes(tmp_path:
         members = list(rng.permutation(len(texts))[: int(rng.integers(2, 12))])
         (got,) = s.run(["logits"], _feed([texts[i] for i in members]))
         assert np.array_equal(got, alone[members])
-    unbatched = seqcls_engine.session(tmp_path / "model.onnx", "bf16", threads=1, batch=False, warm=False)
-    assert not unbatched.batching and unbatched.self_check is None
-    assert np.array_equal(unbatched.run(["logits"], _feed(texts))[0], alone)  # the same answers, one at a time
+    unbatched = seqcls_engine.session(tmp_path / "model.onnx", "bf16", threads=1, batch=False)
+    assert not unbatched.batching and unbatched.self_check is None and unbatched.buckets == ()
+    own = np.concatenate([unbatched.run(["logits"], _feed([t]))[0] for t in texts])  # each at its own length
+    assert np.array_equal(unbatched.run(["logits"], _feed(texts))[0], own)
 
 
 def test_profile_timing_hands_a_batching_engine_each_batch_in_one_call() -> None:

@@ -9,20 +9,22 @@ Why OpenVINO: ONNX Runtime's x86 CPU provider has no bf16 kernels, while OpenVIN
 matrices with AVX512-BF16 / AMX instructions. The precision is asked for explicitly and read back from
 the compiled model: a CPU without bf16 support would silently compute f32, so it is refused instead.
 
-A text's answer is **the text in its bucket shape**: its own tokens padded (``pad_id``, mask 0) to the
-smallest of :data:`BUCKETS` that holds it, then run. OpenVINO picks its bf16 kernels by input shape, so a
-text's logits move with its padded length (measured: up to 0.11 between "own length" and "padded to a
-batch's longest") but, at a fixed length, not with the rows beside it (bit-identical over random batch
-compositions, sizes 1-8 and positions on an EPYC with AVX512-BF16). That is what lets co-batched texts
-share one execution where the answer cannot change: rows of one bucket run together, at most
-:data:`MAX_BATCH` at a time, the batch padded to a power of two. Each (batch, bucket) shape is run once at
-load (OpenVINO pays a first-time cost per shape), and a **load-time self-check** runs synthetic texts
-alone and in random compositions: unless every row is bit-identical, batching is refused for this
-model (logged, with the row that moved) and every text runs alone in its bucket shape — the same answers,
-one at a time.
+Batch-invariant batching. OpenVINO picks its bf16 kernels by input shape, so a text's logits move with
+the length it is padded to (measured: up to 0.11 between "own length" and "padded to a batch's longest")
+but, at a fixed shape, not with the rows beside it (bit-identical over random compositions, batch sizes
+1-8 and positions, on an EPYC with AVX512-BF16). So where texts share runs, a text's answer is **the
+text in its bucket shape** — its tokens padded (``pad_id``, mask 0) to the smallest of :data:`BUCKETS`
+that holds it — and rows of one bucket run together, at most :data:`MAX_BATCH`, the batch padded to a
+power of two: batch-mates cannot change an answer. Sharing is wanted where it pays
+(:func:`batching_wanted`: AMX, or ``SEQCLS_BF16_BATCHING=on``) and allowed only after a **load-time
+self-check**: every (batch, bucket) shape is run once (OpenVINO's first run of a shape is slower), then
+synthetic texts of every bucket alone vs in random compositions must be bit-identical. Otherwise
+batching is refused (logged, with the text that moved) and every text runs alone at its own length,
+as before batching existed.
 """
 
 import logging
+import os
 import random
 import threading
 
@@ -36,6 +38,9 @@ BF16_CPU_FLAGS = ("amx_bf16", "avx512_bf16")
 BUCKETS = (16, 32, 64, 128)
 #: rows of one bucket run together up to this many; the batch dimension is padded to a power of two
 MAX_BATCH = 8
+#: where sharing runs pays (:func:`batching_wanted`), and the environment override (auto | on | off)
+BATCHING_CPU_FLAGS = ("amx_bf16",)
+BATCHING_ENV = "SEQCLS_BF16_BATCHING"
 _IDS, _MASK = "input_ids", "attention_mask"
 _DTYPES = {"tensor(int64)": np.int64, "tensor(int32)": np.int32}
 log = logging.getLogger("seqcls_engine")
@@ -63,10 +68,11 @@ class OpenVINOSession:
     ``run`` answers every row in its bucket shape (module docstring); ``pad_id`` is the id the graph masks
     (ERNIE's graph derives its mask from it); the buckets stop at the graph's position-embedding rows
     (``max_length`` overrides it), read from the graph so that every caller (gates, pyfunc, Triton) pads
-    alike. ``batching``: whether rows of one bucket share an execution (the self-check's verdict; False
-    when asked for ``batch=False``); ``refusal`` says why not."""
+    alike. ``batch``: None decides by :func:`batching_wanted` (this CPU), True/False force it. ``batching``:
+    whether rows of one bucket share an execution (wanted and the self-check passed); ``refusal`` says
+    why not. Not batching, a text runs alone at its own length (no bucket padding to pay for)."""
 
-    def __init__(self, path, precision="bf16", threads=0, *, pad_id=0, max_length=None, batch=True, warm=True):
+    def __init__(self, path, precision="bf16", threads=0, *, pad_id=0, max_length=None, batch=None, warm=True):
         import openvino as ov
 
         core = ov.Core()
@@ -89,21 +95,27 @@ class OpenVINOSession:
         self._request = self.compiled.create_infer_request()
         self._lock = threading.Lock()  # one infer request: callers on several threads take turns
         self.pad_id = int(pad_id)
-        self.buckets = bucket_lengths(position_limit(model) if max_length is None else max_length)
-        self.batching, self.refusal, self.self_check = False, "batching not asked for", None
-        if warm:
+        rows = embedding_rows(model)
+        #: the bucket lengths of this graph (for the self-check and the gate, batching or not)
+        self.bucket_set = bucket_lengths(rows.get("positions") if max_length is None else max_length)
+        self.vocab = rows.get(_IDS)  # the self-check's synthetic ids stay below it
+        wanted, self.refusal = batching_wanted() if batch is None else (bool(batch), None if batch else "batch=False")
+        self.batching, self.self_check = False, None
+        self.buckets = self.bucket_set if wanted else ()  # not batching: every text at its own length
+        if warm and wanted:
             self.warm()
-        if batch:
+        if wanted:
             self.self_check = self_check(self)
             self.batching = self.self_check["passed"]
             self.refusal = None if self.batching else self.self_check["why"]
-            if self.refusal:
-                log.warning("seqcls_engine: %s: every text runs alone (in its bucket shape): %s", path, self.refusal)
-            else:
-                log.info(
-                    "seqcls_engine: %s: batch-invariant over %d rows in %d compositions; rows of one bucket share runs",
-                    path, self.self_check["rows_compared"], self.self_check["compositions"],
-                )  # fmt: skip
+            self.buckets = self.bucket_set if self.batching else ()
+        if self.refusal:
+            log.warning("seqcls_engine: %s: batching refused, every text runs alone: %s", path, self.refusal)
+        else:
+            log.info(
+                "seqcls_engine: %s: batch-invariant over %d rows in %d compositions; rows of one bucket share runs",
+                path, self.self_check["rows_compared"], self.self_check["compositions"],
+            )  # fmt: skip
 
     def get_inputs(self):
         return list(self._inputs)
@@ -114,9 +126,10 @@ class OpenVINOSession:
     def get_providers(self):
         return [f"OpenVINO CPU ({self.precision})"]
 
-    def bucket(self, length):
-        """The padded length of a text of ``length`` tokens (its own beyond the largest bucket)."""
-        return next((b for b in self.buckets if b >= length), int(length))
+    def bucket(self, length, buckets=None):
+        """The padded length of a text of ``length`` tokens (its own beyond the largest bucket, or when
+        not batching: no buckets)."""
+        return next((b for b in (self.buckets if buckets is None else buckets) if b >= length), int(length))
 
     def lengths(self, feed):
         """Each row's own length: after its last mask 1, else after its last id that is not ``pad_id`` (the
@@ -135,16 +148,18 @@ class OpenVINOSession:
             raise ValueError(f"no output named {missing}; the graph's outputs are {[o.name for o in self._outputs]}")
         return self.run_rows(index, feed, batching=self.batching)
 
-    def run_rows(self, index, feed, *, batching):
-        """:meth:`run` on output indices ``index``, with or without sharing executions (the self-check's seam)."""
+    def run_rows(self, index, feed, *, batching, buckets=None):
+        """:meth:`run` on output indices ``index``, with or without sharing executions, in ``buckets``
+        (default: the session's) — the seam the self-check and the parity gate use."""
+        buckets = self.buckets if buckets is None else tuple(buckets)
         feed = {n: np.asarray(x) for n, x in feed.items()}
         lengths = self.lengths(feed).tolist()
         groups = {}
         for row, length in enumerate(lengths):
-            groups.setdefault(self.bucket(length), []).append(row)
+            groups.setdefault(self.bucket(length, buckets), []).append(row)
         out = [None] * len(index)
         for width, rows in groups.items():
-            bucketed = width in self.buckets
+            bucketed = width in buckets
             size = MAX_BATCH if batching and bucketed else 1
             for start in range(0, len(rows), size):
                 chunk = rows[start : start + size]
@@ -165,7 +180,7 @@ class OpenVINOSession:
 
     def warm(self):
         """Run every (batch, bucket) shape once: OpenVINO's first run of a shape is slower."""
-        for width in self.buckets:
+        for width in self.bucket_set:
             for batch in _batch_sizes():
                 self._infer_synthetic(batch, width)
 
@@ -198,10 +213,30 @@ def _shape(x, rows, lengths, width, pad):
     return out
 
 
-def position_limit(model):
-    """Rows of the graph's position-embedding table (None when not found): the one 2-D constant table a
-    ``Gather`` reads with indices that are not a graph input (ids and token types are; ``Convert`` passed)."""
-    tables = []
+def batching_wanted(flags=None):
+    """Whether texts should share runs on this host — ``(wanted, why not)`` — before the self-check asks
+    whether they may. ``SEQCLS_BF16_BATCHING``: ``on``, ``off``, or ``auto`` (default): on a CPU with AMX,
+    where one text's run streams all the weights (memory-bound), off elsewhere: on AVX512-BF16 without AMX
+    one text is already compute-bound — 8 texts in one run measured 1.00x their rate alone, and the
+    bucket padding batching needs cost 0.79x against each text at its own length."""
+    mode = (os.environ.get(BATCHING_ENV) or "auto").strip().lower()
+    if mode not in ("auto", "on", "off"):
+        raise ValueError(f"{BATCHING_ENV}={mode!r}; expected auto, on or off")
+    if mode != "auto":
+        return mode == "on", None if mode == "on" else f"{BATCHING_ENV}=off"
+    if set(cpu_flags() if flags is None else flags) & set(BATCHING_CPU_FLAGS):
+        return True, None
+    return False, (
+        f"this CPU has no {' / '.join(BATCHING_CPU_FLAGS)}: bf16 on AVX512-BF16 alone is compute-bound at one text, "
+        f"so batching would not pay (each text runs at its own length; {BATCHING_ENV}=on overrides)"
+    )
+
+
+def embedding_rows(model):
+    """Rows of the graph's embedding tables, ``{"positions": n, "input_ids": n}`` (a key missing when not
+    found): 2-D constant tables read by ``Gather``; the one whose indices are not a graph input is the
+    position table (ids and token types are graph inputs, ``Convert`` passed through)."""
+    found, positions = {}, []
     for op in model.get_ordered_ops():
         if op.get_type_name() != "Gather":
             continue
@@ -209,10 +244,17 @@ def position_limit(model):
         while index.get_type_name() == "Convert":
             index = index.input_value(0).get_node()
         shape = data.get_partial_shape()
-        table = data.get_node().get_type_name() == "Constant" and shape.rank.is_static and len(shape) == 2
-        if table and index.get_type_name() != "Parameter" and shape[0].is_static:
-            tables.append(shape[0].get_length())
-    return tables[0] if len(tables) == 1 else None
+        if not (data.get_node().get_type_name() == "Constant" and shape.rank.is_static and len(shape) == 2):
+            continue
+        if not shape[0].is_static:
+            continue
+        if index.get_type_name() != "Parameter":
+            positions.append(shape[0].get_length())
+        elif index.get_friendly_name() == _IDS:
+            found[_IDS] = shape[0].get_length()
+    if len(positions) == 1:
+        found["positions"] = positions[0]
+    return found
 
 
 def bucket_lengths(max_length=None):
@@ -222,26 +264,31 @@ def bucket_lengths(max_length=None):
     return tuple(sorted({b for b in BUCKETS if b < int(max_length)} | {int(max_length)}))
 
 
-def self_check(session, *, rows_per_bucket=MAX_BATCH + 4, compositions=3, seed=0, vocab=100):
+def self_check(session, *, rows_per_bucket=MAX_BATCH + 4, compositions=3, seed=0):
     """Synthetic texts of every bucket, each alone vs in random compositions (sizes, neighbours, positions):
     ``{"passed", "rows_compared", "compositions", "rows_differing", "max_abs_diff", "why"}``. Any difference,
-    or a failure, refuses batching; ids are drawn from ``[1, vocab)`` (below any real vocabulary)."""
+    or a failure, refuses batching; ids are drawn from ``[1, 100)``, below the session's ``vocab`` when smaller."""
+    vocab = min(100, getattr(session, "vocab", None) or 100)
     rng = random.Random(seed)
     report = {"rows_compared": 0, "compositions": 0, "rows_differing": 0, "max_abs_diff": 0.0, "why": None}
     try:
         names = [a.name for a in session.get_inputs()]
         lower = 0
-        for width in session.buckets:
+        buckets = session.bucket_set
+        for width in buckets:
             texts = [
                 [rng.randrange(1, vocab) for _ in range(rng.randint(lower + 1, width))] for _ in range(rows_per_bucket)
             ]
             lower = width
             feeds = [_feed([t], width, names, session.pad_id) for t in texts]
-            alone = [session.run_rows([0], f, batching=False)[0][0] for f in feeds]
+            alone = [session.run_rows([0], f, batching=False, buckets=buckets)[0][0] for f in feeds]
             for _ in range(compositions):
                 members = rng.sample(range(len(texts)), rng.randint(2, min(MAX_BATCH, len(texts))))
                 got = session.run_rows(
-                    [0], _feed([texts[i] for i in members], width, names, session.pad_id), batching=True
+                    [0],
+                    _feed([texts[i] for i in members], width, names, session.pad_id),
+                    batching=True,
+                    buckets=buckets,
                 )[0]
                 report["compositions"] += 1
                 for k, i in enumerate(members):

@@ -146,6 +146,11 @@ class TritonPythonModel:
         self.profile = _release(release_file).get("profile")
         if self.profile in engine.ENGINES:  # bf16: the graph on OpenVINO, compiled as the gates ran it
             self.session = engine.session(model_file, self.profile, opts.intra_op_num_threads, pad_id=self.pad_id)
+            log_info = getattr(getattr(pb_utils, "Logger", None), "log_info", None)
+            if log_info is not None:  # Triton's log says whether texts share runs, and why not
+                batching = self.session.batching
+                log_info(f"seqcls_model: {self.profile} batching {'on' if batching else 'off'}: "
+                         f"{self.session.self_check if batching else self.session.refusal}")  # fmt: skip
         else:
             self.session = ort.InferenceSession(model_file, sess_options=opts, providers=["CPUExecutionProvider"])
         self._inputs(self.session.get_inputs())

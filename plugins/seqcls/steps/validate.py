@@ -180,15 +180,16 @@ def check_decisions(
 
 def check_batch_invariance(release: Release, report: ParityReport, texts: Sequence[str], ids, session) -> None:
     """An engine that may share runs between texts (bf16's OpenVINO, in bucket shapes) does so only where no
-    answer moves: the golden texts alone vs in random compositions, run shared. A failure is not a refusal
-    of the release — the answers validated are each text alone — but batching is off for this session and
-    the report says why (serving decides by its own load-time self-check on its CPU)."""
+    answer moves: the golden texts alone vs in random compositions, run shared in bucket shapes (checked
+    whether or not this host batches). A failure is not a refusal of the release — the answers validated
+    are each text as served alone — but batching is off for this session and the report says why; serving
+    decides by its own load-time self-check on its CPU."""
     names = [i.name for i in session.get_inputs()]
     pad_id = serving_tokenizer(release).pad_id
 
     def run(members: list[int], batching: bool) -> np.ndarray:
         feed = next(runtime.feeds([ids[i] for i in members], names, pad_id, size=len(members)))
-        return session.run_rows([0], feed, batching=batching)[0]
+        return session.run_rows([0], feed, batching=batching, buckets=session.bucket_set)[0]
 
     alone = np.concatenate([run([i], False) for i in range(len(ids))])
     result = parity.batch_invariance(texts, alone, lambda members: run(members, True))
