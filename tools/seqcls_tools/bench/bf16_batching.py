@@ -4,8 +4,9 @@ The issue's bar: on a CPU with AVX512-BF16 or AMX, bf16 served at 8 clients ≥ 
 in-process rate, with 0 answers differing from alone. One run, interleaved rounds (the host is shared,
 so slow drifts hit every cell alike), on the ERNIE 3.0 medium shape with random weights:
 
-- served, 8 clients x 1 text: ``per-text`` (rows of one bucket share OpenVINO runs when the engine's
-  self-check passed) and ``per-request`` (each single-text request runs alone, in its bucket shape);
+- served, 8 clients x 1 text, ``per-text``: ``batched`` (``SEQCLS_BF16_BATCHING=on``: rows of one bucket
+  share OpenVINO runs after the engine's self-check) and ``alone`` (``off``: each text alone at its own
+  length, bf16 as it was before batching and as it still serves on a CPU without AMX);
 - in process, the served ONNX on ``seqcls_engine`` with the served thread count, ids only: each text
   alone at its own length (how bf16 ran before bucketing), alone in its bucket shape, and 8 at a time;
 - answers: every corpus text through the batched server under 8 clients vs alone (one client).
@@ -19,6 +20,7 @@ import argparse
 import contextlib
 import json
 import logging
+import os
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -33,7 +35,9 @@ from seqcls_tools.bench.serving import BenchServer, cell, warm_up
 
 log = logging.getLogger("seqcls_tools.bench")
 CLIENTS = 8
-SERVED = {"batched": ServingOptions(batching="per-text"), "alone": ServingOptions(batching="per-request")}
+#: name → the engine's ``SEQCLS_BF16_BATCHING`` for that server (both ``per-text``, Triton's dynamic batcher on):
+#: ``batched`` forces sharing on (after its self-check), ``alone`` is bf16 without it (each text at its own length)
+SERVED = {"batched": "on", "alone": "off"}
 
 
 def _checkpoint(work: Path, corpus: list[str]) -> Path:
@@ -48,8 +52,7 @@ def _checkpoint(work: Path, corpus: list[str]) -> Path:
 
 class InProcess:
     """The served graph on ``seqcls_engine`` with the served thread count (ids only, no tokenizer): each text
-    alone at its own length (bf16 before bucketing: a one-token "bucket" leaves every text its own), alone
-    in its bucket shape, and 8 at a time in bucket shapes."""
+    alone at its own length (bf16 not batching), alone in its bucket shape, and 8 at a time in bucket shapes."""
 
     def __init__(self, release, texts: list[str]) -> None:
         from seqcls.contract import shipped
@@ -60,8 +63,8 @@ class InProcess:
         self.pad_id = serving.pad_id
         self.ids = self.text_mod.encode(serving.build(self.text_mod, release.config.max_length), texts)
         path, threads = served_onnx(release.workspace), ServingOptions().intra_op_threads
-        self.bucketed = engine.session(path, "bf16", threads, pad_id=self.pad_id)
-        self.own = engine.session(path, "bf16", threads, pad_id=self.pad_id, max_length=1, batch=False)
+        self.bucketed = engine.session(path, "bf16", threads, pad_id=self.pad_id, batch=True)
+        self.own = engine.session(path, "bf16", threads, pad_id=self.pad_id, batch=False)
         self.names = [i.name for i in self.bucketed.get_inputs()]
 
     def _block(self, session, size: int, seconds: float, start: int) -> tuple[int, float]:
@@ -113,10 +116,12 @@ def _answers(server, texts: list[str]) -> dict[str, Any]:
 
 
 def run(work: Path, quick: bool, rounds: int) -> dict[str, Any]:
+    from seqcls.contract import shipped
     from seqcls.steps import run_release
     from seqcls_tools.bench.corpus import make_corpus
     from seqcls_tools.bench.machine import machine_facts
 
+    engine = shipped.engine()
     budget = QUICK if quick else FULL
     texts = make_corpus(budget.corpus)
     checkpoint = _checkpoint(work, texts)
@@ -125,12 +130,13 @@ def run(work: Path, quick: bool, rounds: int) -> dict[str, Any]:
     cell_budget = replace(budget, cell_seconds=budget.h2h_seconds)
     with contextlib.ExitStack() as stack:
         servers, release = {}, None
-        for i, (name, options) in enumerate(SERVED.items()):
+        for i, (name, batching) in enumerate(SERVED.items()):
+            os.environ[engine.BATCHING_ENV] = batching  # the server started now inherits it (and this process)
             server = stack.enter_context(BenchServer(work, 300 + i, keep=False, state=f"state-bf16-{i}"))
             release = bench_release(checkpoint, "bf16", bench_settings(home, server))
             for _ in run_release(release, until="evaluate"):  # done once: the workspace is shared
                 pass
-            serve_release(release, options)
+            serve_release(release, ServingOptions(batching="per-text"))
             warm_up(server, texts, budget)
             servers[name] = server
         out["parity_batch_invariance"] = _parity(release)
