@@ -24,10 +24,11 @@ equal shapes (single texts of different lengths never), and on 2 cores its batch
 measured spinning a third of a core while the one instance was busy, at 3-4 clients.
 
 A version whose ``release.json`` names a profile of ``seqcls_engine.ENGINES`` (``bf16``) runs the same graph
-on that engine (OpenVINO at bf16): each text is answered in its bucket shape (its tokens padded to a fixed
-length), and under ``per-text`` rows of one bucket share a run only when the engine's load-time self-check
-proved them bit-identical to alone (else every text alone, the log saying why); on a CPU without bf16
-arithmetic the load fails rather than serve f32 quietly.
+on that engine (OpenVINO at bf16). Where the engine batches (a CPU with AMX, or ``SEQCLS_BF16_BATCHING=on``,
+and its load-time self-check proved rows of a length bucket bit-identical to alone), ``per-text`` groups
+rows by bucket and each group is one call (the engine pads each text to its bucket); otherwise every text
+runs alone at its own length. The log says which, and why. On a CPU without bf16 arithmetic the load
+fails rather than serve f32 quietly.
 
 One bad request fails only itself, with ``INVALID_ARG``: ids outside the embedding tables
 (``input_ids`` ≥ the vocabulary, ``token_type_ids`` ≥ the type vocabulary, negatives), an
