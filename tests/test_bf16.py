@@ -10,6 +10,7 @@ really is bf16), the quality gate scores it against fp32.
 from __future__ import annotations
 
 import json
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -121,6 +122,70 @@ def test_bf16_release_serves_openvino_bf16_answers_through_triton(
     client = _client(server)
     alone = np.concatenate([infer(client, [t])[1] for t in TEXTS])
     assert np.array_equal(probs, alone)
+    # the gate's batch-invariance criterion (bucket shapes, whether or not this host batches), and how it serves
+    invariance = parity["batch_invariance"]
+    assert invariance["passed"] and invariance["rows_compared"] > 0 and invariance["rows_differing"] == 0
+    wanted, why = seqcls_engine.batching_wanted()
+    assert invariance["serving"] == ("batched" if wanted else "alone") and invariance["why"] == why
+    assert f"seqcls_model: bf16 batching {'on: {' if wanted else 'off: ' + str(why)}" in server.log_path.read_text(
+        errors="replace"
+    )
+    _concurrent_answers_equal_alone(server)
+
+
+def _concurrent_answers_equal_alone(server: LocalTriton) -> None:
+    """8 concurrent clients (Triton's dynamic batcher merges their requests) get each text's answer alone."""
+    from seqcls.steps.smoke import infer
+
+    texts = [*TEXTS, *(t + t[::-1] for t in TEXTS), *(t * 3 for t in TEXTS)]
+    client = _client(server)
+    alone = {t: infer(client, [t])[1] for t in texts}
+    answers: dict[int, list[tuple[str, np.ndarray]]] = {}
+
+    def ask(k: int) -> None:
+        mine = _client(server)
+        answers[k] = [(t, infer(mine, [t])[1]) for _ in range(3) for t in texts[k::8] + texts[: k + 1]]
+
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(ask, range(8)))
+    got = [(t, p) for rows in answers.values() for t, p in rows]
+    assert len(got) > 8 * 3
+    assert [t for t, p in got if not np.array_equal(p, alone[t])] == [], "a text's answer moved with its batch-mates"
+
+
+@pytest.mark.slow
+@pytest.mark.integration
+@needs_bf16
+def test_bf16_batched_through_triton_answers_each_text_as_alone(
+    tiny_checkpoint: Path, home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Batching forced on (``SEQCLS_BF16_BATCHING=on``, for the gates here and the Triton it starts): the gate
+    records bucket-shape invariance and ``batched``; Triton's answers are the in-process engine's in bucket
+    shapes, bit for bit, and under 8 concurrent clients each text's is its answer alone."""
+    from seqcls.contract import runtime, shipped
+    from seqcls.steps import run_release
+    from seqcls.steps.smoke import infer
+    from seqcls.steps.validate import serving_ids
+    from tests.helpers.triton import start_triton
+
+    monkeypatch.setenv(seqcls_engine.BATCHING_ENV, "on")
+    server = start_triton(tmp_path, environment={seqcls_engine.BATCHING_ENV: "on"})
+    try:
+        release = open_release(tiny_checkpoint, ReleaseConfig(profile="bf16"), settings_for(server, home))
+        assert {r.step: r for r in run_release(release)}["promote"].status == "ok"
+        invariance = json.loads(release.workspace.path("parity/report.json").read_text())["batch_invariance"]
+        assert invariance["passed"] and invariance["serving"] == "batched" and invariance["why"] is None
+        assert invariance["engine_self_check"]["passed"]
+        session = runtime.session(release.workspace.path("onnx/model.onnx"), ["CPUExecutionProvider"], profile="bf16")
+        assert session.batching and session.buckets
+        ids = serving_ids(release, TEXTS)
+        in_process = shipped.decide().sigmoid(np.concatenate([runtime.ort_logits(session, [x]) for x in ids]))
+        _, probs = infer(_client(server), TEXTS)
+        assert np.abs(probs - in_process).max() <= 1e-6, "Triton's batched bf16 answers are not the engine's"
+        assert "seqcls_model: bf16 batching on: {" in server.log_path.read_text(errors="replace")
+        _concurrent_answers_equal_alone(server)
+    finally:
+        server.stop()
 
 
 @pytest.mark.slow

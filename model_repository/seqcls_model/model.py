@@ -24,8 +24,11 @@ equal shapes (single texts of different lengths never), and on 2 cores its batch
 measured spinning a third of a core while the one instance was busy, at 3-4 clients.
 
 A version whose ``release.json`` names a profile of ``seqcls_engine.ENGINES`` (``bf16``) runs the same graph
-on that engine (OpenVINO at bf16), every text alone; on a CPU without bf16 arithmetic the load fails
-rather than serve f32 quietly.
+on that engine (OpenVINO at bf16). Where the engine batches (a CPU with AMX, or ``SEQCLS_BF16_BATCHING=on``,
+and its load-time self-check proved rows of a length bucket bit-identical to alone), ``per-text`` groups
+rows by bucket and each group is one call (the engine pads each text to its bucket); otherwise every text
+runs alone at its own length. The log says which, and why. On a CPU without bf16 arithmetic the load
+fails rather than serve f32 quietly.
 
 One bad request fails only itself, with ``INVALID_ARG``: ids outside the embedding tables
 (``input_ids`` ≥ the vocabulary, ``token_type_ids`` ≥ the type vocabulary, negatives), an
@@ -143,7 +146,12 @@ class TritonPythonModel:
         release_file = os.path.join(version_dir, contract.RELEASE_FILE)
         self.profile = _release(release_file).get("profile")
         if self.profile in engine.ENGINES:  # bf16: the graph on OpenVINO, compiled as the gates ran it
-            self.session = engine.session(model_file, self.profile, threads=opts.intra_op_num_threads)
+            self.session = engine.session(model_file, self.profile, opts.intra_op_num_threads, pad_id=self.pad_id)
+            log_info = getattr(getattr(pb_utils, "Logger", None), "log_info", None)
+            if log_info is not None:  # Triton's log says whether texts share runs, and why not
+                batching = self.session.batching
+                log_info(f"seqcls_model: {self.profile} batching {'on' if batching else 'off'}: "
+                         f"{self.session.self_check if batching else self.session.refusal}")  # fmt: skip
         else:
             self.session = ort.InferenceSession(model_file, sess_options=opts, providers=["CPUExecutionProvider"])
         self._inputs(self.session.get_inputs())
@@ -178,8 +186,10 @@ class TritonPythonModel:
             loaded = onnx.load(model_file, load_external_data=False).graph
             graph = embedding_limits(loaded)
             # a validated answer is each text alone: where neighbours move logits, rows never share a run
-            # (dynamic int8; an engine's reduced precision, whose kernels may block a batch differently)
-            self.group_equal_lengths = not batch_dependent(loaded) and self.profile not in engine.ENGINES
+            # (dynamic int8; an engine whose load-time self-check did not prove rows of a bucket batch-invariant)
+            self.group_equal_lengths = not batch_dependent(loaded) and (
+                self.profile not in engine.ENGINES or bool(getattr(self.session, "batching", False))
+            )
         except Exception:  # no onnx module, an unusual graph: release.json's figures, ORT errors caught anyway
             backend.log_unexpected("seqcls_model: reading the embedding tables")
             graph, self.group_equal_lengths = {}, False  # unknown graph: the exact way
@@ -287,19 +297,23 @@ class TritonPythonModel:
 
     def _run_texts(self, feeds, results):
         """``per-text``: every row at its own length; rows of one length share a run."""
-        rows, parts = {}, {}  # length → [(request, row)]; request → its rows' logits
+        rows, parts = {}, {}  # length (an engine's bucket) → [(request, row)]; request → its rows' logits
+        width = getattr(self.session, "bucket", None) if self.profile in engine.ENGINES else None
         for i, feed in enumerate(feeds):
             if isinstance(feed, str) or not feed[_IDS].shape[0]:
                 continue
             parts[i] = [None] * feed[_IDS].shape[0]
             for r, length in enumerate(self._lengths(feed).tolist()):
-                rows.setdefault(length, []).append((i, r))
+                rows.setdefault(width(length) if width else length, []).append((i, r))
         runs = rows.items() if self.group_equal_lengths else ((k, [x]) for k, xs in rows.items() for x in xs)
         for length, members in runs:
             members = [m for m in members if m[0] in parts]  # not the rows of a request already failed
             if not members:
                 continue
-            feed = {n: np.stack([feeds[i][n][r, :length] for i, r in members]) for n in self.inputs}
+            feed = {
+                n: np.concatenate([_pad(feeds[i][n][r : r + 1, :length], length, self.pads[n]) for i, r in members])
+                for n in self.inputs
+            }
             try:
                 logits = self._run(feed) if len(members) > 1 else None
             except Exception:  # one row broke the shared run: run each alone, the culprit's request fails

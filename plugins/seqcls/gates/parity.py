@@ -15,7 +15,7 @@ probability by 1.05e-5.)
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -139,3 +139,44 @@ def decision_report(
         "changes": changed,
         "passed": not hard,
     }
+
+
+def batch_invariance(
+    texts: Sequence[str],
+    alone: np.ndarray,
+    together: Callable[[list[int]], np.ndarray],
+    *,
+    compositions: int = 24,
+    max_batch: int = 8,
+    seed: int = 0,
+) -> dict[str, Any]:
+    """Whether each text's logits are bit-identical alone (``alone``, one row per text) and run with others:
+    ``together(indices)`` answers the texts at ``indices`` in one shared run, in that order. Random
+    compositions (2..``max_batch`` texts, any order, so any neighbours and positions); ``passed`` only when
+    no row moved by a single bit — a tolerance would let a text's answer depend on who else was asking."""
+    rng = np.random.default_rng(seed)
+    n = len(texts)
+    out: dict[str, Any] = {"texts": n, "compositions": 0, "rows_compared": 0, "rows_differing": 0}
+    worst, first = 0.0, None
+    for _ in range(compositions if n > 1 else 0):
+        members = [int(i) for i in rng.permutation(n)[: int(rng.integers(2, min(max_batch, n) + 1))]]
+        got = np.asarray(together(members))
+        out["compositions"] += 1
+        for pos, i in enumerate(members):
+            out["rows_compared"] += 1
+            if not np.array_equal(got[pos], alone[i]):
+                diff = float(np.abs(got[pos] - alone[i]).max())
+                worst = max(worst, diff)
+                out["rows_differing"] += 1
+                if first is None:
+                    first = {
+                        "index": i,
+                        "text": texts[i][:120],
+                        "position": pos,
+                        "batch": len(members),
+                        "max_abs_diff": diff,
+                    }
+    out["max_abs_diff"] = worst
+    out["first_difference"] = first
+    out["passed"] = out["rows_compared"] > 0 and out["rows_differing"] == 0
+    return out

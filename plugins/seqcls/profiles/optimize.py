@@ -179,6 +179,8 @@ def check_engine(src: Path, profile: str, *, cpu_flags: frozenset[str] | None = 
             "rows_changed": sum(int(((a > 0) != (b > 0)).any(axis=1).sum()) for a, b in pairs),
             "rows": sum(a.shape[0] for a, _ in pairs),
         },
+        # the engine's load-time check on this host: may texts of one bucket share a run (seqcls_engine)
+        "batch_invariance": engine.self_check,
         "seconds": round(time.perf_counter() - t0, 2),
     }
     log.info(

@@ -13,9 +13,10 @@ cold rate, not the served one. So, for every graph:
    after the first, :func:`recorded_pass`), every pass's rate is the curve;
 3. **at the expected concurrency**: ``clients`` single-text requests pending at once, as one served
    instance takes them from Triton's dynamic batcher: texts of equal length share one run where the
-   served model merges them (the exact profiles), every text runs alone otherwise (int8's dynamic
-   ranges, bf16's engine); in passes until steady as in step 2 (merged runs are shapes step 2 did not
-   meet), the last pass's rate recorded.
+   served model merges them (the exact profiles), a batch's texts in one call to an engine that buckets
+   them itself and shares runs only where no answer moves (bf16 after its load-time self-check), every
+   text alone otherwise (int8's dynamic ranges, bf16 refused batching); in passes until steady as in
+   step 2 (merged runs are shapes step 2 did not meet), the last pass's rate recorded.
 
 The functions take sessions (anything with ``get_inputs`` and ``run``) and per-text feeds, so the
 chooser (:mod:`seqcls.profiles.auto`) and the benchmark time the same way.
@@ -153,12 +154,20 @@ def passes_until_steady(
     return result
 
 
-def runs_at(feeds: Sequence[Feed], clients: int, merge: bool) -> list[dict[str, np.ndarray]]:
+def runs_at(
+    feeds: Sequence[Feed], clients: int, merge: bool, *, any_length: bool = False
+) -> list[dict[str, np.ndarray]]:
     """The runs one served instance makes for ``feeds`` arriving ``clients`` at a time: per batch of
-    ``clients`` texts, texts of one length stacked into one run when ``merge``, else each alone."""
+    ``clients`` texts, texts of one length stacked into one run when ``merge``, else each alone;
+    ``any_length``: the whole batch in one call, padded with 0 to its longest (an engine that buckets rows
+    itself, as ``seqcls_model`` hands them to bf16's)."""
     runs: list[dict[str, np.ndarray]] = []
     for start in range(0, len(feeds), clients):
         batch = feeds[start : start + clients]
+        if any_length:
+            width = max(length(f) for f in batch)
+            runs.append({k: np.concatenate([_pad_to(f[k], width) for f in batch]) for k in batch[0]})
+            continue
         if not merge:
             runs += [dict(f) for f in batch]
             continue
@@ -168,6 +177,12 @@ def runs_at(feeds: Sequence[Feed], clients: int, merge: bool) -> list[dict[str, 
         for group in by_length.values():
             runs.append({k: np.concatenate([g[k] for g in group]) for k in group[0]})
     return runs
+
+
+def _pad_to(x: np.ndarray, width: int) -> np.ndarray:
+    out = np.zeros((x.shape[0], width), dtype=x.dtype)
+    out[:, : x.shape[1]] = x
+    return out
 
 
 def time_graphs(
@@ -183,7 +198,15 @@ def time_graphs(
         t = timings[name]
         t.latencies, t.outputs, t.passes, t.steady = lat, out, curve, ok
     if clients > 1:
-        runs = {name: runs_at(feeds[name], clients, merge=name in EXACT_PROFILES) for name in sessions}
+        runs = {
+            name: runs_at(
+                feeds[name],
+                clients,
+                merge=name in EXACT_PROFILES,
+                any_length=bool(getattr(sessions[name], "batching", False)),  # bf16, batch-invariant here
+            )
+            for name in sessions
+        }
         for name, (_, _, curve, ok, k) in passes_until_steady(sessions, runs, output).items():
             t = timings[name]
             t.concurrent, t.concurrent_passes, t.concurrent_steady = curve[k], curve, ok

@@ -159,6 +159,8 @@ class ParityReport:
     tokenizer: dict[str, Any] = field(default_factory=dict)
     numeric: dict[str, Any] = field(default_factory=dict)
     decisions: dict[str, Any] = field(default_factory=dict)
+    #: an engine that may share runs between texts (bf16): alone vs random compositions, and how it serves
+    batch_invariance: dict[str, Any] = field(default_factory=dict)
     provider: str | None = None
     thresholds: dict[str, float] = field(default_factory=dict)
     seconds: float = 0.0

@@ -178,6 +178,46 @@ def check_decisions(
     )
 
 
+def check_batch_invariance(release: Release, report: ParityReport, texts: Sequence[str], ids, session) -> None:
+    """An engine that may share runs between texts (bf16's OpenVINO, in bucket shapes) does so only where no
+    answer moves: the golden texts alone vs in random compositions, run shared in bucket shapes (checked
+    whether or not this host batches). A failure is not a refusal of the release — the answers validated
+    are each text as served alone — but batching is off for this session and the report says why; serving
+    decides by its own load-time self-check on its CPU."""
+    names = [i.name for i in session.get_inputs()]
+    pad_id = serving_tokenizer(release).pad_id
+
+    def run(members: list[int], batching: bool) -> np.ndarray:
+        feed = next(runtime.feeds([ids[i] for i in members], names, pad_id, size=len(members)))
+        return session.run_rows([0], feed, batching=batching, buckets=session.bucket_set)[0]
+
+    alone = np.concatenate([run([i], False) for i in range(len(ids))])
+    result = parity.batch_invariance(texts, alone, lambda members: run(members, True))
+    result["engine_self_check"] = session.self_check
+    result["serving"] = "batched" if result["passed"] and session.batching else "alone"
+    result["why"] = None
+    if not result["passed"]:
+        first = result["first_difference"] or {}
+        result["why"] = (
+            f"{result['rows_differing']}/{result['rows_compared']} rows moved when batched (first: text "
+            f"#{first.get('index')} by {first.get('max_abs_diff')} with {first.get('batch', 0) - 1} others)"
+        )
+    elif not session.batching:
+        result["why"] = session.refusal
+    session.batching = session.batching and result["passed"]
+    report.batch_invariance = result
+    log.log(
+        logging.INFO if result["passed"] else logging.WARNING,
+        "validate: batch invariance on %s — %d/%d rows bit-identical in %d compositions; texts served %s%s",
+        report.provider,
+        result["rows_compared"] - result["rows_differing"],
+        result["rows_compared"],
+        result["compositions"],
+        result["serving"],
+        f" ({result['why']})" if result["why"] else "",
+    )
+
+
 def expected_answers(
     release: Release, texts: Sequence[str], ids: list[list[int]], session, thresholds, tol: Tolerance, decide_mod
 ) -> Expected:
@@ -217,6 +257,8 @@ def run_gate(release: Release, texts: list[str], source: str, out: Path) -> tupl
     l_ref, l_got = check_numbers(release, report, ids, session, tol, decide_mod)
     p_ref, p_got = decide_mod.sigmoid(l_ref), decide_mod.sigmoid(l_got)
     check_decisions(release, report, texts, p_ref, p_got, thresholds, decide_mod)
+    if hasattr(session, "run_rows"):  # an engine that may batch texts (bf16): the batch-invariance criterion
+        check_batch_invariance(release, report, texts, ids, session)
     exact = report.profile in EXACT_PROFILES
     report.thresholds = {lbl: float(t) for lbl, t in zip(ckpt.labels, thresholds, strict=True)}
     report.seconds = round(time.perf_counter() - t0, 3)

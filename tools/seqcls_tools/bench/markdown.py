@@ -369,11 +369,14 @@ def _batch_dependence(results: dict[str, Any]) -> list[str]:
         "(how validate runs them), served model, ORT on 1 thread:",
         "",
         *_conditions(results, "batch_dependence"),
-        "| profile | texts | label sets that differ | max abs diff probability |",
-        "|---|---:|---:|---:|",
+        "| profile | texts | label sets that differ | max abs diff probability | served |",
+        "|---|---:|---:|---:|---|",
     ]
     for profile, v in dep.items():
-        lines.append(f"| {profile} | {v['texts']} | {v['label_sets_changed']} | {v['prob_max_abs_diff']:.2g} |")
+        served = v.get("served", "")
+        lines.append(
+            f"| {profile} | {v['texts']} | {v['label_sets_changed']} | {v['prob_max_abs_diff']:.2g} | {served} |"
+        )
     return lines
 
 

@@ -81,7 +81,8 @@ def batch_dependence(
     checkpoint: Path, home: Path, texts: list[str], batch: int = 16, profiles: tuple[str, ...] = PROFILES
 ) -> dict[str, Any]:
     """Does a text's answer depend on what it is batched with? Each profile's served model on the
-    golden texts, each text alone vs in padded batches of ``batch`` (how validate runs them),
+    golden texts, each text alone vs in padded batches of ``batch`` (how validate runs them), and how
+    it is served (:func:`served_batching`: for bf16 the parity gate's batch-invariance verdict),
     tokenized by the release's serving tokenizer and fed the inputs the session declares (the
     shipped ``seqcls_text.model_feeds``, as Triton's model feeds them).
 
@@ -89,7 +90,8 @@ def batch_dependence(
     and fused Attention (the embeddings and the classification head stay fp32; convert checks it
     on the golden texts and falls back to a recipe with more fp32 when decisions move): the
     quantization range of each activation is computed at run time over the whole batch, so
-    neighbours (and their padding) move the logits.
+    neighbours (and their padding) move the logits. ``bf16`` answers each text in its bucket shape,
+    so padding to a batch's longest does not move it, and batches only where the gate proved it.
     """
     import numpy as np
 
@@ -123,11 +125,13 @@ def batch_dependence(
         d1 = decide_mod.decide(p1, th, labels, hierarchy=release.config.hierarchy)
         d2 = decide_mod.decide(p2, th, labels, hierarchy=release.config.hierarchy)
         changed = sum(1 for a, b in zip(d1, d2, strict=True) if [x[0] for x in a] != [x[0] for x in b])
+        report = parity_report(release.workspace)
         out[profile] = {
             "texts": len(texts),
             "batch": batch,
             "prob_max_abs_diff": float(np.abs(p1 - p2).max(initial=0.0)),
             "label_sets_changed": changed,
+            "served": served_batching(profile, report.batch_invariance if report is not None else {}),
         }
     log.info(
         "bench: alone vs batched — %s",
@@ -136,6 +140,24 @@ def batch_dependence(
         ),
     )
     return out
+
+
+def served_batching(profile: str, invariance: dict[str, Any]) -> str:
+    """How the served model batches ``profile``'s texts: for an engine that may batch (bf16), the parity
+    gate's batch-invariance criterion (its verdict and evidence); otherwise what the profile is."""
+    from seqcls.spec import EXACT_PROFILES
+
+    if invariance:
+        figures = (
+            f"{invariance.get('rows_differing')}/{invariance.get('rows_compared')} rows moved in "
+            f"{invariance.get('compositions')} random compositions"
+        )
+        if invariance.get("serving") == "batched":
+            return f"batched in bucket shapes, parity gate: {figures}"
+        return f"alone, parity gate: {figures}; {invariance.get('why')}"
+    if profile in EXACT_PROFILES:
+        return "equal lengths share a run (exact profile)"
+    return "alone (answers move with batch-mates)"
 
 
 def serving_steps() -> tuple[str, ...]:
