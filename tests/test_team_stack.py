@@ -162,6 +162,30 @@ def _seqcls(stack, *args: str) -> subprocess.CompletedProcess:
     )
 
 
+#: What the day-to-day commands cost and what the releases hold on disk, after the first interval and after the
+#: module's last release (``_costs``): the same figures as the growth benchmark, through the real scheduler.
+COSTS: dict[str, dict] = {}
+
+
+def _costs(team_stack, when: str, model: str = "beta") -> dict:
+    """Wall time of ``status``, ``history --limit 20`` and ``gc --dry-run`` (each a fresh CLI, as a user runs them)
+    and the model's disk by kind; ``gc --dry-run`` must plan over the PostgreSQL-backed registry."""
+    out: dict = {"seconds": {}}
+    for name, args in (
+        ("status", ("status", "--model-name", model, "--json")),
+        ("history", ("history", "--model-name", model, "--limit", "20", "--json")),
+        ("gc", ("gc", "--model-name", model, "--dry-run", "--json")),
+    ):
+        t0 = time.perf_counter()
+        done = _seqcls(team_stack, *args)
+        out["seconds"][name] = round(time.perf_counter() - t0, 2)
+        assert done.returncode == 0, done.stdout + done.stderr
+        if name == "status":
+            out["disk"] = json.loads(done.stdout)[0].get("disk", {})
+    COSTS[when] = out
+    return out
+
+
 def _outcome(tis: dict[str, str]) -> str:
     """What a run did, from its task states (the same reading as the DAG's report_outcome)."""
     if tis.get("promote") == "success":
@@ -265,6 +289,8 @@ def test_scheduled_retraining_two_models_on_celery_workers(team_stack, trained, 
             )
         print(f"interval {interval} ({kind}): {[(r['model'], r['outcome'], r['state']) for r in table[-2:]]} "
               f"in {seconds:.0f}s; backfill {backfill.get('id')}")  # fmt: skip
+        if interval == 1:
+            _costs(team_stack, "after the first release")
 
     print(json.dumps([{k: v for k, v in r.items() if k != "states"} for r in table], indent=1))
     wrong = [r for r in table if r["outcome"] != r["expected"]]
@@ -558,6 +584,14 @@ def test_two_runs_at_once_postgres_restarted_in_register_scheduler_killed_in_smo
     for entry in json.loads(hist.stdout)["entries"]:
         kinds.setdefault((entry.get("who") or {}).get("run_id"), []).append(entry["kind"])
     assert "promote" in kinds.get(first, []) and second not in kinds, kinds
+
+    # the module's eleven DAG runs later (seven of beta): what the commands cost, what the releases hold
+    _costs(team_stack, "after the last release")
+    print(json.dumps(COSTS, indent=1))
+    first_costs, last_costs = COSTS.get("after the first release"), COSTS["after the last release"]
+    if first_costs:
+        ratios = {k: round(v / first_costs["seconds"][k], 2) for k, v in last_costs["seconds"].items()}
+        print(f"command time, last / first release: {ratios} (wall time of a fresh CLI; a shared host's load moves it)")
 
 
 def test_seqcls_team_stack_serves_until_ctrl_c_and_stops_everything(tmp_path: Path) -> None:
