@@ -10,6 +10,8 @@ loopback.
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import json
 import os
 import re
 from collections.abc import Iterator, Mapping
@@ -274,12 +276,38 @@ def model_repository_source_from_env() -> Path:
 _OBJECT_STORE = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*):/")
 
 
+#: The file in a store's working copy that names the store: what tells the serving layer (given only the
+#: directory, as every caller holds it) to keep the state, the lease, versions and configs on the store.
+STORE_MARKER = ".seqcls-store.json"
+
+
+def store_working_copy(home: Path, uri: str) -> Path:
+    """This host's working copy of the ``s3://`` repository ``uri``: ``<home>/triton/stores/<sha256[:16]>``.
+
+    Why a directory at all: publish assembles and hashes a version on a filesystem before uploading it,
+    and the readers of a version (status, sync, the quality gate's champion) read its files from there.
+    The marker names the store (never its credentials: those come from the AWS variables when used).
+    """
+    root = Path(home).expanduser().resolve() / "triton" / "stores" / hashlib.sha256(uri.encode()).hexdigest()[:16]
+    marker = root / STORE_MARKER
+    text = json.dumps({"store": uri}) + "\n"
+    if not marker.is_file() or marker.read_text(encoding="utf-8") != text:
+        root.mkdir(parents=True, exist_ok=True)
+        tmp = root / f"{STORE_MARKER}.{os.getpid()}.tmp"
+        tmp.write_text(text, encoding="utf-8")
+        tmp.replace(marker)
+    return root
+
+
 @dataclass(frozen=True)
 class Settings:
     """Resolved locations and endpoints; build with :meth:`from_env` and override fields."""
 
     home: Path = field(default_factory=default_home)
     triton_repository: Path | None = None
+    #: The ``s3://bucket/prefix`` repository when SEQCLS_TRITON_REPOSITORY names one; ``triton_repository`` is then
+    #: this host's working copy of it (see :func:`store_working_copy`), and the store is the truth.
+    triton_store: str | None = None
     triton_grpc: tuple[str, ...] = ()
     triton_http: tuple[str, ...] = ()
     triton_metrics: tuple[str, ...] = ()
@@ -323,12 +351,15 @@ class Settings:
             raise InputError(f"device {self.device!r} is not one of {', '.join(DEVICES)}")
         if self.triton_repository is None:
             object.__setattr__(self, "triton_repository", self.home / "triton" / "model_repository")
-        if scheme := _OBJECT_STORE.match(str(self.triton_repository)):
+        if str(self.triton_repository).startswith("s3://"):
+            object.__setattr__(self, "triton_store", str(self.triton_repository))
+            object.__setattr__(self, "triton_repository", store_working_copy(self.home, str(self.triton_repository)))
+        elif scheme := _OBJECT_STORE.match(str(self.triton_repository)):
             raise InputError(
                 f"{ENV_TRITON_REPOSITORY} (or the Triton Connection's extra repository) is {self.triton_repository!r}, "
-                f"an object store ({scheme.group(1).lower()}://): seqcls publishes to a POSIX directory that every "
-                "Triton replica mounts (atomic renames and flock) and has no object-store backend — set it to that "
-                "directory (the compose file's /models, the Kubernetes RWX claim's mount)."
+                f"an object store seqcls has no backend for ({scheme.group(1).lower()}://): use an S3-API store "
+                "(s3://bucket/prefix, with AWS_ENDPOINT_URL_S3 for MinIO/SeaweedFS) or a POSIX directory that every "
+                "Triton replica mounts (the compose file's /models, the Kubernetes RWX claim's mount)."
             )
         object.__setattr__(self, "triton_repository", Path(self.triton_repository))
         if not self.triton_grpc:

@@ -34,6 +34,7 @@ from typing import Any
 from seqcls import faults
 from seqcls.contract.names import CLASSIC, ServingNames, require_name
 from seqcls.errors import ServingError
+from seqcls.serving.backend import StoreRepository
 from seqcls.serving.client import TritonOps
 from seqcls.serving.repository import Repository
 from seqcls.serving.state import ServingState
@@ -106,6 +107,8 @@ class _Reconciler:
     ) -> None:
         self.repo, self.desired, self.names, self.direct = repo, desired, repo.names, set(direct)
         self.untouched = set(untouched)  # models left as the servers hold them (their config, too)
+        #: An ``s3://`` repository: the configs Triton reads are the store's (this directory is a working copy).
+        self.store = StoreRepository.at(repo.root)
         self._lock = threading.Lock()
         self.report = ReconcileReport(desired)
         self.actual: dict[str, dict[str, list[int]]] = {}
@@ -136,15 +139,21 @@ class _Reconciler:
             return
         if not versions:
             self.repo.restore_config(model, None)
+            if self.store is not None:
+                self.store.drop_config(model)
             if model == self.names.candidate:
                 self.repo.drop_candidate()
             return
         if model == self.names.candidate:
             self.repo.ensure_candidate_version(versions[0])
+            if self.store is not None:
+                self.store.ensure_version(model, versions[0], self.repo.root / model / str(versions[0]))
             text = self.repo.candidate_config(versions[0])
         else:
             base = versions[-1] if model != self.names.ensemble else versions[0]
             text = self.repo.config_for(model, base, versions)
+        if self.store is not None:  # what Triton reads: the store's config, by compare-and-swap
+            self.store.write_config(model, text)
         if self.repo.config_text(model) != text:
             self.repo.write_config(model, text)
 

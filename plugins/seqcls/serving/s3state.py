@@ -35,7 +35,7 @@ from seqcls.errors import ServingError
 from seqcls.serving.objectstore import ObjectConflict, ObjectIntegrityError, ObjectStore
 from seqcls.serving.s3lease import control_key
 from seqcls.serving.s3repo import MANIFEST, S3Repository
-from seqcls.serving.state import ServingState
+from seqcls.serving.servingstate import ServingState
 from seqcls.serving.statelog import actor, now_iso
 
 log = logging.getLogger(__name__)
