@@ -266,6 +266,8 @@ def reconcile(
     repo = repo.for_model(state.model_name)
     direct = repo.direct_versions((state.serving, state.candidate, state.previous))
     desired = desired_versions(state, keep_previous=keep_previous, direct=direct)
+    if (store := StoreRepository.at(repo.root)) is not None:  # a host that did not publish them: from the store
+        store.fetch_missing(repo.names.models, sorted({v for vs in desired.values() for v in vs}))
     complete = set(repo.complete_versions())
     missing = sorted({v for vs in desired.values() for v in vs} - complete)
     untouched: set[str] = set()
