@@ -236,7 +236,9 @@ def test_a_publish_killed_before_its_marker_is_never_served_and_a_dead_store_cha
             real_point(name)
 
         monkeypatch.setattr(faults, "point", cut_at_upload)
-        with pytest.raises(ServingError, match=r"s3://.*release-") as failed:
+        with pytest.raises(
+            ServingError, match=r"publishing version \d+ of 'seqcls' to the object store s3://.*release-"
+        ) as failed:
             run_release(open_release(tiny_checkpoint_b, settings=settings))
         assert "secret" not in str(failed.value).lower()
         monkeypatch.setattr(faults, "point", real_point)

@@ -23,6 +23,8 @@ from seqcls.errors import InputError
 #: Environment variables seqcls reads (each has a row in seqcls.environment.ENVIRONMENT, which
 #: docs/configuration.md is generated from).
 ENV_HOME = "SEQCLS_HOME"
+# the live Triton repository: a directory every replica mounts, or s3://bucket/prefix on an S3-API store (endpoint,
+# region and credentials from AWS_ENDPOINT_URL_S3, AWS_REGION, AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY; gc refused)
 ENV_TRITON_REPOSITORY = "SEQCLS_TRITON_REPOSITORY"
 ENV_TRITON_GRPC = "SEQCLS_TRITON_GRPC"  # comma-separated host:port, one per replica
 ENV_TRITON_HTTP = "SEQCLS_TRITON_HTTP"  # comma-separated host:port, same order as gRPC

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from seqcls.contract.names import ModelName, require_name
-from seqcls.errors import LeaseError
+from seqcls.errors import LeaseError, ServingError
 from seqcls.files import atomic_write
 from seqcls.serving.s3lease import HeldLease, LeaseView, S3ReleaseLease
 from seqcls.serving.storeroot import store_at
@@ -447,7 +447,11 @@ class StoreLease:
             if view.record is None or view.record.released or view.record.owner != owner:
                 return False
             held = self.lease.acquire(owner, step="release", timeout=0.0)  # this owner's, from another process
-        return self.lease.release(held)
+        try:
+            return self.lease.release(held)
+        except ServingError as exc:  # the store unreachable: the release's own outcome must not be replaced by this
+            log.warning("release lease of %s not released (%s): it expires after its ttl", self.lease.model_name, exc)
+            return False
 
 
 __all__ = ["DEFAULT_TTL", "KINDS", "LeaseError", "LeaseHolder", "ReleaseLease", "StoreLease", "process_owner"]
