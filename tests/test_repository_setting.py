@@ -17,7 +17,7 @@ import pytest
 
 from seqcls.errors import InputError
 from seqcls.serving.storeroot import store_uri
-from seqcls.settings import ENV_TRITON_REPOSITORY, STORE_MARKER, Settings
+from seqcls.settings import ENV_TRITON_REPOSITORY, Settings
 
 
 @pytest.mark.parametrize("uri", ["gs://bucket/repo", "as://account/container/repo", "S3://b/r"])
@@ -57,7 +57,7 @@ def test_a_local_path_is_still_a_path(tmp_path: Path) -> None:
     assert Path(Settings(triton_repository="relative/repo").triton_repository) == Path("relative/repo")
 
 
-def test_an_s3_repository_is_a_working_copy_marked_with_its_store(
+def test_an_s3_repository_is_a_working_copy_named_after_its_store(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     monkeypatch.chdir(tmp_path)
@@ -65,7 +65,9 @@ def test_an_s3_repository_is_a_working_copy_marked_with_its_store(
     settings = Settings.from_env(home=tmp_path / "home")
     assert settings.triton_store == "s3://models/repo"
     root = Path(str(settings.triton_repository))
-    assert root.parent == (tmp_path / "home" / "triton" / "stores").resolve()
-    assert store_uri(root) == "s3://models/repo" and (root / STORE_MARKER).is_file()
-    assert store_uri(tmp_path) is None  # a POSIX repository: no marker
+    assert root == (tmp_path / "home" / "triton" / "stores" / "s3" / "models" / "repo").resolve()
+    assert store_uri(root) == "s3://models/repo"
+    assert store_uri(tmp_path) is None and store_uri(tmp_path / "triton" / "stores" / "s3") is None  # POSIX
+    with pytest.raises(InputError, match=r"no '\.' or '\.\.' segments"):
+        Settings(home=tmp_path, triton_repository="s3://b/../x")
     assert not (tmp_path / "s3:").exists()

@@ -26,8 +26,9 @@ import pytest
 
 from seqcls import faults
 from seqcls.contract.names import ModelName
-from seqcls.errors import ServingError
+from seqcls.errors import InputError, ServingError
 from seqcls.localtriton import LocalTriton
+from seqcls.ops.gc import gc
 from seqcls.ops.status import status
 from seqcls.ops.sync import sync
 from seqcls.release.intake import open_release
@@ -268,3 +269,9 @@ def test_a_publish_killed_before_its_marker_is_never_served_and_a_dead_store_cha
         assert _ready(server, MODEL.names.ensemble, serving)
     finally:
         server.stop()
+
+
+def test_gc_on_an_s3_repository_is_refused_naming_the_setting(home: Path) -> None:
+    settings = Settings(home=home, triton_repository="s3://bucket/prefix")
+    with pytest.raises(InputError, match=r"gc: SEQCLS_TRITON_REPOSITORY is the object store s3://bucket/prefix"):
+        gc(settings, apply=True)

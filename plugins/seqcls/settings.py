@@ -10,8 +10,6 @@ loopback.
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import json
 import os
 import re
 from collections.abc import Iterator, Mapping
@@ -278,27 +276,21 @@ def model_repository_source_from_env() -> Path:
 _OBJECT_STORE = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*):/")
 
 
-#: The file in a store's working copy that names the store: what tells the serving layer (given only the
-#: directory, as every caller holds it) to keep the state, the lease, versions and configs on the store.
-STORE_MARKER = ".seqcls-store.json"
+#: Where the working copies of object-store repositories live under ``SEQCLS_HOME``; the rest of the path is the
+#: store's bucket and prefix, so the directory itself says which store it stands for (no file to keep in step).
+STORES_DIR = ("triton", "stores", "s3")
 
 
 def store_working_copy(home: Path, uri: str) -> Path:
-    """This host's working copy of the ``s3://`` repository ``uri``: ``<home>/triton/stores/<sha256[:16]>``.
+    """This host's working copy of the ``s3://`` repository ``uri``: ``<home>/triton/stores/s3/<bucket>/<prefix>``.
 
     Why a directory at all: publish assembles and hashes a version on a filesystem before uploading it,
     and the readers of a version (status, sync, the quality gate's champion) read its files from there.
-    The marker names the store (never its credentials: those come from the AWS variables when used).
     """
-    root = Path(home).expanduser().resolve() / "triton" / "stores" / hashlib.sha256(uri.encode()).hexdigest()[:16]
-    marker = root / STORE_MARKER
-    text = json.dumps({"store": uri}) + "\n"
-    if not marker.is_file() or marker.read_text(encoding="utf-8") != text:
-        root.mkdir(parents=True, exist_ok=True)
-        tmp = root / f"{STORE_MARKER}.{os.getpid()}.tmp"
-        tmp.write_text(text, encoding="utf-8")
-        tmp.replace(marker)
-    return root
+    parts = [p for p in uri[len("s3://") :].split("/") if p]
+    if not parts or any(p in (".", "..") for p in parts):
+        raise InputError(f"{ENV_TRITON_REPOSITORY}={uri!r}: write s3://bucket/prefix (no '.' or '..' segments)")
+    return Path(home).expanduser().resolve().joinpath(*STORES_DIR, *parts)
 
 
 @dataclass(frozen=True)
@@ -410,6 +402,14 @@ class Settings:
             key = str(self.triton_control_key).strip()
             source = f"{ENV_TRITON_CONTROL_KEY} / the Triton Connection's password"
             object.__setattr__(self, "triton_control_key", check_control_key(key, source) if key else None)
+
+    def refuse_store(self, what: str) -> None:
+        """An InputError naming the setting when the repository is an object store ``what`` has no counterpart on."""
+        if self.triton_store is not None:
+            raise InputError(
+                f"{what}: {ENV_TRITON_REPOSITORY} is the object store {self.triton_store}; {what} has no object-store "
+                "counterpart yet (versions, configs, state and log stay on the store; nothing was changed)"
+            )
 
     @classmethod
     def from_env(cls, **overrides: object) -> Settings:

@@ -427,11 +427,7 @@ def gc(
     ``mlflow_versions``: archive / delete / keep (default: the setting). ``evidence_keep``: the newest releases
     whose evidence stays as it is (default: the setting); older ones nothing else keeps are compacted. Likewise
     ``statelog_rotate_bytes``: a state log larger than this is rotated, with a snapshot."""
-    if settings.triton_store is not None:
-        raise SeqclsError(
-            f"gc: SEQCLS_TRITON_REPOSITORY is the object store {settings.triton_store}; gc has no object-store "
-            "counterpart yet (its versions, configs, state and log stay on the store; nothing was collected)"
-        )
+    settings.refuse_store("gc")
     t0 = time.perf_counter()
     keep_refused = settings.gc_keep_refused if keep_refused is None else keep_refused
     policy = settings.gc_mlflow_versions if mlflow_versions is None else str(mlflow_versions).strip().lower()
