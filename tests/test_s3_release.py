@@ -34,6 +34,8 @@ from seqcls.ops.sync import sync
 from seqcls.release.intake import open_release
 from seqcls.serving.backend import StoreRepository
 from seqcls.serving.objectstore import ObjectStore
+from seqcls.serving.published import champion_graph
+from seqcls.serving.repository import Repository
 from seqcls.serving.s3repo import S3Repository, served_versions, triton_repository
 from seqcls.serving.s3state import S3ServingState
 from seqcls.settings import PROJECT_ROOT, Settings
@@ -141,6 +143,10 @@ def _ready(server: LocalTriton, model: str, version: int | str = "") -> bool:
     return grpcclient.InferenceServerClient(url=server.grpc_url).is_model_ready(model, str(version))
 
 
+def _version_files(root: Path, version: int) -> dict[str, dict[str, bytes]]:
+    return {m: {p.name: p.read_bytes() for p in (root / m / str(version)).iterdir()} for m in MODEL.names.models}
+
+
 def test_release_status_rollback_and_sync_after_a_restart_on_s3(
     seaweedfs: SeaweedFS,
     store_env: tuple[str, Proxy],
@@ -167,7 +173,8 @@ def test_release_status_rollback_and_sync_after_a_restart_on_s3(
 
         (st,) = status(settings, [MODEL])
         assert st.agree, st.problems
-        assert (st.recorded["serving"] == 2 and st.lease is None) or not st.lease.get("holder")
+        assert st.recorded["serving"] == 2 and st.recorded["previous"] == 1
+        assert st.lease is None, st.lease  # the store's lease, released by the release
 
         result = rollback_model(settings, MODEL, reason="test: back to v1")
         assert result["serving_version"] == 1
@@ -182,6 +189,23 @@ def test_release_status_rollback_and_sync_after_a_restart_on_s3(
         assert synced.ok and synced.serving == 1, synced.to_dict()
         (st,) = status(settings, [MODEL])
         assert st.agree, st.problems
+        # the champion re-scored on a host whose working copy lacks it: read from the store, hash-checked
+        root = Path(str(settings.triton_repository))
+        published = _version_files(root, 1)
+        for m in MODEL.names.models:
+            shutil.rmtree(root / m / "1")
+        repo = Repository.from_settings(settings, MODEL)
+        _graph, source = champion_graph(repo, 1, tmp_path / "scratch-1")
+        assert source == "its published files"
+        assert _version_files(root, 1) == published
+        tokenizer = MODEL.names.tokenizer
+        store.store.delete(f"{tokenizer}/1/vocab.txt")  # replaced on the store by other bytes (their own sha256)
+        store.store.put_immutable(f"{tokenizer}/1/vocab.txt", b"[PAD]\n[UNK]\n")
+        shutil.rmtree(root / tokenizer / "1")
+        with pytest.raises(ServingError, match=rf"{tokenizer}/1/vocab.txt: sha256 .* its manifest records"):
+            champion_graph(repo, 1, tmp_path / "scratch-2")
+        assert not (root / tokenizer / "1").exists()  # nothing of the damaged version was copied
+
         events = [e.record["event"] for e in S3ServingState(store.store, MODEL).events().events]
         assert events.count("state") >= 6, events  # every recorded change has its event on the store
         secret = seaweedfs.credentials.secret_access_key
@@ -199,7 +223,9 @@ def _killed_release(ckpt: Path, settings: Settings, uri: str, home: Path, key: s
     )
     env = {
         **os.environ,
-        "PYTHONPATH": os.pathsep.join(str(PROJECT_ROOT / p) for p in ("plugins", "tools", ".")),
+        "PYTHONPATH": os.pathsep.join(
+            [*(str(PROJECT_ROOT / p) for p in ("plugins", "tools", ".")), os.environ.get("PYTHONPATH", "")]
+        ),
         "SEQCLS_HOME": str(home),
         "SEQCLS_TRITON_REPOSITORY": uri,
         "SEQCLS_TRITON_GRPC": settings.triton_grpc[0],
