@@ -23,6 +23,7 @@ they are written once per phase; a dead endpoint is reported and the others stil
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -107,8 +108,6 @@ class _Reconciler:
     ) -> None:
         self.repo, self.desired, self.names, self.direct = repo, desired, repo.names, set(direct)
         self.untouched = set(untouched)  # models left as the servers hold them (their config, too)
-        #: An ``s3://`` repository: the configs Triton reads are the store's (this directory is a working copy).
-        self.store = StoreRepository.at(repo.root)
         self._lock = threading.Lock()
         self.report = ReconcileReport(desired)
         self.actual: dict[str, dict[str, list[int]]] = {}
@@ -120,6 +119,11 @@ class _Reconciler:
                 self.ops.append(op)
             except Exception as exc:
                 self.report.errors[op.endpoint.grpc] = f"not reachable: {exc}"
+
+    @functools.cached_property
+    def store(self) -> StoreRepository | None:
+        """An ``s3://`` repository: the configs Triton reads are the store's (this directory is a working copy)."""
+        return StoreRepository.at(self.repo.root)
 
     def pending(self) -> list[TritonOps]:
         todo = []
