@@ -21,6 +21,8 @@ from seqcls.errors import InputError
 #: Environment variables seqcls reads (each has a row in seqcls.environment.ENVIRONMENT, which
 #: docs/configuration.md is generated from).
 ENV_HOME = "SEQCLS_HOME"
+# the live Triton repository: a directory every replica mounts, or s3://bucket/prefix on an S3-API store (endpoint,
+# region and credentials from AWS_ENDPOINT_URL_S3, AWS_REGION, AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY; gc refused)
 ENV_TRITON_REPOSITORY = "SEQCLS_TRITON_REPOSITORY"
 ENV_TRITON_GRPC = "SEQCLS_TRITON_GRPC"  # comma-separated host:port, one per replica
 ENV_TRITON_HTTP = "SEQCLS_TRITON_HTTP"  # comma-separated host:port, same order as gRPC
@@ -274,12 +276,32 @@ def model_repository_source_from_env() -> Path:
 _OBJECT_STORE = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*):/")
 
 
+#: Where the working copies of object-store repositories live under ``SEQCLS_HOME``; the rest of the path is the
+#: store's bucket and prefix, so the directory itself says which store it stands for (no file to keep in step).
+STORES_DIR = ("triton", "stores", "s3")
+
+
+def store_working_copy(home: Path, uri: str) -> Path:
+    """This host's working copy of the ``s3://`` repository ``uri``: ``<home>/triton/stores/s3/<bucket>/<prefix>``.
+
+    Why a directory at all: publish assembles and hashes a version on a filesystem before uploading it,
+    and the readers of a version (status, sync, the quality gate's champion) read its files from there.
+    """
+    parts = [p for p in uri[len("s3://") :].split("/") if p]
+    if not parts or any(p in (".", "..") for p in parts):
+        raise InputError(f"{ENV_TRITON_REPOSITORY}={uri!r}: write s3://bucket/prefix (no '.' or '..' segments)")
+    return Path(home).expanduser().resolve().joinpath(*STORES_DIR, *parts)
+
+
 @dataclass(frozen=True)
 class Settings:
     """Resolved locations and endpoints; build with :meth:`from_env` and override fields."""
 
     home: Path = field(default_factory=default_home)
     triton_repository: Path | None = None
+    #: The ``s3://bucket/prefix`` repository when SEQCLS_TRITON_REPOSITORY names one; ``triton_repository`` is then
+    #: this host's working copy of it (see :func:`store_working_copy`), and the store is the truth.
+    triton_store: str | None = None
     triton_grpc: tuple[str, ...] = ()
     triton_http: tuple[str, ...] = ()
     triton_metrics: tuple[str, ...] = ()
@@ -323,12 +345,15 @@ class Settings:
             raise InputError(f"device {self.device!r} is not one of {', '.join(DEVICES)}")
         if self.triton_repository is None:
             object.__setattr__(self, "triton_repository", self.home / "triton" / "model_repository")
-        if scheme := _OBJECT_STORE.match(str(self.triton_repository)):
+        if str(self.triton_repository).startswith("s3://"):
+            object.__setattr__(self, "triton_store", str(self.triton_repository))
+            object.__setattr__(self, "triton_repository", store_working_copy(self.home, str(self.triton_repository)))
+        elif scheme := _OBJECT_STORE.match(str(self.triton_repository)):
             raise InputError(
                 f"{ENV_TRITON_REPOSITORY} (or the Triton Connection's extra repository) is {self.triton_repository!r}, "
-                f"an object store ({scheme.group(1).lower()}://): seqcls publishes to a POSIX directory that every "
-                "Triton replica mounts (atomic renames and flock) and has no object-store backend — set it to that "
-                "directory (the compose file's /models, the Kubernetes RWX claim's mount)."
+                f"an object store seqcls has no backend for ({scheme.group(1).lower()}://): use an S3-API store "
+                "(s3://bucket/prefix, with AWS_ENDPOINT_URL_S3 for MinIO/SeaweedFS) or a POSIX directory that every "
+                "Triton replica mounts (the compose file's /models, the Kubernetes RWX claim's mount)."
             )
         object.__setattr__(self, "triton_repository", Path(self.triton_repository))
         if not self.triton_grpc:
@@ -377,6 +402,14 @@ class Settings:
             key = str(self.triton_control_key).strip()
             source = f"{ENV_TRITON_CONTROL_KEY} / the Triton Connection's password"
             object.__setattr__(self, "triton_control_key", check_control_key(key, source) if key else None)
+
+    def refuse_store(self, what: str) -> None:
+        """An InputError naming the setting when the repository is an object store ``what`` has no counterpart on."""
+        if self.triton_store is not None:
+            raise InputError(
+                f"{what}: {ENV_TRITON_REPOSITORY} is the object store {self.triton_store}; {what} has no object-store "
+                "counterpart yet (versions, configs, state and log stay on the store; nothing was changed)"
+            )
 
     @classmethod
     def from_env(cls, **overrides: object) -> Settings:

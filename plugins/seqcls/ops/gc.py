@@ -427,6 +427,7 @@ def gc(
     ``mlflow_versions``: archive / delete / keep (default: the setting). ``evidence_keep``: the newest releases
     whose evidence stays as it is (default: the setting); older ones nothing else keeps are compacted. Likewise
     ``statelog_rotate_bytes``: a state log larger than this is rotated, with a snapshot."""
+    settings.refuse_store("gc")
     t0 = time.perf_counter()
     keep_refused = settings.gc_keep_refused if keep_refused is None else keep_refused
     policy = settings.gc_mlflow_versions if mlflow_versions is None else str(mlflow_versions).strip().lower()

@@ -9,7 +9,9 @@ waiting. The lease itself is data — owner, ``renewed_at`` and a ttl — replac
 same-directory rename (atomic on POSIX and on NFS), so a crashed machine's lease expires by its
 ttl instead of relying on the file system's lock recovery; a dead holder on this host is
 recovered at once from its pid. Clocks across machines must roughly agree (ttl ≫ clock skew).
-Object stores (S3, GCS mounts) give neither rename nor locks and are not supported for the lease.
+Object stores give neither rename nor locks: on a store's working copy (:mod:`seqcls.serving.storeroot`) this
+class keeps the lease on the store instead, by compare-and-swap (:mod:`seqcls.serving.s3lease`), with the
+same owner-keyed API.
 """
 
 from __future__ import annotations
@@ -29,8 +31,10 @@ from pathlib import Path
 from typing import Any, Literal
 
 from seqcls.contract.names import ModelName, require_name
-from seqcls.errors import LeaseError
+from seqcls.errors import LeaseError, ServingError
 from seqcls.files import atomic_write
+from seqcls.serving.s3lease import HeldLease, LeaseView, S3ReleaseLease
+from seqcls.serving.storeroot import store_at
 
 log = logging.getLogger(__name__)
 
@@ -142,6 +146,9 @@ class ReleaseLease:
         self.model_name = require_name(model)
         self.path = self.repository / f"{LEASE_PREFIX}{model}.json"
         self.lock_path = self.repository / f"{LEASE_PREFIX}{model}.lock"
+        store = store_at(self.repository)
+        #: On a store's working copy: the lease on the store (every method below hands over to it).
+        self.store_lease = None if store is None else StoreLease(S3ReleaseLease(store, self.model_name))
 
     # ------------------------------------------------------------------ internals
 
@@ -176,6 +183,9 @@ class ReleaseLease:
 
     def dead_reason(self, holder: LeaseHolder, now: float | None = None) -> str | None:
         """Why ``holder`` no longer counts (None while it does)."""
+        if self.store_lease is not None:  # expiry on the store's clock: no pid check across hosts
+            view = self.store_lease.lease.view()
+            return f"its ttl of {holder.ttl_seconds:.0f}s passed on the store's clock" if view.expired else None
         now = time.time() if now is None else now
         same_host = holder.kind == "process" and holder.host == socket.gethostname()
         if same_host and holder.pid != os.getpid() and not pid_alive(holder.pid, holder.pid_start):
@@ -206,6 +216,8 @@ class ReleaseLease:
 
     def holder(self) -> LeaseHolder | None:
         """The recorded holder (possibly dead: see :meth:`dead_reason`); None when free."""
+        if self.store_lease is not None:
+            return self.store_lease.holder()
         return self._read()
 
     def acquire(
@@ -227,6 +239,8 @@ class ReleaseLease:
             raise ValueError(f"lease kind {kind!r} is not one of {', '.join(KINDS)}")
         if not owner:
             raise ValueError("a lease owner id is required")
+        if self.store_lease is not None:
+            return self.store_lease.acquire(owner, kind=kind, run=run, step=step, timeout=timeout, ttl=ttl, poll=poll)
         deadline = time.monotonic() + max(0.0, timeout)
         waited_for: str | None = None
         while True:
@@ -267,6 +281,8 @@ class ReleaseLease:
 
     def renew(self, owner: str, step: str | None = None) -> LeaseHolder:
         """Extend ``owner``'s lease (and record the step it is at); LeaseError if it lost the lease."""
+        if self.store_lease is not None:
+            return self.store_lease.renew(owner, step)
         with self._locked():
             current = self._read()
             if current is None or current.owner != owner:
@@ -289,6 +305,8 @@ class ReleaseLease:
 
     def release(self, owner: str) -> bool:
         """Give the lease up; never removes someone else's (returns whether it released)."""
+        if self.store_lease is not None:
+            return self.store_lease.release(owner)
         with self._locked():
             current = self._read()
             if current is None:
@@ -308,6 +326,11 @@ class ReleaseLease:
 
     def break_lease(self, by: str, reason: str) -> LeaseHolder | None:
         """Remove the lease whoever holds it (an operator's decision); returns the holder it removed."""
+        if self.store_lease is not None:
+            raise LeaseError(
+                f"the release lease of {self.model_name!r} is on the object store ({self.store_lease.lease.where()}): "
+                "`lease break` has no store counterpart yet; a holder that stops renewing is taken over after its ttl"
+            )
         with self._locked():
             try:
                 current = self._read()
@@ -364,4 +387,71 @@ class ReleaseLease:
             self.release(owner)
 
 
-__all__ = ["DEFAULT_TTL", "KINDS", "LeaseError", "LeaseHolder", "ReleaseLease", "process_owner"]
+#: Leases this process holds on stores, by (lease object key, owner): the ETag of the last write is the proof.
+_HELD: dict[tuple[str, str], HeldLease] = {}
+_HELD_LOCK = threading.Lock()
+
+
+class StoreLease:
+    """The owner-keyed API of :class:`ReleaseLease` over :class:`~seqcls.serving.s3lease.S3ReleaseLease`.
+
+    Why: the release steps take the lease by owner id (several steps of one release re-enter it); the store's
+    lease is token-based. This process keeps the token it holds per owner; an owner that re-enters takes the
+    lease again (a new token, the previous write's ETag)."""
+
+    def __init__(self, lease: S3ReleaseLease) -> None:
+        self.lease = lease
+
+    def _key(self, owner: str) -> tuple[str, str]:
+        return (self.lease.where(), owner)
+
+    @staticmethod
+    def _holder(view: LeaseView, kind: str = "process", run: str | None = None) -> LeaseHolder | None:
+        r = view.record
+        if r is None or r.released:
+            return None
+        renewed = (view.modified or datetime.now(UTC)).timestamp()
+        return LeaseHolder(r.owner, kind, r.host, r.pid, run, r.acquired_at, _iso(renewed), r.ttl_seconds, r.step)
+
+    def holder(self) -> LeaseHolder | None:
+        return self._holder(self.lease.view())
+
+    def acquire(
+        self, owner: str, *, kind: str, run: str | None, step: str, timeout: float, ttl: float, poll: float
+    ) -> LeaseHolder:
+        held = self.lease.acquire(owner, step=step, timeout=timeout, ttl=ttl, poll=poll)
+        with _HELD_LOCK:
+            _HELD[self._key(owner)] = held
+        return self._holder(self.lease.view(), kind, run) or self._from_held(held, kind, run)
+
+    @staticmethod
+    def _from_held(held: HeldLease, kind: str, run: str | None) -> LeaseHolder:
+        r, now = held.record, _iso(time.time())
+        return LeaseHolder(r.owner, kind, r.host, r.pid, run, r.acquired_at, now, r.ttl_seconds, r.step)
+
+    def renew(self, owner: str, step: str | None) -> LeaseHolder:
+        with _HELD_LOCK:
+            held = _HELD.get(self._key(owner))
+        if held is None:  # another process of this owner took it (an Airflow task): take it again
+            return self.acquire(owner, kind="run", run=None, step=step or "", timeout=0.0, ttl=DEFAULT_TTL, poll=0.5)
+        held = self.lease.renew(held, step)
+        with _HELD_LOCK:
+            _HELD[self._key(owner)] = held
+        return self._from_held(held, "process", None)
+
+    def release(self, owner: str) -> bool:
+        with _HELD_LOCK:
+            held = _HELD.pop(self._key(owner), None)
+        if held is None:
+            view = self.lease.view()
+            if view.record is None or view.record.released or view.record.owner != owner:
+                return False
+            held = self.lease.acquire(owner, step="release", timeout=0.0)  # this owner's, from another process
+        try:
+            return self.lease.release(held)
+        except ServingError as exc:  # the store unreachable: the release's own outcome must not be replaced by this
+            log.warning("release lease of %s not released (%s): it expires after its ttl", self.lease.model_name, exc)
+            return False
+
+
+__all__ = ["DEFAULT_TTL", "KINDS", "LeaseError", "LeaseHolder", "ReleaseLease", "StoreLease", "process_owner"]

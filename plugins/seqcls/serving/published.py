@@ -9,6 +9,7 @@ release workspace or the MLflow model version's artifacts: :mod:`seqcls.serving.
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -19,8 +20,11 @@ from seqcls.contract import shipped
 from seqcls.errors import ServingError
 from seqcls.files import copy_hashed
 from seqcls.gates.scoring import Graph
+from seqcls.serving.backend import StoreRepository
 from seqcls.serving.repository import RELEASE_FILE, Repository
 from seqcls.serving.restore import plan
+
+log = logging.getLogger(__name__)
 
 
 def _verified_copy(vdir: Path, name: str, recorded: dict[str, str], scratch: Path, what: str) -> Path:
@@ -129,7 +133,10 @@ def champion_graph(repo: Repository, version: int, scratch: Path, extra: Sequenc
     """The served version ``version`` as published, and where it was read from: its live files when intact,
     else a verified copy (its pin and release workspace, or ``extra`` directories such as the MLflow model
     version's artifacts), every file checked against the hash publish recorded. ServingError naming what is
-    missing when no verified copy is complete."""
+    missing when no verified copy is complete. On an ``s3://`` repository a version the working copy lacks is
+    read from the store first, each file checked against the version's manifest."""
+    if (store := StoreRepository.at(repo.root)) is not None and store.fetch_missing(repo.names.models, [version]):
+        log.info("champion version %d read from %s (sha256 checked) for scoring", version, store)
     try:
         return served_graph(repo, version, scratch / "live"), "its published files"
     except ServingError as exc:

@@ -23,6 +23,7 @@ they are written once per phase; a dead endpoint is reported and the others stil
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -34,6 +35,7 @@ from typing import Any
 from seqcls import faults
 from seqcls.contract.names import CLASSIC, ServingNames, require_name
 from seqcls.errors import ServingError
+from seqcls.serving.backend import StoreRepository
 from seqcls.serving.client import TritonOps
 from seqcls.serving.repository import Repository
 from seqcls.serving.state import ServingState
@@ -118,6 +120,11 @@ class _Reconciler:
             except Exception as exc:
                 self.report.errors[op.endpoint.grpc] = f"not reachable: {exc}"
 
+    @functools.cached_property
+    def store(self) -> StoreRepository | None:
+        """An ``s3://`` repository: the configs Triton reads are the store's (this directory is a working copy)."""
+        return StoreRepository.at(self.repo.root)
+
     def pending(self) -> list[TritonOps]:
         todo = []
         for op in self.ops:
@@ -136,15 +143,21 @@ class _Reconciler:
             return
         if not versions:
             self.repo.restore_config(model, None)
+            if self.store is not None:
+                self.store.drop_config(model)
             if model == self.names.candidate:
                 self.repo.drop_candidate()
             return
         if model == self.names.candidate:
             self.repo.ensure_candidate_version(versions[0])
+            if self.store is not None:
+                self.store.ensure_version(model, versions[0], self.repo.root / model / str(versions[0]))
             text = self.repo.candidate_config(versions[0])
         else:
             base = versions[-1] if model != self.names.ensemble else versions[0]
             text = self.repo.config_for(model, base, versions)
+        if self.store is not None:  # what Triton reads: the store's config, by compare-and-swap
+            self.store.write_config(model, text)
         if self.repo.config_text(model) != text:
             self.repo.write_config(model, text)
 
@@ -257,6 +270,8 @@ def reconcile(
     repo = repo.for_model(state.model_name)
     direct = repo.direct_versions((state.serving, state.candidate, state.previous))
     desired = desired_versions(state, keep_previous=keep_previous, direct=direct)
+    if (store := StoreRepository.at(repo.root)) is not None:  # a host that did not publish them: from the store
+        store.fetch_missing(repo.names.models, sorted({v for vs in desired.values() for v in vs}))
     complete = set(repo.complete_versions())
     missing = sorted({v for vs in desired.values() for v in vs} - complete)
     untouched: set[str] = set()

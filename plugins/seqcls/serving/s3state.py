@@ -35,7 +35,7 @@ from seqcls.errors import ServingError
 from seqcls.serving.objectstore import ObjectConflict, ObjectIntegrityError, ObjectStore
 from seqcls.serving.s3lease import control_key
 from seqcls.serving.s3repo import MANIFEST, S3Repository
-from seqcls.serving.state import ServingState
+from seqcls.serving.servingstate import ServingState
 from seqcls.serving.statelog import actor, now_iso
 
 log = logging.getLogger(__name__)
@@ -127,7 +127,7 @@ class S3ServingState:
             ) from None
         if state.model_name != self.model_name:
             raise ServingError(f"{self.uri(self.key)} records model {state.model_name!r}, not {self.model_name!r}")
-        return StateRead(state, etag)
+        return StateRead(replace(state, model_name=self.model_name), etag)  # the checked name, as the POSIX reader
 
     def check_applicable(self, state: ServingState, base: ServingState) -> None:
         """Refuse ``state`` if a version it names and ``base`` did not is incomplete on the store."""

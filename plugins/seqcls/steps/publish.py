@@ -38,6 +38,7 @@ from seqcls.release.keys import release_values
 from seqcls.release.records import OUT_DIRS, Published, served_onnx, serving_tokenizer
 from seqcls.release.workspace import Release, StepResult
 from seqcls.serving import restore
+from seqcls.serving.backend import StoreRepository
 from seqcls.serving.pins import drop_pin, read_pin, write_pin
 from seqcls.serving.repository import (
     DEFAULT_RETAIN,
@@ -136,11 +137,34 @@ def find_published(repo: Repository, key: str) -> int | None:
     """The newest intact version holding this release (same publish key) that went live with its verdicts: a
     version published without them (a path that skipped the gates) is never reused — releasing through the
     gates writes a new one, which is how `seqcls status` says to fix it."""
+    store = StoreRepository.at(repo.root)
     for v in reversed(repo.complete_versions()):
         info = repo.recorded(v, repo.names.ensemble)
-        if info and info.get("publish_key") == key and not repo.damaged_files(v) and not verdicts.unverified(info):
+        usable = info and info.get("publish_key") == key and not repo.damaged_files(v) and not verdicts.unverified(info)
+        if usable and (store is None or store.complete(repo.names.models, v)):  # on a store: only one whole there
             return v
     return None
+
+
+def upload(repo: Repository, version: int) -> None:
+    """On an ``s3://`` repository, version ``version`` (renamed into the working copy) uploaded whole to the
+    store, the ensemble last. A failure removes the local copy (it is not reused) and names the store:
+    the store keeps an incomplete version (no manifest: never served, never allocated again)."""
+    if (store := StoreRepository.at(repo.root)) is None:
+        return
+    try:
+        published = store.publish(repo.names.models, version)
+    except Exception as exc:
+        for model in repo.names.models:
+            shutil.rmtree(repo.root / model / str(version), ignore_errors=True)
+        raise ServingError(
+            f"publishing version {version} of {repo.model_name!r} to the object store {store} failed: {exc}. "
+            "Nothing served changed (a version without its manifest is never served); release again once the "
+            "store answers — it publishes a new version number."
+        ) from exc
+    log.info("publish: version %d on %s: %d objects, %.1f MB in %.2f s", version, store,
+             sum(p.objects for p in published), sum(p.bytes for p in published) / 1e6,
+             sum(p.seconds for p in published))  # fmt: skip
 
 
 def prune(repo: Repository, retain: int, state: ServingState) -> list[int]:
@@ -311,8 +335,11 @@ def served_damage(repo: Repository, state: ServingState) -> str | None:
 
 def allocate(repo: Repository, state: ServingState) -> int:
     """The next version number, recorded in the state before anything is written (caller holds the lease
-    and the repository lock): above every number ever allocated and every version directory on disk."""
+    and the repository lock): above every number ever allocated, every version directory on disk and, on an
+    ``s3://`` repository, every version with any object on the store (a publish that died there included)."""
     on_disk = [v for m in repo.names.all for v in repo.versions(m)]
+    if (store := StoreRepository.at(repo.root)) is not None:
+        on_disk += store.used_versions(repo.names.all)
     version = max([state.published, *on_disk]) + 1
     write_state(repo.root, state.allocated(version), expected_generation=state.generation)
     return version
@@ -373,6 +400,7 @@ def publish(release: Release, options: ServingOptions | None = None, *, retain: 
                         faults.point(f"publish:renamed:{model}")
                 finally:
                     shutil.rmtree(tmp, ignore_errors=True)
+                upload(repo, version)
                 log.info(
                     "publish: wrote version %d to %s (%s)",
                     version,
