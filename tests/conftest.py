@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -57,6 +58,14 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Itera
     report = outcome.get_result()
     if report.failed:
         report.sections.extend(dead_triton_sections(getattr(item, "funcargs", {})))
+
+
+@pytest.fixture(autouse=True)
+def _restored_sys_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each test gets back the ``sys.path`` it started with. MLflow's pyfunc loading prepends the model's code
+    directory and leaves it there; a later test's spawned process (multiprocessing sends the parent's path)
+    then imported ``seqcls_contract`` from a model directory the earlier test's home no longer held."""
+    monkeypatch.setattr(sys, "path", list(sys.path))
 
 
 @pytest.fixture(autouse=True)
