@@ -44,12 +44,22 @@ def test_the_local_server_is_the_compose_service_with_hosts_and_secrets_mapped(t
     ini = Path(server.env["MLFLOW_AUTH_CONFIG_PATH"])
     assert ini.stat().st_mode & 0o077 == 0
     assert f"admin_password = {server.password}" in ini.read_text(encoding="utf-8")
+    # the compose file's credential cache reaches MLflow's ini: a password hashed once a minute, not per request
+    assert server.env["MLFLOW_AUTH_CACHE_TTL_SECONDS"] == "60"
+    assert "auth_cache_ttl_seconds = 60\n" in ini.read_text(encoding="utf-8")
     assert pg.ran == COMPOSE_FILE
 
 
 def test_the_image_entrypoint_names_a_missing_variable() -> None:
     with pytest.raises(SystemExit, match="set MLFLOW_ADMIN_PASSWORD"):
         auth_ini({"MLFLOW_ADMIN_USERNAME": "seqcls", "MLFLOW_AUTH_DATABASE_URI": "postgresql://x"})
+
+
+def test_the_credential_cache_must_be_whole_seconds() -> None:
+    env = {"MLFLOW_ADMIN_USERNAME": "seqcls", "MLFLOW_ADMIN_PASSWORD": "p" * 12, "MLFLOW_AUTH_DATABASE_URI": "x"}
+    assert "auth_cache_ttl_seconds = 0\n" in auth_ini(env)  # unset: MLflow's default, off
+    with pytest.raises(SystemExit, match=r"MLFLOW_AUTH_CACHE_TTL_SECONDS must be a whole number.*'1m'"):
+        auth_ini({**env, "MLFLOW_AUTH_CACHE_TTL_SECONDS": "1m"})
 
 
 def test_a_database_url_must_name_the_postgres_service() -> None:
@@ -101,6 +111,20 @@ def test_a_release_registers_in_postgres_behind_basic_auth(
     assert list((team_mlflow.root / "artifacts").rglob("MLmodel")), "no model artifacts in the proxied store"
     status = drill.cli("status", "--model-name", "teamreg", **env)
     assert status.returncode == 0, status.stdout[-2000:]
+    # the server remembers the verified credential (MLFLOW_AUTH_CACHE_TTL_SECONDS), never a wrong one beside it
+    import base64
+    import urllib.error
+    import urllib.request
+
+    search = f"{team_mlflow.url}/api/2.0/mlflow/registered-models/search"
+    for password, expected in ((team_mlflow.password, 200), ("not-the-password", 401)):
+        token = base64.b64encode(f"{team_mlflow.username}:{password}".encode()).decode()
+        request = urllib.request.Request(search, headers={"Authorization": f"Basic {token}"})
+        try:
+            code = urllib.request.urlopen(request, timeout=30).status
+        except urllib.error.HTTPError as exc:
+            code = exc.code
+        assert code == expected, (password == team_mlflow.password, code)
     # the logged model is the run's output and carries the run's headline metrics (the run has them all)
     from mlflow.tracking import MlflowClient
 

@@ -4,7 +4,10 @@
 Why: MLflow's basic-auth app reads its admin user and its database from an ini file
 (``MLFLOW_AUTH_CONFIG_PATH``), and a password must not be baked into an image or the compose file;
 this writes the file (0600) from ``MLFLOW_ADMIN_USERNAME`` / ``MLFLOW_ADMIN_PASSWORD`` /
-``MLFLOW_AUTH_DATABASE_URI`` at start. The local rehearsal (:mod:`seqcls_tools.teamstack`) writes
+``MLFLOW_AUTH_DATABASE_URI`` at start. ``MLFLOW_AUTH_CACHE_TTL_SECONDS`` turns on MLflow's cache of verified
+credentials: without it every request pays a deliberately slow password hash, the dominant cost of a release's
+~70 requests on a small server; the price is that a password changed out of band is honoured up to that many
+seconds late. The local rehearsal (:mod:`seqcls_tools.teamstack`) writes
 it with the same function. Standard library only: it runs inside MLflow's image.
 """
 
@@ -15,6 +18,8 @@ import sys
 from pathlib import Path
 
 REQUIRED = ("MLFLOW_ADMIN_USERNAME", "MLFLOW_ADMIN_PASSWORD", "MLFLOW_AUTH_DATABASE_URI")
+#: Seconds a verified credential is remembered by the server (MLflow's ``auth_cache_ttl_seconds``; 0: off).
+CACHE_TTL = "MLFLOW_AUTH_CACHE_TTL_SECONDS"
 
 
 def auth_ini(env: dict[str, str]) -> str:
@@ -22,6 +27,9 @@ def auth_ini(env: dict[str, str]) -> str:
     missing = [name for name in REQUIRED if not env.get(name)]
     if missing:
         raise SystemExit(f"mlflow basic auth: set {', '.join(missing)} (see docker/README.md)")
+    ttl = env.get(CACHE_TTL, "0").strip() or "0"
+    if not ttl.isdigit():
+        raise SystemExit(f"mlflow basic auth: {CACHE_TTL} must be a whole number of seconds (0: off), got {ttl!r}")
     return (
         "[mlflow]\n"
         "default_permission = READ\n"
@@ -29,6 +37,7 @@ def auth_ini(env: dict[str, str]) -> str:
         f"admin_username = {env['MLFLOW_ADMIN_USERNAME']}\n"
         f"admin_password = {env['MLFLOW_ADMIN_PASSWORD']}\n"
         "authorization_function = mlflow.server.auth:authenticate_request_basic_auth\n"
+        f"auth_cache_ttl_seconds = {int(ttl)}\n"
     )
 
 

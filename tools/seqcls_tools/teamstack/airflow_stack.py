@@ -17,6 +17,7 @@ import signal
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -291,8 +292,7 @@ class TeamStack:
             self.postgres.start()
             self.mlflow = MlflowServer(self.postgres, self.root / "mlflow")
             self.mlflow.root.mkdir(parents=True, exist_ok=True)
-            self.mlflow.prepare().start()
-            self.redis.start()
+            self.mlflow.prepare()
             ports = [(free_port(), free_port(), free_port()) for _ in range(self.triton_count)]
             shared = self.root / "shared"
             self.settings = Settings(
@@ -311,12 +311,10 @@ class TeamStack:
                     state_dir=self.root / "tritons" / f"triton-{i}",
                 )  # fmt: skip
                 self.tritons.append(LocalTriton(config))
-                self.tritons[-1].start()
             metrics_urls = tuple(t.config.metrics_url for t in self.tritons)
             self.settings = dataclasses.replace(self.settings, triton_metrics=metrics_urls)
             if self.prometheus is not None:
                 self.prometheus.targets = list(metrics_urls)
-                self.prometheus.start()
             self.airflow = CeleryAirflow(
                 self.root / "airflow",
                 self.settings,
@@ -328,7 +326,16 @@ class TeamStack:
             )
             self.airflow.stack.env.update(compose_seqcls_env(self.cli_env()))
             self.airflow.stack.env.update(self.airflow_env)
-            self.airflow.start()
+            # Every service after PostgreSQL waits only for itself to answer, so they start at once: Airflow's
+            # migration, MLflow's, the Tritons' copies of the server and Redis overlap (a task needs them all
+            # only when it runs). Leaving the pool waits for every start, failed or not, before the cleanup.
+            starts = [self.mlflow.start, self.redis.start, *(t.start for t in self.tritons), self.airflow.start]
+            if self.prometheus is not None:
+                starts.append(self.prometheus.start)
+            with ThreadPoolExecutor(max_workers=len(starts), thread_name_prefix="stack-start") as pool:
+                futures = [pool.submit(start) for start in starts]
+            for future in futures:
+                future.result()
         except BaseException:
             self.stop()
             raise
@@ -350,16 +357,20 @@ class TeamStack:
         }
 
     def stop(self) -> None:
+        """Airflow first (no task starts against a service going away), then the services at once, PostgreSQL
+        last (MLflow and Airflow hold connections to it)."""
         if self.airflow is not None:
             self.airflow.stop()
+        stops = [self.redis.stop, *(triton.stop for triton in self.tritons)]
         if self.prometheus is not None:
-            self.prometheus.stop()
-        for triton in self.tritons:
-            triton.stop()
-        self.redis.stop()
+            stops.append(self.prometheus.stop)
         if self.mlflow is not None:
-            self.mlflow.kill()
+            stops.append(self.mlflow.kill)
+        with ThreadPoolExecutor(max_workers=len(stops), thread_name_prefix="stack-stop") as pool:
+            futures = [pool.submit(stop) for stop in stops]
         self.postgres.stop()
+        for future in futures:
+            future.result()
 
     def __enter__(self) -> TeamStack:
         return self.start()
