@@ -87,13 +87,17 @@ def store_models(store: StoreRepository) -> set[ModelName]:
 
 
 def _age(store: StoreRepository, keys: list[str]) -> float:
-    """Seconds since the newest of ``keys`` was written, on the store's clock (publish writes them in sorted
-    order: the last one is the newest)."""
-    stamped = store.store.read_stamped(sorted(keys)[-1])
-    if stamped.modified is None:
-        return 0.0  # gone meanwhile: someone else is acting on it, not old
-    now = stamped.store_time.timestamp() if stamped.store_time is not None else time.time()
-    return now - stamped.modified.timestamp()
+    """Seconds since the newest of ``keys`` was written, on the store's clock: a publish writes each Triton model's
+    objects in sorted order, so the newest is among each model's last key."""
+    last = {k.split("/", 1)[0]: k for k in sorted(keys)}
+    ages = []
+    for key in last.values():
+        stamped = store.store.read_stamped(key)
+        if stamped.modified is None:
+            return 0.0  # gone meanwhile: someone else is acting on it, not old
+        now = stamped.store_time.timestamp() if stamped.store_time is not None else time.time()
+        ages.append(now - stamped.modified.timestamp())
+    return min(ages)
 
 
 def plan(
