@@ -142,13 +142,12 @@ def _registry_fingerprints(settings: Settings, model: str) -> dict[str, str]:
 
 
 def _why_kept(
-    settings: Settings, model: ModelName, retain: int, on_store: list[storegc.StoreVersion] | None = None
+    settings: Settings, model: ModelName, retain: int, state: ServingState, on_store: list[storegc.StoreVersion]
 ) -> dict[Path, list[str]]:
     """Workspace → why it is kept whole (serving, rollback, restore and the champion need it)."""
     repo = Repository.from_settings(settings, model)
-    state = current_state(repo.root, model)
-    kept_on_store = {sv.version for sv in on_store or () if sv.complete and not sv.collect}
-    dropped = {sv.version for sv in on_store or () if sv.collect}
+    kept_on_store = {sv.version for sv in on_store if sv.complete and not sv.collect}
+    dropped = {sv.version for sv in on_store if sv.collect}
     why: dict[Path, list[str]] = {}
 
     def keep(paths: set[Path], reason: str) -> None:
@@ -196,9 +195,10 @@ def _plan_model(
     evidence_keep: int | None = None,
 ) -> _Plan:
     plan = _Plan(ModelGc(str(model)), policy=policy)
+    state = current_state(Path(str(settings.triton_repository)), model)  # read once (on a store: one GET)
     if (store := storegc.store_of(settings)) is not None:
-        _plan_store(settings, model, plan, store, retain)
-    kept = _why_kept(settings, model, retain, plan.on_store)
+        _plan_store(settings, model, plan, store, state, retain)
+    kept = _why_kept(settings, model, retain, state, plan.on_store)
     now = time.time()
     refused: list[tuple[str, Path]] = []
     manifests: dict[Path, dict[str, Any] | None] = {}
@@ -247,11 +247,12 @@ def _plan_model(
     return plan
 
 
-def _plan_store(settings: Settings, model: ModelName, plan: _Plan, store: StoreRepository, retain: int) -> None:
+def _plan_store(
+    settings: Settings, model: ModelName, plan: _Plan, store: StoreRepository, state: ServingState, retain: int
+) -> None:
     """The store's version numbers of ``model``: collected or kept, with why (:mod:`.storegc`)."""
-    root = Path(str(settings.triton_repository))
     plan.store = store
-    plan.on_store = storegc.plan(store, model, current_state(root, model), retain, settings.gc_min_age)
+    plan.on_store = storegc.plan(store, model, state, retain, settings.gc_min_age)
     for sv in plan.on_store:
         path = sv.where(store)
         parts = [f"{len(sv.keys)} objects of version {sv.version}"] if sv.collect else []
