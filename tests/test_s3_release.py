@@ -9,132 +9,39 @@ state, the lease, every version and every config Triton reads are on the store.
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 import secrets
 import shutil
-import socket
-import subprocess
-import sys
-import threading
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from seqcls import faults
-from seqcls.contract.names import ModelName
-from seqcls.errors import InputError, ServingError
+from seqcls.errors import ServingError
 from seqcls.localtriton import LocalTriton
-from seqcls.ops.gc import gc
 from seqcls.ops.status import status
 from seqcls.ops.sync import sync
 from seqcls.release.intake import open_release
-from seqcls.serving.backend import StoreRepository
-from seqcls.serving.objectstore import ObjectStore
 from seqcls.serving.published import champion_graph
 from seqcls.serving.repository import Repository
-from seqcls.serving.s3repo import S3Repository, served_versions, triton_repository
 from seqcls.serving.s3state import S3ServingState
-from seqcls.settings import PROJECT_ROOT, Settings
 from seqcls.steps import run_release
 from seqcls.steps.rollback import rollback_model
+from tests.helpers.s3release import (
+    MODEL,
+    Proxy,
+    killed_release,
+    served,
+    store_env,
+    store_of,
+    store_settings,
+    triton_on_store,
+)
 from tests.helpers.seaweedfs import SeaweedFS, seaweedfs
-from tests.helpers.triton import start_triton
 
-__all__ = ["seaweedfs"]  # the fixture, imported for this module's tests
+__all__ = ["seaweedfs", "store_env"]  # the fixtures, imported for this module's tests
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
-
-MODEL = ModelName("seqcls")
-
-
-class Proxy:
-    """A TCP relay in front of the store that a test can cut (the store unreachable) and restore."""
-
-    def __init__(self, target: tuple[str, int]) -> None:
-        self.target, self.up = target, threading.Event()
-        self.server = socket.create_server(("127.0.0.1", 0))
-        self.port = self.server.getsockname()[1]
-        self.up.set()
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                client, _ = self.server.accept()
-            except OSError:
-                return
-            if not self.up.is_set():
-                client.close()
-                continue
-            upstream = socket.create_connection(self.target)
-            for a, b in ((client, upstream), (upstream, client)):
-                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
-
-    def _pipe(self, src: socket.socket, dst: socket.socket) -> None:
-        try:
-            while self.up.is_set() and (data := src.recv(65536)):
-                dst.sendall(data)
-        except OSError:
-            pass
-        finally:
-            for s in (src, dst):
-                with contextlib.suppress(OSError):
-                    s.close()
-
-    def close(self) -> None:
-        self.up.clear()
-        self.server.close()
-
-
-@pytest.fixture
-def store_env(seaweedfs: SeaweedFS, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[str, Proxy]]:
-    """A fresh prefix on the store, reached through a :class:`Proxy`; the AWS variables point at it."""
-    host, port = seaweedfs.endpoint.split("://")[1].split(":")
-    proxy = Proxy((host, int(port)))
-    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", f"http://127.0.0.1:{proxy.port}")
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", seaweedfs.credentials.access_key_id)
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", seaweedfs.credentials.secret_access_key)
-    monkeypatch.setenv("AWS_REGION", "us-east-1")
-    yield f"s3://{seaweedfs.bucket}/release-{uuid.uuid4().hex[:8]}", proxy
-    proxy.close()
-
-
-def _triton(seaweedfs: SeaweedFS, uri: str, root: Path, key: str) -> LocalTriton:
-    """A real Triton on the store itself (not through the proxy: a cut store must not be a dead Triton)."""
-    location = seaweedfs.location(uri.split("/", 3)[3])
-    # tritonserver 2.51 refuses to start on a prefix with no object ("not a valid directory")
-    ObjectStore(location).put_immutable("README.txt", b"a seqcls model repository\n")
-    triton = triton_repository(location)
-    return start_triton(root, repository=triton.uri, control_key=key, environment=triton.environment)
-
-
-def _settings(server: LocalTriton, home: Path, uri: str, key: str) -> Settings:
-    cfg = server.config
-    return Settings(
-        home=home,
-        triton_repository=uri,
-        triton_grpc=(cfg.grpc_url,),
-        triton_http=(cfg.http_url,),
-        triton_control_key=key,
-    )
-
-
-def _store(settings: Settings) -> StoreRepository:
-    store = StoreRepository.at(Path(str(settings.triton_repository)))
-    assert store is not None
-    return store
-
-
-def _served(settings: Settings) -> tuple[int | None, tuple[int, ...]]:
-    """(recorded serving version on the store, versions the store's ensemble config serves)."""
-    store = _store(settings).store
-    state = S3ServingState(store, MODEL).read().state
-    config = S3Repository(store).read_config(MODEL.names.ensemble)
-    return state.serving, served_versions(config[0], MODEL.names.ensemble) if config else ()
 
 
 def _ready(server: LocalTriton, model: str, version: int | str = "") -> bool:
@@ -157,17 +64,17 @@ def test_release_status_rollback_and_sync_after_a_restart_on_s3(
 ) -> None:
     uri, _proxy = store_env
     key = secrets.token_urlsafe(32)
-    server = _triton(seaweedfs, uri, tmp_path, key)
+    server = triton_on_store(seaweedfs, uri, tmp_path, key)
     try:
-        settings = _settings(server, home, uri, key)
+        settings = store_settings(server, home, uri, key)
         results = {r.step: r for r in run_release(open_release(tiny_checkpoint, settings=settings))}
         assert results["expose"].status == "ok" and results["promote"].status == "ok"
-        assert _served(settings) == (1, (1,))
-        store = _store(settings)
+        assert served(settings) == (1, (1,))
+        store = store_of(settings)
         assert all(store.repo.versions(m).complete == (1,) for m in MODEL.names.models)
 
         run_release(open_release(tiny_checkpoint_b, settings=settings))
-        assert _served(settings) == (2, (2,))
+        assert served(settings) == (2, (2,))
         state = S3ServingState(store.store, MODEL).read().state
         assert (state.serving, state.previous) == (2, 1)
 
@@ -178,7 +85,7 @@ def test_release_status_rollback_and_sync_after_a_restart_on_s3(
 
         result = rollback_model(settings, MODEL, reason="test: back to v1")
         assert result["serving_version"] == 1
-        assert _served(settings) == (1, (1,))
+        assert served(settings) == (1, (1,))
         (st,) = status(settings, [MODEL])
         assert st.agree and st.recorded["serving"] == 1, st.problems
 
@@ -216,27 +123,6 @@ def test_release_status_rollback_and_sync_after_a_restart_on_s3(
         server.stop()
 
 
-def _killed_release(ckpt: Path, settings: Settings, uri: str, home: Path, key: str) -> subprocess.CompletedProcess:
-    script = (
-        "import sys\nfrom seqcls.release.intake import open_release\nfrom seqcls.steps import run_release\n"
-        "run_release(open_release(sys.argv[1]))\n"
-    )
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join(
-            [*(str(PROJECT_ROOT / p) for p in ("plugins", "tools", ".")), os.environ.get("PYTHONPATH", "")]
-        ),
-        "SEQCLS_HOME": str(home),
-        "SEQCLS_TRITON_REPOSITORY": uri,
-        "SEQCLS_TRITON_GRPC": settings.triton_grpc[0],
-        "SEQCLS_TRITON_HTTP": settings.triton_http[0],
-        "SEQCLS_TRITON_CONTROL_KEY": key,
-        "SEQCLS_FAULT_PLAN": "die@publish:before-store-marker",
-    }
-    argv = [sys.executable, "-c", script, str(ckpt)]
-    return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=900)
-
-
 def test_a_publish_killed_before_its_marker_is_never_served_and_a_dead_store_changes_nothing(
     seaweedfs: SeaweedFS,
     store_env: tuple[str, Proxy],
@@ -248,11 +134,11 @@ def test_a_publish_killed_before_its_marker_is_never_served_and_a_dead_store_cha
 ) -> None:
     uri, proxy = store_env
     key = secrets.token_urlsafe(32)
-    server = _triton(seaweedfs, uri, tmp_path, key)
+    server = triton_on_store(seaweedfs, uri, tmp_path, key)
     try:
-        settings = _settings(server, home, uri, key)
+        settings = store_settings(server, home, uri, key)
         run_release(open_release(tiny_checkpoint, settings=settings))
-        assert _served(settings) == (1, (1,))
+        assert served(settings) == (1, (1,))
 
         # the store down while version 2 is published: a clear error naming the store, nothing served changed
         real_point = faults.point
@@ -270,14 +156,14 @@ def test_a_publish_killed_before_its_marker_is_never_served_and_a_dead_store_cha
         assert "secret" not in str(failed.value).lower()
         monkeypatch.setattr(faults, "point", real_point)
         proxy.up.set()
-        assert _served(settings) == (1, (1,))
+        assert served(settings) == (1, (1,))
         assert _ready(server, MODEL.names.ensemble, 1)
 
         # the next release works, under a version number nothing on the store used
         run_release(open_release(tiny_checkpoint_b, settings=settings))
-        serving, config = _served(settings)
+        serving, config = served(settings)
         assert serving == config[0] and serving > 1
-        store = _store(settings)
+        store = store_of(settings)
         used = store.used_versions(MODEL.names.models)
 
         # a publish killed (SIGKILL) just before a store marker: never loaded, never served
@@ -286,18 +172,12 @@ def test_a_publish_killed_before_its_marker_is_never_served_and_a_dead_store_cha
         cfg = json.loads((other / "config.json").read_text())
         cfg["seqcls_note"] = "another release"
         (other / "config.json").write_text(json.dumps(cfg))
-        died = _killed_release(other, settings, uri, home, key)
+        died = killed_release(other, settings, home)
         assert died.returncode == -9, died.stderr[-3000:]
         incomplete = {v for m in MODEL.names.models for v in store.repo.versions(m).incomplete}
         assert incomplete and max(incomplete) > max(used), (incomplete, used)
-        assert _served(settings) == (serving, (serving,))
+        assert served(settings) == (serving, (serving,))
         assert not any(_ready(server, m, v) for m in MODEL.names.models for v in incomplete)
         assert _ready(server, MODEL.names.ensemble, serving)
     finally:
         server.stop()
-
-
-def test_gc_on_an_s3_repository_is_refused_naming_the_setting(home: Path) -> None:
-    settings = Settings(home=home, triton_repository="s3://bucket/prefix")
-    with pytest.raises(InputError, match=r"gc: SEQCLS_TRITON_REPOSITORY is the object store s3://bucket/prefix"):
-        gc(settings, apply=True)

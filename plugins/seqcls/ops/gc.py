@@ -20,6 +20,10 @@ Safe under faults: gc holds each model's release lease (refused at once, naming 
 holds it) and each workspace's lock while it moves things; what it collects is first renamed into
 ``<home>/.gc-trash/<pid>-<n>/`` (the same file system: one rename, never half a directory in a workspace), then
 deleted. A gc killed midway leaves only trash that the next gc or ``seqcls sync`` deletes. Dry run by default.
+
+On an ``s3://`` repository the same rules read the store (versions, configs, the recorded state) and gc also
+collects the store's version numbers nothing needs — killed publishes' incomplete versions and complete ones
+outside retention (:mod:`seqcls.ops.storegc`) — under the model's lease on the store.
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ import os
 import socket
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -40,9 +44,23 @@ from seqcls import faults
 from seqcls.contract.names import ModelName
 from seqcls.errors import SeqclsError
 from seqcls.files import atomic_write, held
-from seqcls.ops import evidence
+from seqcls.ops import evidence, storegc
 from seqcls.ops.disk import HEAVY, evalset_refs, megabytes, read_manifest, tree_bytes, workspaces
 from seqcls.ops.gcargs import GC_HELP, add_arguments
+from seqcls.ops.gcreport import (
+    EVALSET,
+    EVIDENCE,
+    FAILED,
+    KINDS,
+    LEFTOVER,
+    MLFLOW,
+    STORE_INCOMPLETE,
+    STORE_VERSION,
+    WORKSPACE,
+    GcResult,
+    Item,
+    ModelGc,
+)
 from seqcls.ops.history import rotate_log
 from seqcls.ops.sync import models_in, operator_models
 from seqcls.ops.trash import Trash, finish_leftovers, leftovers
@@ -50,6 +68,7 @@ from seqcls.registry import archive
 from seqcls.registry.ledger import CHAMPION, FINGERPRINT_TAG, PREVIOUS, aliased_version, client
 from seqcls.release import control
 from seqcls.release.workspace import FAILED_DIR, MANIFEST, Release, Workspace, workspace_dir
+from seqcls.serving.backend import StoreRepository
 from seqcls.serving.lease import ReleaseLease
 from seqcls.serving.pins import PIN_PREFIX
 from seqcls.serving.repository import DEFAULT_RETAIN, Repository
@@ -61,109 +80,12 @@ log = logging.getLogger(__name__)
 #: Seconds the retention run after a promote may spend collecting (what is left waits for the next gc).
 GC_BUDGET = 60.0
 
-#: The kinds gc reports, in its order.
-WORKSPACE, FAILED, MLFLOW, EVALSET, LEFTOVER = "workspace", "failed", "mlflow", "evalset", "leftover"
-EVIDENCE = "evidence"
-KINDS = {
-    WORKSPACE: "release workspaces' heavy artifacts",
-    FAILED: "failed/ leftovers",
-    EVIDENCE: "old releases' evidence, compacted into one audit record each",
-    MLFLOW: "MLflow versions' heavy artifacts",
-    EVALSET: "eval-set copies no longer referenced",
-    LEFTOVER: "leftovers of an interrupted gc",
-}
 #: What the ``gc`` record in a collected workspace's manifest is called.
 GC_RECORD = "gc"
 
 
 def _now() -> str:
     return datetime.now(UTC).isoformat(timespec="seconds")
-
-
-@dataclass
-class Item:
-    """One thing gc looked at: collected (``collect``: what it frees) or kept, and why."""
-
-    kind: str
-    path: str
-    bytes: int
-    collect: bool
-    reasons: list[str] = field(default_factory=list)
-    parts: list[str] = field(default_factory=list)  # collect: the paths (relative to ``path``) that go
-
-    def line(self) -> str:
-        what = f"{self.path}" + (f" ({', '.join(self.parts)})" if self.parts else "")
-        if self.collect:
-            return f"  collect {KINDS[self.kind]}: {what} — {megabytes(self.bytes)}"
-        return f"  keep {what} — {'; '.join(self.reasons)}"
-
-
-@dataclass
-class ModelGc:
-    """What gc did (or would do) for one model."""
-
-    model_name: str
-    items: list[Item] = field(default_factory=list)
-    error: str | None = None
-    applied: bool = False
-    deferred: int = 0  # items left for the next gc (its time budget ran out)
-
-    def freed(self) -> dict[str, int]:
-        out = dict.fromkeys(KINDS, 0)
-        for item in self.items:
-            if item.collect:
-                out[item.kind] += item.bytes
-        return out
-
-    def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "freed": self.freed()}
-
-
-@dataclass
-class GcResult:
-    """Per model, plus what belongs to the whole home (eval-set copies, an interrupted gc's trash)."""
-
-    apply: bool
-    models: list[ModelGc] = field(default_factory=list)
-    home: list[Item] = field(default_factory=list)
-    seconds: float = 0.0
-
-    @property
-    def ok(self) -> bool:
-        return not any(m.error for m in self.models)
-
-    def freed(self) -> dict[str, int]:
-        out = dict.fromkeys(KINDS, 0)
-        for part in (*(m.freed() for m in self.models), ModelGc("", self.home).freed()):
-            for kind, n in part.items():
-                out[kind] += n
-        return out
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "apply": self.apply,
-            "ok": self.ok,
-            "freed": self.freed(),
-            "seconds": round(self.seconds, 3),
-            "models": [m.to_dict() for m in self.models],
-            "home": [asdict(i) for i in self.home],
-        }
-
-    def lines(self) -> list[str]:
-        freed = self.freed()
-        verb = "freed" if self.apply else "would free (dry run: nothing deleted; --apply deletes)"
-        total = sum(freed.values())
-        parts = ", ".join(f"{KINDS[k]} {megabytes(n)}" for k, n in freed.items() if n)
-        out = [f"gc: {verb} {megabytes(total)}" + (f" — {parts}" if parts else "")]
-        for m in self.models:
-            out.append(f"{m.model_name}:" + (f" ✗ {m.error}" if m.error else ""))
-            out += [i.line() for i in m.items]
-            if m.deferred:
-                out.append(f"  {m.deferred} more left for the next gc (time budget)")
-        if self.home:
-            out.append("home (shared by every model):")
-            out += [i.line() for i in self.home]
-        return out
 
 
 # ---------------------------------------------------------------------------- what is kept, and why
@@ -178,15 +100,17 @@ def _refusal(manifest: dict[str, Any]) -> str | None:
     return None
 
 
-def _versions_of(repo: Repository, state: ServingState) -> set[int]:
-    """Every Triton version of the model the repository still holds or pins, and the state names."""
-    versions = {v for m in repo.names.models for v in repo.versions(m)}
+def _versions_of(repo: Repository, state: ServingState, on_store: set[int], dropped: set[int]) -> set[int]:
+    """Every Triton version of the model the repository still holds or pins, and the state names. On an object
+    store: ``on_store``, the complete versions it keeps, too, and never ``dropped``, the numbers gc collects
+    from it (with this host's copy and pin)."""
+    versions = {v for m in repo.names.models for v in repo.versions(m)} | on_store
     prefix = f"{PIN_PREFIX}{repo.model_name}.v"
     for pin in repo.root.glob(f"{prefix}*.json"):
         number = pin.name[len(prefix) : -len(".json")]
         if number.isdigit():
             versions.add(int(number))
-    return versions | set(state.live_versions())
+    return (versions - dropped) | set(state.live_versions())
 
 
 def _workspace_of(settings: Settings, repo: Repository, state: ServingState, version: int) -> set[Path]:
@@ -217,10 +141,13 @@ def _registry_fingerprints(settings: Settings, model: str) -> dict[str, str]:
     return out
 
 
-def _why_kept(settings: Settings, model: ModelName, retain: int) -> dict[Path, list[str]]:
+def _why_kept(
+    settings: Settings, model: ModelName, retain: int, state: ServingState, on_store: list[storegc.StoreVersion]
+) -> dict[Path, list[str]]:
     """Workspace → why it is kept whole (serving, rollback, restore and the champion need it)."""
     repo = Repository.from_settings(settings, model)
-    state = current_state(repo.root, model)
+    kept_on_store = {sv.version for sv in on_store if sv.complete and not sv.collect}
+    dropped = {sv.version for sv in on_store if sv.collect}
     why: dict[Path, list[str]] = {}
 
     def keep(paths: set[Path], reason: str) -> None:
@@ -235,7 +162,9 @@ def _why_kept(settings: Settings, model: ModelName, retain: int) -> dict[Path, l
     live = set(state.live_versions())
     for version in sorted(state.protected_versions(depth=retain - 1) - live):
         keep(_workspace_of(settings, repo, state, version), f"rollback target Triton v{version} (retain {retain})")
-    for version in sorted(_versions_of(repo, state) - state.protected_versions(depth=retain - 1)):
+    for version in sorted(
+        _versions_of(repo, state, kept_on_store, dropped) - state.protected_versions(depth=retain - 1)
+    ):
         keep(_workspace_of(settings, repo, state, version), f"Triton v{version} published/pinned (sync restores it)")
     for fp16, reason in _registry_fingerprints(settings, model).items():
         keep({workspace_dir(settings, model, fp16).resolve()}, reason)
@@ -253,6 +182,8 @@ class _Plan:
     versions: list[archive.VersionPlan] = field(default_factory=list)  # MLflow versions to archive/delete
     policy: str = archive.DEFAULT_POLICY
     compact: list[evidence.Planned] = field(default_factory=list)  # workspaces beyond the evidence horizon
+    store: StoreRepository | None = None  # an s3:// repository: its versions below
+    on_store: list[storegc.StoreVersion] = field(default_factory=list)
 
 
 def _plan_model(
@@ -264,7 +195,10 @@ def _plan_model(
     evidence_keep: int | None = None,
 ) -> _Plan:
     plan = _Plan(ModelGc(str(model)), policy=policy)
-    kept = _why_kept(settings, model, retain)
+    state = current_state(Path(str(settings.triton_repository)), model)  # read once (on a store: one GET)
+    if (store := storegc.store_of(settings)) is not None:
+        _plan_store(settings, model, plan, store, state, retain)
+    kept = _why_kept(settings, model, retain, state, plan.on_store)
     now = time.time()
     refused: list[tuple[str, Path]] = []
     manifests: dict[Path, dict[str, Any] | None] = {}
@@ -311,6 +245,18 @@ def _plan_model(
         _plan_versions(settings, model, plan, policy)
     _plan_evidence(settings, model, plan, manifests, whole, evidence_keep)
     return plan
+
+
+def _plan_store(
+    settings: Settings, model: ModelName, plan: _Plan, store: StoreRepository, state: ServingState, retain: int
+) -> None:
+    """The store's version numbers of ``model``: collected or kept, with why (:mod:`.storegc`)."""
+    plan.store = store
+    plan.on_store = storegc.plan(store, model, state, retain, settings.gc_min_age)
+    for sv in plan.on_store:
+        path = sv.where(store)
+        parts = [f"{len(sv.keys)} objects of version {sv.version}"] if sv.collect else []
+        plan.model.items.append(Item(sv.kind, path, sv.bytes, sv.collect, list(sv.reasons), parts))
 
 
 def _plan_evidence(settings: Settings, model: ModelName, plan: _Plan, manifests: dict[Path, dict[str, Any] | None],
@@ -386,9 +332,14 @@ def _collect_workspace(trash: Trash, ws: Path, paths: list[Path]) -> None:
 
 @contextlib.contextmanager
 def _model_lease(settings: Settings, model: str, owner: str | None) -> Iterator[None]:
-    """The model's release lease, taken at once or refused naming its holder (LeaseError)."""
+    """The model's release lease, taken at once or refused naming its holder (LeaseError). On a store, held
+    with a short ttl renewed meanwhile: a gc killed there blocks the model's releases for that ttl only."""
     lease = ReleaseLease(Path(str(settings.triton_repository)), model)
     me = owner or f"gc:{socket.gethostname()}:{os.getpid()}"
+    if lease.store_lease is not None:
+        with lease.hold(me, kind="process", step="gc", timeout=0, ttl=storegc.LEASE_TTL):
+            yield
+        return
     lease.acquire(me, kind="process", step="gc", timeout=0)
     try:
         yield
@@ -397,8 +348,11 @@ def _model_lease(settings: Settings, model: str, owner: str | None) -> Iterator[
 
 
 def gc_models(settings: Settings) -> list[ModelName]:
-    """Models with a recorded state or a directory of release workspaces."""
+    """Models with a recorded state (on an object store: control objects there) or a directory of release
+    workspaces."""
     names = set(models_in(Path(str(settings.triton_repository))))
+    if (store := storegc.store_of(settings)) is not None:
+        names |= storegc.store_models(store)
     root = settings.releases_dir
     for p in root.iterdir() if root.is_dir() else ():
         if p.is_dir() and not p.name.startswith("."):
@@ -427,7 +381,6 @@ def gc(
     ``mlflow_versions``: archive / delete / keep (default: the setting). ``evidence_keep``: the newest releases
     whose evidence stays as it is (default: the setting); older ones nothing else keeps are compacted. Likewise
     ``statelog_rotate_bytes``: a state log larger than this is rotated, with a snapshot."""
-    settings.refuse_store("gc")
     t0 = time.perf_counter()
     keep_refused = settings.gc_keep_refused if keep_refused is None else keep_refused
     policy = settings.gc_mlflow_versions if mlflow_versions is None else str(mlflow_versions).strip().lower()
@@ -455,6 +408,7 @@ def gc(
                 plan = _plan_model(settings, model, keep_refused, retain, policy, evidence_keep)
                 refs |= plan.refs
                 if apply:
+                    _apply_store(settings, plan, trash, t0, budget)
                     _apply(plan, trash, t0, budget)
                     _apply_versions(settings, plan, t0, budget)
                     _apply_evidence(plan, trash, t0, budget)
@@ -484,6 +438,24 @@ def gc(
                  ", ".join(f"{k} {megabytes(n)}" for k, n in freed.items()))  # fmt: skip
     result.seconds = time.perf_counter() - t0
     return result
+
+
+def _apply_store(settings: Settings, plan: _Plan, trash: Trash, t0: float, budget: float | None) -> None:
+    """Remove the plan's store versions (before anything local: a store that stops answering fails the model
+    here, having changed only whole versions' worth); past the budget, what is left is said."""
+    if plan.store is None:
+        return
+    root, model = Path(str(settings.triton_repository)), ModelName(plan.model.model_name)
+    by_path = {i.path: i for i in plan.model.items if i.kind in (STORE_VERSION, STORE_INCOMPLETE) and i.collect}
+    for sv in plan.on_store:
+        if not sv.collect:
+            continue
+        item = by_path[sv.where(plan.store)]
+        if budget is not None and time.perf_counter() - t0 > budget:
+            plan.model.deferred += 1
+            item.collect, item.reasons = False, ["left for the next gc (time budget)"]
+            continue
+        storegc.collect(plan.store, model, sv, root, trash.take)
 
 
 def _apply(plan: _Plan, trash: Trash, t0: float, budget: float | None) -> None:

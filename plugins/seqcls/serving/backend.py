@@ -65,11 +65,12 @@ class StoreRepository:
             self.repo.publish_version(model, version, local)
 
     def write_config(self, model: str, text: str) -> None:
-        """``model``'s config on the store (compare-and-swap over what was read; unchanged: not written)."""
-        current = self.repo.read_config(model)
-        if current is not None and current[0] == text:
+        """``model``'s config on the store (compare-and-swap over what was read; unchanged: not written). One
+        GET: the read's stamp is what :meth:`S3Repository.write_config` waits out the config's second from."""
+        current = self.repo.read_stamped_config(model)
+        if current.data is not None and current.data.decode("utf-8") == text:
             return
-        self.repo.write_config(model, text, None if current is None else current[1])
+        self.repo.write_config(model, text, current.etag, current)
 
     def drop_config(self, model: str) -> None:
         """Remove ``model``'s config from the store (Triton can no longer load it; its versions stay)."""

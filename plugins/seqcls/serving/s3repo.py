@@ -37,7 +37,7 @@ from typing import Any
 from seqcls import faults
 from seqcls.contract import shipped
 from seqcls.errors import InputError, ServingError
-from seqcls.serving.objectstore import ObjectConflict, ObjectStore, S3Location
+from seqcls.serving.objectstore import ObjectConflict, ObjectStore, S3Location, Stamped
 from seqcls.serving.repository import parse_config
 
 log = logging.getLogger(__name__)
@@ -258,9 +258,15 @@ class S3Repository:
         got = self.store.read(f"{_segment(model, 'Triton model')}/{CONFIG}")
         return None if got is None else (got[0].decode("utf-8"), got[1])
 
-    def write_config(self, model: str, text: str, etag: str | None) -> ConfigWrite:
+    def read_stamped_config(self, model: str) -> Stamped:
+        """``model``'s ``config.pbtxt`` with its ETag and the store's clock (``data`` None: none exists). Why
+        stamped: :meth:`write_config` given this read needs no second GET to wait out the config's second."""
+        return self.store.read_stamped(f"{_segment(model, 'Triton model')}/{CONFIG}")
+
+    def write_config(self, model: str, text: str, etag: str | None, read: Stamped | None = None) -> ConfigWrite:
         """Write ``model``'s ``config.pbtxt`` if it is still what was read (``etag``; None: it must not
         exist yet) and every version it serves is complete; ObjectConflict when another writer won.
+        ``read``: the :meth:`read_stamped_config` that gave ``etag`` (else the config is read again for its stamp).
         """
         model = _segment(model, "Triton model")
         versions = served_versions(text, model)
@@ -268,7 +274,7 @@ class S3Repository:
             self._require_complete(model, version)
         key = f"{model}/{CONFIG}"
         if etag is not None:
-            self._next_second(key)
+            self._next_second(key, read if read is not None and read.etag == etag else None)
         try:
             if etag is None:
                 new = self.store.create(key, text.encode("utf-8"))
@@ -283,12 +289,12 @@ class S3Repository:
         log.info("%s now serves versions %s (ETag %s)", self.uri(key), list(versions), new)
         return ConfigWrite(model, versions, new, etag)
 
-    def _next_second(self, key: str) -> None:
+    def _next_second(self, key: str, stamped: Stamped | None = None) -> None:
         """Wait until the store's clock has left the second of ``key``'s last write. Why: Triton decides whether
         a model changed from its files' modification times, and S3's ``Last-Modified`` has whole seconds — a
         config rewritten within the second of the previous one looks unchanged, and a reload keeps the old
         version policy (measured: 4 of 5 runs of a publish-then-flip test served the old version)."""
-        stamped = self.store.read_stamped(key)
+        stamped = stamped if stamped is not None else self.store.read_stamped(key)
         now, last = stamped.store_time, stamped.modified
         if now is not None and last is not None and int(now.timestamp()) <= int(last.timestamp()):
             time.sleep(1.0)
