@@ -22,7 +22,7 @@ from seqcls.errors import InputError
 #: docs/configuration.md is generated from).
 ENV_HOME = "SEQCLS_HOME"
 # the live Triton repository: a directory every replica mounts, or s3://bucket/prefix on an S3-API store (endpoint,
-# region and credentials from AWS_ENDPOINT_URL_S3, AWS_REGION, AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY; gc refused)
+# region and credentials from AWS_ENDPOINT_URL_S3, AWS_REGION, AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY)
 ENV_TRITON_REPOSITORY = "SEQCLS_TRITON_REPOSITORY"
 ENV_TRITON_GRPC = "SEQCLS_TRITON_GRPC"  # comma-separated host:port, one per replica
 ENV_TRITON_HTTP = "SEQCLS_TRITON_HTTP"  # comma-separated host:port, same order as gRPC
@@ -402,14 +402,6 @@ class Settings:
             key = str(self.triton_control_key).strip()
             source = f"{ENV_TRITON_CONTROL_KEY} / the Triton Connection's password"
             object.__setattr__(self, "triton_control_key", check_control_key(key, source) if key else None)
-
-    def refuse_store(self, what: str) -> None:
-        """An InputError naming the setting when the repository is an object store ``what`` has no counterpart on."""
-        if self.triton_store is not None:
-            raise InputError(
-                f"{what}: {ENV_TRITON_REPOSITORY} is the object store {self.triton_store}; {what} has no object-store "
-                "counterpart yet (versions, configs, state and log stay on the store; nothing was changed)"
-            )
 
     @classmethod
     def from_env(cls, **overrides: object) -> Settings:
