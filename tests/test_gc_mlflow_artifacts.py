@@ -198,3 +198,15 @@ def test_the_outcome_names_are_the_runs_modules() -> None:
     from seqcls.registry import runs
 
     assert (archive.OUTCOME_TAG, archive.REUSED) == (runs.OUTCOME_TAG, runs.REUSED)
+
+
+def test_the_growth_bench_inventory_names_each_files_owner_and_kind(mlflow_home: Settings, orphans) -> None:
+    from seqcls_tools.bench.growth import inventory_markdown, mlflow_inventory
+
+    root = Path(_client(mlflow_home).get_experiment_by_name(f"seqcls-{NAME}").artifact_location.removeprefix("file://"))
+    rows = {(r["owner"], r["kind"]): r for r in mlflow_inventory(str(mlflow_home.mlflow_tracking_uri), root.parent)}
+    reused = rows[("no version (run reused)", "run evidence (parity/)")]
+    assert reused["owners"] == 2 and reused["bytes"] == 2 * sum(v for k, v in EVIDENCE_FILES.items() if "parity/" in k)
+    assert rows[("version live", "model code (pyfunc.py, code/)")]["owners"] == 2, sorted(rows)
+    assert rows[("no version (run gate_failed)", "run evidence (quality/)")]["files"] == 1
+    assert "| **all** |" in inventory_markdown(list(rows.values()), 4)

@@ -215,7 +215,8 @@ def mlflow_inventory(tracking_uri: str, root: Path) -> list[dict[str, Any]]:
     for mv in c.search_model_versions("name = 'seqcls'"):
         tags = mv.tags or {}
         state = "compacted" if COMPACTED_REMOVED_TAG in tags else "archived" if REMOVED_TAG in tags else "live"
-        for key in (mv.run_id, getattr(mv, "model_id", None)):
+        model_id = getattr(mv, "model_id", None) or str(mv.source or "").removeprefix("models:/")  # m-<hex>
+        for key in (mv.run_id, model_id):
             if key:
                 state_of[key] = f"version {state}"
     rows: dict[tuple[str, str], dict[str, Any]] = {}
