@@ -3,9 +3,11 @@
 MLflow never deletes a version (nor its files) by itself. gc (:mod:`seqcls.ops.gc`) asks this module, per
 model, which versions no serving, rollback, restore or re-scoring can reach and applies the model's policy:
 
-- ``archive`` (default): delete the version's heavy artifacts — the logged model's ONNX graph and the run's
-  exported graphs (``paddle_static/``, ``torch_export/``, ``onnx_fp32/``) — and keep the version with its tags,
-  metrics, run and small evidence (``parity/``, ``quality/``, tokenizer, config): the audit trail stays.
+- ``archive`` (default): delete the version's heavy artifacts — the logged model's ONNX graph with what only
+  loads it (the pyfunc's code, character classes, input examples, environment files: all but
+  :data:`MODEL_AUDIT_FILES`) and the run's exported graphs (``paddle_static/``, ``torch_export/``,
+  ``onnx_fp32/``) — and keep the version with its tags, metrics, run and small evidence (``parity/``,
+  ``quality/``, tokenizer, config; the model's MLmodel, release.json, tokenizer file): the audit trail stays.
   Tagged :data:`ARCHIVED_TAG` (when) and :data:`REMOVED_TAG` (what went, bytes per path).
 - ``delete``: the same, then the version itself (its run stays, as a rolled-back release's does).
 - ``keep``: versions are left alone.
@@ -14,6 +16,15 @@ A version archived whose release gc has since compacted (:mod:`seqcls.ops.eviden
 audit record stays) also loses what the archive left — the run's evidence and the logged model's small files —
 keeping the version, its tags, metrics and run (:func:`plan_compacted`); tagged :data:`COMPACTED_TAG` before,
 :data:`COMPACTED_REMOVED_TAG` after, the same way.
+
+Runs no version names hold the same evidence and more of it: a release the quality or parity gate refused, a
+re-release of a registered configuration (its gates re-ran: ``seqcls.outcome=reused``), a registration that
+failed. No version is archived for them, so before :func:`plan_runs` their files stayed for ever (≈ 110 kB each:
+parity report, expected decisions, plots, quality evaluation). Their artifacts now go when their release's
+workspace is gone (compacted to its audit record or collected) — the evidence bound ``evidence_keep`` — and a
+re-release's as soon as a newer re-release of the same release stands for it; the run, its tags (the gate's
+error, the version it reused) and metrics stay. Tagged :data:`RUN_COLLECTING_TAG` before,
+:data:`RUN_REMOVED_TAG` after.
 
 Crash safety: :data:`ARCHIVED_TAG` is set *before* anything is deleted, so a release never reuses a version
 whose files may be half gone (it registers a new one); :data:`REMOVED_TAG` is set after, so a gc killed in
@@ -44,10 +55,20 @@ REMOVED_TAG = "seqcls.archived.removed"
 COMPACTED_TAG = "seqcls.compacted"
 #: Set after: JSON ``{"<artifact uri>": bytes}``. Missing while COMPACTED_TAG is set: unfinished.
 COMPACTED_REMOVED_TAG = "seqcls.compacted.removed"
+#: Set (ISO time) on a run no version names before its artifacts are deleted (:func:`collect_run`).
+RUN_COLLECTING_TAG = "seqcls.artifacts.collecting"
+#: Set after: JSON ``{"<artifact uri>": bytes}``. Missing while RUN_COLLECTING_TAG is set: unfinished.
+RUN_REMOVED_TAG = "seqcls.artifacts.removed"
+#: A run's outcome tag and the re-release outcome (:mod:`seqcls.registry.runs`, not imported: it is a floor up).
+OUTCOME_TAG, REUSED = "seqcls.outcome", "reused"
 #: The run's artifact directories holding graphs (the register step logs them; the rest is evidence).
 HEAVY_RUN_DIRS = ("paddle_static", "torch_export", "onnx_fp32")
-#: In the logged model's ``artifacts/``: the served graph (and external data, should a graph have it).
-HEAVY_MODEL_SUFFIXES = (".onnx", ".onnx.data", ".onnx_data")
+#: What an archived version's logged model keeps (paths under its artifact root): its MLmodel (signature,
+#: metadata), the served configuration, the served tokenizer file and the pinned requirements — what an audit
+#: reads. The rest (the pyfunc's code, the tokenizer's character classes, input examples, environment files)
+#: only loads a model whose graph is gone: it goes with the graph.
+MODEL_AUDIT_FILES = ("MLmodel", "requirements.txt", "artifacts/release.json", "artifacts/vocab.txt",
+                     "artifacts/tokenizer.json")  # fmt: skip
 
 
 @dataclass
@@ -83,9 +104,11 @@ def _heavy_parts(c, name: str, mv) -> dict[str, int]:
     parts: dict[str, int] = {}
     model_root = c.get_model_version_download_uri(name, str(mv.version))
     if model_root and not str(model_root).startswith(("models:/", "runs:/")):
+        mixed = {f.split("/")[0] for f in MODEL_AUDIT_FILES if "/" in f}  # directories an audit file is in
         for path, size in _walk(get_artifact_repository(model_root)):
-            if path.endswith(HEAVY_MODEL_SUFFIXES):
-                parts[f"{model_root.rstrip('/')}/{path}"] = size
+            if path not in MODEL_AUDIT_FILES:  # a directory none is in goes whole (one delete, no empty dirs)
+                key = f"{model_root.rstrip('/')}/{path if path.split('/')[0] in mixed else path.split('/')[0]}"
+                parts[key] = parts.get(key, 0) + size
     if mv.run_id:
         run_root = c.get_run(mv.run_id).info.artifact_uri
         repo = get_artifact_repository(run_root)
@@ -194,19 +217,13 @@ def collect(c, name: str, vp: VersionPlan, policy: str) -> None:
 
 def _remaining_parts(c, name: str, mv) -> dict[str, int]:
     """Everything left of the version's files: each top-level entry of its logged model and of its run."""
-    from mlflow.store.artifact.artifact_repository_registry import get_artifact_repository
 
     roots = [c.get_model_version_download_uri(name, str(mv.version))]
     if mv.run_id:
         roots.append(c.get_run(mv.run_id).info.artifact_uri)
     parts: dict[str, int] = {}
     for root in roots:
-        if not root or str(root).startswith(("models:/", "runs:/")):
-            continue
-        repo = get_artifact_repository(root)
-        for info in repo.list_artifacts():
-            size = sum(s for _, s in _walk(repo, info.path)) if info.is_dir else int(info.file_size or 0)
-            parts[f"{root.rstrip('/')}/{info.path}"] = size
+        parts.update(_root_parts(root))
     return parts
 
 
@@ -240,15 +257,114 @@ def collect_compacted(c, name: str, vp: VersionPlan) -> None:
              sum(vp.parts.values()))  # fmt: skip
 
 
+@dataclass
+class RunPlan:
+    """A run no model version names whose artifacts gc collects (``parts``: artifact URI → bytes), and why."""
+
+    run_id: str
+    fingerprint: str  # first 16 hex: its release workspace's name
+    outcome: str  # its seqcls.outcome tag: quality_failed, gate_failed, reused, failed...
+    why: str
+    parts: dict[str, int] = field(default_factory=dict)
+    unfinished: bool = False  # tagged by a gc that did not finish: complete it
+
+
+def _runs(c, experiment_id: str) -> list:
+    """Every run of the experiment that is not running (paged), newest first."""
+    out, token = [], None
+    while True:
+        page = c.search_runs([experiment_id], "attributes.status != 'RUNNING'", max_results=1000, page_token=token,
+                             order_by=["attributes.start_time DESC"])  # fmt: skip
+        out += list(page)
+        token = getattr(page, "token", None)
+        if not token:
+            return out
+
+
+def plan_runs(c, name: str, compacted: set[str]) -> list[RunPlan]:
+    """The runs of experiment ``seqcls-<name>`` that no version of ``name`` names and whose artifacts are debris:
+    their release (fingerprint's first 16 hex) is one of ``compacted`` (its workspace went, its audit record stands
+    for it: the ``evidence_keep`` bound), or they re-ran the gates of a registered release (``reused``) and a
+    newer such run of the same release exists (the newest keeps its evidence; the version's own run keeps the
+    first). Runs still running, without a fingerprint tag (not a release's) or already collected are left alone."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        exp = c.get_experiment_by_name(f"seqcls-{name}")
+        if exp is None:
+            return []
+        named = {mv.run_id for mv in _all_versions(c, name) if mv.run_id}
+        found = _runs(c, exp.experiment_id)
+    except MlflowException as exc:
+        raise mlflow_failed(f"listing the runs of experiment seqcls-{name}", exc) from exc
+    out: list[RunPlan] = []
+    reused: set[str] = set()  # releases whose newest re-release run was seen (runs come newest first)
+    for run in found:
+        tags = run.data.tags
+        fp16, outcome = str(tags.get(FINGERPRINT_TAG, ""))[:16], str(tags.get(OUTCOME_TAG, ""))
+        if run.info.run_id in named or not fp16 or RUN_REMOVED_TAG in tags:
+            continue
+        newer = outcome == REUSED and fp16 in reused
+        if outcome == REUSED:
+            reused.add(fp16)
+        if fp16 in compacted:
+            why = "its release was compacted (its audit record stands for it)"
+        elif newer:
+            why = "a newer re-release of the same release re-ran its gates"
+        else:
+            continue
+        rp = RunPlan(run.info.run_id, fp16, outcome, why, unfinished=bool(tags.get(RUN_COLLECTING_TAG)))
+        rp.parts = _root_parts(run.info.artifact_uri)
+        if rp.parts or rp.unfinished:
+            out.append(rp)
+    return out
+
+
+def _root_parts(root: str) -> dict[str, int]:
+    """Each top-level entry under an artifact root with its bytes (files under a directory summed)."""
+    from mlflow.store.artifact.artifact_repository_registry import get_artifact_repository
+
+    if not root or str(root).startswith(("models:/", "runs:/")):
+        return {}
+    repo = get_artifact_repository(root)
+    parts: dict[str, int] = {}
+    for info in repo.list_artifacts():
+        size = sum(s for _, s in _walk(repo, info.path)) if info.is_dir else int(info.file_size or 0)
+        parts[f"{root.rstrip('/')}/{info.path}"] = size
+    return parts
+
+
+def collect_run(c, rp: RunPlan) -> None:
+    """Delete a planned run's artifacts: tagged :data:`RUN_COLLECTING_TAG` before, :data:`RUN_REMOVED_TAG` (what
+    went) after — a gc killed in between finds the run unfinished and completes it. The run, its tags and metrics
+    stay."""
+    from mlflow.store.artifact.artifact_repository_registry import get_artifact_repository
+
+    if not rp.unfinished:
+        c.set_tag(rp.run_id, RUN_COLLECTING_TAG, datetime.now(UTC).isoformat(timespec="seconds"))
+    faults.point("gc:runs-tagged")
+    for uri in rp.parts:
+        root, _, leaf = uri.rpartition("/")
+        get_artifact_repository(root).delete_artifacts(leaf)
+    c.set_tag(rp.run_id, RUN_REMOVED_TAG, json.dumps(rp.parts))
+    log.info("gc: MLflow run %s (%s, release %s): its %d bytes of artifacts deleted — %s", rp.run_id, rp.outcome or "?",
+             rp.fingerprint, sum(rp.parts.values()), rp.why)  # fmt: skip
+
+
 __all__ = [
     "ARCHIVED_TAG",
     "COMPACTED_REMOVED_TAG",
     "COMPACTED_TAG",
     "DEFAULT_POLICY",
     "REMOVED_TAG",
+    "RUN_COLLECTING_TAG",
+    "RUN_REMOVED_TAG",
+    "RunPlan",
     "VersionPlan",
     "collect",
     "collect_compacted",
+    "collect_run",
     "plan",
     "plan_compacted",
+    "plan_runs",
 ]

@@ -55,6 +55,9 @@ class GrowthConfig:
     repeats: int = 3
     keep_work: bool = False
     checkpoint_days: tuple[int, ...] = CHECKPOINT_DAYS
+    #: After each day's CLI calls, collect the runs no version names (:func:`collect_runs`): what gc does once
+    #: ``seqcls.ops.gc`` calls :func:`seqcls.registry.archive.plan_runs`; off: gc as it is.
+    collect_runs: bool = False
 
 
 @dataclass
@@ -132,6 +135,30 @@ def _total(disk: dict[str, int]) -> int:
     return sum(v for k, v in disk.items() if k not in COUNTS)
 
 
+def _mlflow_root() -> Path:
+    from seqcls.settings import Settings
+
+    return Settings.from_env().mlflow_artifacts_dir
+
+
+def collect_runs(model: str = "seqcls") -> int:
+    """gc's collection of runs no version names, in process (the call ``seqcls.ops.gc`` is to make under the
+    model's lease, beside the compacted versions'): their release compacted, or a newer re-release. Bytes freed."""
+    from seqcls.ops import evidence
+    from seqcls.registry import archive
+    from seqcls.registry.ledger import client
+    from seqcls.settings import Settings
+
+    settings = Settings.from_env()
+    releases = settings.releases_dir / model
+    compacted = {n for n in evidence.records(settings, model) if not (releases / n).is_dir()}
+    c, freed = client(settings), 0
+    for rp in archive.plan_runs(c, model, compacted):
+        archive.collect_run(c, rp)
+        freed += sum(rp.parts.values())
+    return freed
+
+
 def _registry(env: dict[str, str]) -> dict[str, int]:
     from mlflow.tracking import MlflowClient
 
@@ -153,6 +180,78 @@ def _logs(env: dict[str, str], repository: Path) -> dict[str, int]:
         "registry_journal": _tree(home / "registry-journal" / "seqcls.jsonl"),
         "monitor": _tree(home / "monitor"),
     }
+
+
+#: A run's top-level artifact directories by kind (:mod:`seqcls.steps.register`, :mod:`seqcls.registry.runs`).
+RUN_KINDS = {"parity": "run evidence (parity/)", "quality": "run evidence (quality/)", "tokenizer": "run tokenizer/",
+             "checkpoint": "run checkpoint/ (config, labels)", "paddle_static": "run graphs",
+             "torch_export": "run graphs", "onnx_fp32": "run graphs"}  # fmt: skip
+
+
+def _model_kind(rel: str) -> str:
+    """A logged model's file (relative to its ``artifacts/``) by kind."""
+    if rel.endswith((".onnx", ".onnx.data", ".onnx_data")):
+        return "model graph (.onnx)"
+    if rel.startswith("code/") or rel == "pyfunc.py":
+        return "model code (pyfunc.py, code/)"
+    if rel.startswith("artifacts/"):
+        return "model small artifacts (release, vocab, char classes)"
+    if rel in ("input_example.json", "serving_input_example.json"):
+        return "model input examples"
+    return "model metadata (MLmodel, env files)"
+
+
+def mlflow_inventory(tracking_uri: str, root: Path) -> list[dict[str, Any]]:
+    """Every file under MLflow's artifact ``root`` by owner state and kind: whose run or logged model it belongs
+    to (a version live / archived / compacted, or a run no version names, by its ``seqcls.outcome``) and what it
+    is. Rows ``{"owner", "kind", "files", "bytes", "owners"}``; what to point at when MLflow artifacts grow."""
+    from mlflow.tracking import MlflowClient
+
+    from seqcls.registry.archive import COMPACTED_REMOVED_TAG, REMOVED_TAG
+    from seqcls.registry.runs import OUTCOME_TAG
+
+    c = MlflowClient(tracking_uri=tracking_uri, registry_uri=tracking_uri)
+    state_of: dict[str, str] = {}  # run id / model id -> the state of the version that names it
+    for mv in c.search_model_versions("name = 'seqcls'"):
+        tags = mv.tags or {}
+        state = "compacted" if COMPACTED_REMOVED_TAG in tags else "archived" if REMOVED_TAG in tags else "live"
+        model_id = getattr(mv, "model_id", None) or str(mv.source or "").removeprefix("models:/")  # m-<hex>
+        for key in (mv.run_id, model_id):
+            if key:
+                state_of[key] = f"version {state}"
+    rows: dict[tuple[str, str], dict[str, Any]] = {}
+    for path in sorted(p for p in root.rglob("*") if p.is_file()):
+        parts = path.relative_to(root).parts
+        if len(parts) >= 5 and parts[1] == "models" and parts[3] == "artifacts":
+            owner_id, kind = parts[2], _model_kind("/".join(parts[4:]))
+            owner = state_of.get(owner_id, "no version (logged model)")
+        elif len(parts) >= 4 and parts[2] == "artifacts":
+            owner_id, kind = parts[1], RUN_KINDS.get(parts[3], f"run {parts[3]}")
+            if owner_id not in state_of:
+                try:
+                    outcome = c.get_run(owner_id).data.tags.get(OUTCOME_TAG, "?")
+                except Exception:  # a directory MLflow no longer knows
+                    outcome = "unknown run"
+                state_of[owner_id] = f"no version (run {outcome})"
+            owner = state_of[owner_id]
+        else:
+            owner_id, owner, kind = "", "other", "/".join(parts[:3])
+        row = rows.setdefault((owner, kind), {"owner": owner, "kind": kind, "files": 0, "bytes": 0, "owners": set()})
+        row["files"] += 1
+        row["bytes"] += path.stat().st_size
+        row["owners"].add(owner_id)
+    return [{**r, "owners": len(r["owners"])} for r in sorted(rows.values(), key=lambda r: -r["bytes"])]
+
+
+def inventory_markdown(rows: list[dict[str, Any]], releases: int) -> str:
+    """The inventory as a table, with bytes per release (``releases``: the run's days)."""
+    lines = ["| owner | kind | runs/models | files | bytes | bytes per release |", "|---|---|---:|---:|---:|---:|"]
+    for r in rows:
+        lines.append(f"| {r['owner']} | {r['kind']} | {r['owners']} | {r['files']} | {r['bytes']:,} | "
+                     f"{r['bytes'] / max(releases, 1):,.0f} |")  # fmt: skip
+    total = sum(r["bytes"] for r in rows)
+    lines.append(f"| **all** | | | {sum(r['files'] for r in rows)} | {total:,} | {total / max(releases, 1):,.0f} |")
+    return "\n".join(lines) + "\n"
 
 
 class _Cli:
@@ -255,6 +354,8 @@ def run_growth(cfg: GrowthConfig) -> dict[str, Any]:
             if action == "rollback":
                 cli.run("rollback", "--model-name", "seqcls", "--reason", f"growth day {day}")
                 served.pop()
+            if cfg.collect_runs:
+                log.info("day %d: %d bytes of runs no version names collected", day, collect_runs())
             days.append(Day(day, action, round(seconds, 3), out.returncode, _disk(env)))
             log.info("day %d: %s in %.1fs, %.2f MB", day, action, seconds, _total(days[-1].disk) / 1e6)
             if day in cfg.checkpoint_days or day == cfg.days:
@@ -272,12 +373,15 @@ def run_growth(cfg: GrowthConfig) -> dict[str, Any]:
                     }
                 )
                 log.info("day %d measured: %s", day, points[-1]["seconds"])
+        inventory = mlflow_inventory(env["SEQCLS_MLFLOW_TRACKING_URI"], _mlflow_root())
     finally:
         server.stop()
         os.environ.clear()
         os.environ.update(saved)
         if not cfg.keep_work:
             shutil.rmtree(work, ignore_errors=True)
+        else:
+            log.info("kept the run's home, repository and MLflow store: %s", work)
     results = {
         "config": {**asdict(cfg), "out": str(cfg.out)},
         "machine": machine_facts(),
@@ -286,6 +390,7 @@ def run_growth(cfg: GrowthConfig) -> dict[str, Any]:
         "days": [asdict(d) for d in days],
         "points": points,
         "ratios": _ratios(points),
+        "mlflow_inventory": inventory,
     }
     (cfg.out / "results.json").write_text(json.dumps(results, indent=1, ensure_ascii=False, default=str))
     (cfg.out / "results.md").write_text(markdown(results), encoding="utf-8")
@@ -340,6 +445,9 @@ def markdown(results: dict[str, Any]) -> str:
     lines += ["| day | " + " | ".join(keys) + " |", "|---:|" + "---:|" * len(keys)]
     for day, r in results["ratios"].items():
         lines.append(f"| {day} | " + " | ".join(f"{r[k]:.2f}" if k in r else "—" for k in keys) + " |")
+    if results.get("mlflow_inventory"):
+        lines += ["", f"MLflow artifacts after day {results['config']['days']}'s gc, by owner and kind:", ""]
+        lines.append(inventory_markdown(results["mlflow_inventory"], results["config"]["days"]).rstrip("\n"))
     return "\n".join(lines) + "\n"
 
 
@@ -437,16 +545,32 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=Path("var/bench/growth"), help="where results.json/.md and the plot go")
     p.add_argument("--repeats", type=int, default=3, help="interleaved rounds of the commands at each checkpoint day")
     p.add_argument("--keep-work", action="store_true", help="keep the home, repository and MLflow store")
+    p.add_argument("--collect-runs", action="store_true",
+                   help="after each day, collect the artifacts of runs no version names (gc's next call)")  # fmt: skip
+    p.add_argument(
+        "--inventory",
+        type=Path,
+        metavar="WORK",
+        help="instead: the MLflow artifacts of a kept run's work directory (--keep-work) by owner and kind",
+    )
     p.add_argument("--read-cost", type=int, nargs="+", metavar="RELEASES",
                    help="instead: the state log's readers on synthetic logs of N releases (JSON lines)")  # fmt: skip
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    if args.inventory:
+        work = args.inventory
+        os.environ["SEQCLS_HOME"] = str(work / "home")
+        rows = mlflow_inventory(f"sqlite:///{work / 'mlflow.db'}", _mlflow_root())
+        print(inventory_markdown(rows, args.days))
+        return 0
     if args.read_cost:
         logging.getLogger().setLevel(logging.ERROR)
         for n in args.read_cost:
             print(json.dumps(read_cost(n)))
         return 0
-    results = run_growth(GrowthConfig(days=args.days, out=args.out, repeats=args.repeats, keep_work=args.keep_work))
+    cfg = GrowthConfig(days=args.days, out=args.out, repeats=args.repeats, keep_work=args.keep_work,
+                       collect_runs=args.collect_runs)  # fmt: skip
+    results = run_growth(cfg)
     print(markdown(results))
     print(f"files: {args.out / 'results.json'}, {args.out / 'results.md'}, {args.out / 'growth.png'}")
     return 0
