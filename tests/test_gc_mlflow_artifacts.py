@@ -210,3 +210,18 @@ def test_the_growth_bench_inventory_names_each_files_owner_and_kind(mlflow_home:
     assert rows[("version live", "model code (pyfunc.py, code/)")]["owners"] == 2, sorted(rows)
     assert rows[("no version (run gate_failed)", "run evidence (quality/)")]["files"] == 1
     assert "| **all** |" in inventory_markdown(list(rows.values()), 4)
+
+
+def test_gc_collects_a_superseded_rerun_and_a_dry_run_only_says_so(mlflow_home: Settings, orphans) -> None:
+    old, new = orphans["reused2_old"], orphans["reused2_new"]
+    for i in (1, 2):  # the releases' workspaces: what makes the model one gc knows
+        _workspace(mlflow_home, i)
+    planned = gc(mlflow_home)  # dry run: listed with why, nothing deleted
+    items = {i.path: i for m in planned.models for i in m.items if i.path.startswith("runs:/")}
+    assert set(items) == {f"runs:/{old}"} and items[f"runs:/{old}"].collect, planned.lines()
+    assert "newer re-release" in " ".join(items[f"runs:/{old}"].parts)
+    assert _run_files(mlflow_home, old) == set(EVIDENCE_FILES)
+    applied = gc(mlflow_home, apply=True)
+    assert applied.ok, applied.lines()
+    assert not _run_files(mlflow_home, old) and _run_files(mlflow_home, new) == set(EVIDENCE_FILES)
+    assert not [i for m in gc(mlflow_home).models for i in m.items if i.path.startswith("runs:/")]

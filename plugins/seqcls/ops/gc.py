@@ -414,6 +414,7 @@ def gc(
                     _apply_evidence(plan, trash, t0, budget)
                     rotate_log(Path(str(settings.triton_repository)), model, rotate_at)
                 _compacted_versions(settings, plan, apply)
+                _collected_runs(settings, plan, apply)
         except Exception as exc:  # one model's problem: reported, collects nothing of it; the others go on
             log.warning("gc %s: %s", model, exc, exc_info=not isinstance(exc, SeqclsError))
             error = str(exc) if isinstance(exc, SeqclsError) else f"{type(exc).__name__}: {exc}"
@@ -532,6 +533,26 @@ def _compacted_versions(settings: Settings, plan: _Plan, apply: bool) -> None:
             if apply:
                 archive.collect_compacted(c, model, vp)
         except Exception as exc:  # MLflow refused this one: kept, said; the next gc finishes it
+            item.collect, item.reasons = False, [f"MLflow refused ({type(exc).__name__}: {exc}); the next gc retries"]
+
+
+def _collected_runs(settings: Settings, plan: _Plan, apply: bool) -> None:
+    """Runs no MLflow version names (refused attempts, re-runs of a registered release) lose their artifacts once
+    their release is compacted or a newer re-run stands for it: else each adds its evidence for ever."""
+    if plan.policy == archive.KEEP:
+        return
+    model = plan.model.model_name
+    releases = settings.releases_dir / model
+    compacted = {n for n in evidence.records(settings, model) if not (releases / n).is_dir()}
+    c = client(settings)
+    for rp in archive.plan_runs(c, model, compacted):
+        why = rp.why + ("; a gc was interrupted: finished now" * rp.unfinished)
+        item = Item(MLFLOW, f"runs:/{rp.run_id}", sum(rp.parts.values()), True, parts=[why])
+        plan.model.items.append(item)
+        try:
+            if apply:
+                archive.collect_run(c, rp)
+        except Exception as exc:  # MLflow refused this one: kept, said; the next gc retries
             item.collect, item.reasons = False, [f"MLflow refused ({type(exc).__name__}: {exc}); the next gc retries"]
 
 

@@ -55,9 +55,6 @@ class GrowthConfig:
     repeats: int = 3
     keep_work: bool = False
     checkpoint_days: tuple[int, ...] = CHECKPOINT_DAYS
-    #: After each day's CLI calls, collect the runs no version names (:func:`collect_runs`): what gc does once
-    #: ``seqcls.ops.gc`` calls :func:`seqcls.registry.archive.plan_runs`; off: gc as it is.
-    collect_runs: bool = False
 
 
 @dataclass
@@ -139,24 +136,6 @@ def _mlflow_root() -> Path:
     from seqcls.settings import Settings
 
     return Settings.from_env().mlflow_artifacts_dir
-
-
-def collect_runs(model: str = "seqcls") -> int:
-    """gc's collection of runs no version names, in process (the call ``seqcls.ops.gc`` is to make under the
-    model's lease, beside the compacted versions'): their release compacted, or a newer re-release. Bytes freed."""
-    from seqcls.ops import evidence
-    from seqcls.registry import archive
-    from seqcls.registry.ledger import client
-    from seqcls.settings import Settings
-
-    settings = Settings.from_env()
-    releases = settings.releases_dir / model
-    compacted = {n for n in evidence.records(settings, model) if not (releases / n).is_dir()}
-    c, freed = client(settings), 0
-    for rp in archive.plan_runs(c, model, compacted):
-        archive.collect_run(c, rp)
-        freed += sum(rp.parts.values())
-    return freed
 
 
 def _registry(env: dict[str, str]) -> dict[str, int]:
@@ -354,8 +333,6 @@ def run_growth(cfg: GrowthConfig) -> dict[str, Any]:
             if action == "rollback":
                 cli.run("rollback", "--model-name", "seqcls", "--reason", f"growth day {day}")
                 served.pop()
-            if cfg.collect_runs:
-                log.info("day %d: %d bytes of runs no version names collected", day, collect_runs())
             days.append(Day(day, action, round(seconds, 3), out.returncode, _disk(env)))
             log.info("day %d: %s in %.1fs, %.2f MB", day, action, seconds, _total(days[-1].disk) / 1e6)
             if day in cfg.checkpoint_days or day == cfg.days:
@@ -545,8 +522,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=Path("var/bench/growth"), help="where results.json/.md and the plot go")
     p.add_argument("--repeats", type=int, default=3, help="interleaved rounds of the commands at each checkpoint day")
     p.add_argument("--keep-work", action="store_true", help="keep the home, repository and MLflow store")
-    p.add_argument("--collect-runs", action="store_true",
-                   help="after each day, collect the artifacts of runs no version names (gc's next call)")  # fmt: skip
     p.add_argument(
         "--inventory",
         type=Path,
@@ -568,8 +543,7 @@ def main(argv: list[str] | None = None) -> int:
         for n in args.read_cost:
             print(json.dumps(read_cost(n)))
         return 0
-    cfg = GrowthConfig(days=args.days, out=args.out, repeats=args.repeats, keep_work=args.keep_work,
-                       collect_runs=args.collect_runs)  # fmt: skip
+    cfg = GrowthConfig(days=args.days, out=args.out, repeats=args.repeats, keep_work=args.keep_work)
     results = run_growth(cfg)
     print(markdown(results))
     print(f"files: {args.out / 'results.json'}, {args.out / 'results.md'}, {args.out / 'growth.png'}")
