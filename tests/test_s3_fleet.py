@@ -19,7 +19,7 @@ import subprocess
 import sys
 import uuid
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -31,8 +31,10 @@ from seqcls.ops.sync import sync
 from seqcls.release.intake import open_release
 from seqcls.serving.client import Endpoint, TritonOps
 from seqcls.serving.objectstore import ObjectStore, S3Location
+from seqcls.serving.reconcile import observe
 from seqcls.serving.s3repo import S3Repository, served_versions, triton_repository
 from seqcls.serving.s3state import S3ServingState
+from seqcls.serving.s3verify import check_version
 from seqcls.settings import PROJECT_ROOT, Settings
 from seqcls.steps import run_release
 from seqcls.steps.rollback import rollback_model
@@ -132,9 +134,9 @@ def _answers(server: LocalTriton, version: int) -> list:
     return [preds, [[round(float(p), 6) for p in row] for row in probs]]
 
 
-def _ready_versions(server: LocalTriton, model: str) -> list[int]:
-    states = TritonOps(Endpoint(server.config.grpc_url)).index_states(model)
-    return sorted(int(k.split("/")[1]) for k, s in states.items() if k.split("/")[1].isdigit() and s == "READY")
+def _ready_versions(fleet: Fleet, server: LocalTriton, model: str) -> list[int]:
+    """The READY versions of ``model`` on ``server`` (its repository index: the control key's)."""
+    return observe(TritonOps(Endpoint(server.config.grpc_url, control_key=fleet.key)), MODEL.names)[model]
 
 
 def _probe(fleet: Fleet, server: LocalTriton, home: Path, *args: str) -> tuple[int, dict]:
@@ -173,7 +175,7 @@ def test_a_replica_started_after_a_release_is_ready_only_once_it_serves_the_reco
         code, fixed = _probe(fleet, late, pod_home, "--reconcile")
         assert code == 0 and fixed["ready"], fixed
         assert [m["serving"] for m in fixed["models"]] == [2], fixed
-        assert _ready_versions(late, MODEL.names.ensemble) == [2]
+        assert _ready_versions(fleet, late, MODEL.names.ensemble) == [2]
         assert _answers(late, 2) == want  # the recorded version's answers, identical to the fleet's
         assert _recorded(fleet) == (2, (2,))  # a probe never writes the recorded state
 
@@ -184,7 +186,7 @@ def test_a_replica_started_after_a_release_is_ready_only_once_it_serves_the_reco
         assert _recorded(fleet) == (1, (1,))
         v1 = _answers(first, 1)
         assert v1 != want  # another checkpoint: the answers tell the versions apart
-        assert all(_ready_versions(s, MODEL.names.ensemble) == [1] for s in everyone)
+        assert all(_ready_versions(fleet, s, MODEL.names.ensemble) == [1] for s in everyone)
         assert all(_answers(s, 1) == v1 for s in everyone)
 
         restarted = fleet.servers[1]
@@ -194,7 +196,7 @@ def test_a_replica_started_after_a_release_is_ready_only_once_it_serves_the_reco
         assert code == 1 and not again["ready"], again
         code, again = _probe(fleet, restarted, fleet.root / "pod-home-restarted", "--reconcile")
         assert code == 0 and again["ready"] and [m["serving"] for m in again["models"]] == [1], again
-        assert _ready_versions(restarted, MODEL.names.ensemble) == [1]
+        assert _ready_versions(fleet, restarted, MODEL.names.ensemble) == [1]
         assert _answers(restarted, 1) == v1
         (st,) = status(fleet.settings(everyone), [MODEL])
         assert st.agree, st.lines()
@@ -209,12 +211,16 @@ def test_an_object_changed_on_the_store_after_publish_is_named_by_status_and_res
     settings = fleet.settings(fleet.servers)
     serving, _ = _recorded(fleet)
     assert serving is not None
-    key = f"{MODEL.names.tokenizer}/{serving}/vocab.txt"
-    published = fleet.store.read_immutable(key)
-    assert published is not None
+    (st,) = status(settings, [MODEL])  # every object checked once: the next checks read only changed ones
+    assert st.agree, st.lines()
+    check = check_version(fleet.store, MODEL.names.models, serving, settings.triton_repository)
+    assert check.intact and check.hashed == 0, check  # every ETag as found intact: nothing read again
+    vocab = f"{MODEL.names.tokenizer}/{serving}/vocab.txt"  # small: its pin keeps its bytes
+    graph = f"{MODEL.names.model}/{serving}/model.onnx"  # large: the working copy or the workspace has it
+    published = {k: fleet.store.read_immutable(k) for k in (vocab, graph)}
     before = _answers(fleet.servers[0], serving)
 
-    # overwritten on the store by hand, bypassing seqcls (no sha256 metadata, plain PUT)
+    # by hand, bypassing seqcls: one object overwritten (a plain PUT, no sha256 metadata), one deleted
     import boto3
 
     s3 = boto3.client(
@@ -224,18 +230,23 @@ def test_an_object_changed_on_the_store_after_publish_is_named_by_status_and_res
         aws_secret_access_key=fleet.env["AWS_SECRET_ACCESS_KEY"],
         region_name="us-east-1",
     )
-    s3.put_object(Bucket=fleet.location.bucket, Key=fleet.location.key(key), Body=b"[PAD]\n[UNK]\n")
+    s3.put_object(Bucket=fleet.location.bucket, Key=fleet.location.key(vocab), Body=b"[PAD]\n[UNK]\n")
+    s3.delete_object(Bucket=fleet.location.bucket, Key=fleet.location.key(graph))
 
     (st,) = status(settings, [MODEL])
-    assert not st.agree
-    named = [p for p in st.problems if key in p]
-    assert named and "sha256" in named[0] and "manifest" in named[0], st.problems
     print("\n".join(st.lines()))
+    (problem,) = [p for p in st.problems if vocab in p]
+    assert f"{vocab} has sha256" in problem and "its manifest records sha256" in problem, problem
+    assert f"{graph} is missing" in problem and f"served version {serving}" in problem, problem
+    assert "`seqcls sync --model-name seqcls` puts the recorded bytes back" in problem, problem
+    # a host with no copy of the version (an empty working copy) sees the damage and says it cannot repair it
+    (elsewhere,) = status(fleet.settings(fleet.servers, home=fleet.root / "other-host"), [MODEL])
+    assert any(vocab in p and "no verified copy" in p for p in elsewhere.problems), elsewhere.problems
 
     (synced,) = sync(settings, [MODEL])
     assert synced.ok, synced.to_dict()
-    assert any(key in a for a in synced.actions), synced.actions
-    assert fleet.store.read_immutable(key) == published  # the published bytes, with their recorded sha256
+    assert sum(k in a for a in synced.actions for k in (vocab, graph)) == 2, synced.actions
+    assert {k: fleet.store.read_immutable(k) for k in published} == published  # the bytes, their sha256 recorded
     (st,) = status(settings, [MODEL])
     assert st.agree, st.lines()
 
@@ -243,6 +254,6 @@ def test_an_object_changed_on_the_store_after_publish_is_named_by_status_and_res
     restarted = fleet.servers[2]
     restarted.stop()
     restarted.start()
-    (synced,) = sync(replace(settings), [MODEL])
+    (synced,) = sync(settings, [MODEL])
     assert synced.ok, synced.to_dict()
     assert _answers(restarted, serving) == before
