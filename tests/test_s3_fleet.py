@@ -17,6 +17,7 @@ import secrets
 import shutil
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -150,9 +151,13 @@ def _probe(fleet: Fleet, server: LocalTriton, home: Path, *args: str) -> tuple[i
         "SEQCLS_TRITON_CONTROL_KEY": fleet.key,
     }
     argv = [sys.executable, "-m", "seqcls.cli", "replica-ready", "--url", server.config.grpc_url, "--json", *args]
+    t0 = time.perf_counter()
     out = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300)
     assert "Traceback" not in out.stderr, out.stderr[-3000:]
-    return out.returncode, json.loads(out.stdout)
+    answer = json.loads(out.stdout)
+    print(f"replica-ready {' '.join(args)}: exit {out.returncode} in {time.perf_counter() - t0:.2f}s wall "
+          f"(check {answer['seconds']:.2f}s)")  # fmt: skip
+    return out.returncode, answer
 
 
 def test_a_replica_started_after_a_release_is_ready_only_once_it_serves_the_recorded_version(
@@ -213,7 +218,11 @@ def test_an_object_changed_on_the_store_after_publish_is_named_by_status_and_res
     assert serving is not None
     (st,) = status(settings, [MODEL])  # every object checked once: the next checks read only changed ones
     assert st.agree, st.lines()
-    check = check_version(fleet.store, MODEL.names.models, serving, settings.triton_repository)
+    roots = [fleet.root / f"uncached-{i}" for i in range(3)] + [settings.triton_repository] * 3
+    for root in roots:  # a host's first check (no cache), then repeated ones
+        t0 = time.perf_counter()
+        check = check_version(fleet.store, MODEL.names.models, serving, root)
+        print(f"store check of version {serving}: {check.hashed} objects hashed in {time.perf_counter() - t0:.3f}s")
     assert check.intact and check.hashed == 0, check  # every ETag as found intact: nothing read again
     vocab = f"{MODEL.names.tokenizer}/{serving}/vocab.txt"  # small: its pin keeps its bytes
     graph = f"{MODEL.names.model}/{serving}/model.onnx"  # large: the working copy or the workspace has it
@@ -243,7 +252,9 @@ def test_an_object_changed_on_the_store_after_publish_is_named_by_status_and_res
     (elsewhere,) = status(fleet.settings(fleet.servers, home=fleet.root / "other-host"), [MODEL])
     assert any(vocab in p and "no verified copy" in p for p in elsewhere.problems), elsewhere.problems
 
+    t0 = time.perf_counter()
     (synced,) = sync(settings, [MODEL])
+    print(f"sync restoring 2 objects: {time.perf_counter() - t0:.2f}s")
     assert synced.ok, synced.to_dict()
     assert sum(k in a for a in synced.actions for k in (vocab, graph)) == 2, synced.actions
     assert {k: fleet.store.read_immutable(k) for k in published} == published  # the bytes, their sha256 recorded
