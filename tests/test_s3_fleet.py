@@ -31,7 +31,7 @@ from seqcls.ops.status import status
 from seqcls.ops.sync import sync
 from seqcls.release.intake import open_release
 from seqcls.serving.client import Endpoint, TritonOps
-from seqcls.serving.objectstore import ObjectStore, S3Location
+from seqcls.serving.objectstore import ObjectConflict, ObjectStore, S3Location
 from seqcls.serving.reconcile import observe
 from seqcls.serving.s3repo import S3Repository, served_versions, triton_repository
 from seqcls.serving.s3state import S3ServingState
@@ -268,3 +268,17 @@ def test_an_object_changed_on_the_store_after_publish_is_named_by_status_and_res
     (synced,) = sync(settings, [MODEL])
     assert synced.ok, synced.to_dict()
     assert _answers(restarted, serving) == before
+
+
+def test_a_restore_writes_only_over_the_bytes_it_found(seaweedfs: SeaweedFS) -> None:
+    """``If-Match`` on the ETag of the changed bytes: a second repair (or a new edit) meanwhile is never overwritten."""
+    store = seaweedfs.store(f"restore-{uuid.uuid4().hex[:8]}")
+    key = "tokenizer/1/vocab.txt"
+    store.put_immutable(key, b"published\n")
+    got = store.read(key)
+    assert got is not None
+    changed = store.replace(key, b"edited by hand\n", got[1])  # what a check finds (its ETag)
+    assert store.restore_immutable(key, b"published\n", changed) != changed
+    assert store.read_immutable(key) == b"published\n"  # the recorded sha256 with it again
+    with pytest.raises(ObjectConflict):  # a stale repair of the same finding
+        store.restore_immutable(key, b"published\n", changed)
