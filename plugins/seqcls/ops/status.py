@@ -20,7 +20,14 @@ from typing import Any
 from seqcls.contract.names import ModelName
 from seqcls.errors import SeqclsError, ServingError
 from seqcls.ops.disk import DiskUse, disk_use
-from seqcls.ops.sync import models_in, operator_models, release_command, verdict_problems, version_problems
+from seqcls.ops.sync import (
+    models_in,
+    operator_models,
+    release_command,
+    store_problems,
+    verdict_problems,
+    version_problems,
+)
 from seqcls.registry.ledger import CANDIDATE, CHAMPION, aliased_version, client, find_version, version_label
 from seqcls.release import control, verdicts
 from seqcls.release.keys import served_release_key
@@ -234,7 +241,7 @@ def model_status(settings: Settings, model_name: ModelName) -> ModelStatus:
         status.disk = disk_use(settings, model_name).to_dict()
     except OSError as exc:  # disk use is information, never a disagreement
         log.warning("status %s: disk use not measured (%s)", model_name, exc)
-    status.problems += _state_problems(repo, state) + version_problems(repo, state)
+    status.problems += _state_problems(repo, state) + version_problems(repo, state) + store_problems(repo, state)
     status.problems += verdict_problems(repo, state)
     if lease_problem:
         status.lease = {"holder": "unreadable", "dead": lease_problem}

@@ -40,7 +40,7 @@ from seqcls.registry.ledger import mirror_champion
 from seqcls.release import control, verdicts
 from seqcls.release.keys import served_release_key
 from seqcls.release.workspace import Workspace
-from seqcls.serving import restore
+from seqcls.serving import restore, s3verify
 from seqcls.serving.client import endpoints_from_settings
 from seqcls.serving.lease import ReleaseLease, pid_alive
 from seqcls.serving.pins import drop_pin
@@ -54,6 +54,7 @@ from seqcls.serving.state import (
     state_path,
     write_state,
 )
+from seqcls.serving.storeroot import store_at
 from seqcls.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -68,6 +69,8 @@ def models_in(root: Path) -> list[ModelName]:
     names = {p.name[len(STATE_PREFIX) : -len(".json")] for p in root.glob(f"{STATE_PREFIX}*.json")}
     names |= {p.name[len(STATE_PREFIX) : -len(".log.jsonl")] for p in root.glob(f"{STATE_PREFIX}*.log.jsonl")}
     names |= set(_published_models(root))
+    if (store := store_at(root)) is not None:  # a working copy: the store records them (a new host's copy is empty)
+        names |= set(s3verify.store_models(store))
     if Repository(root, root).serving_version() is not None:
         names.add(DEFAULT_MODEL)
     return sorted(ModelName(n) for n in names if _valid(n))
@@ -279,6 +282,41 @@ def version_problems(repo: Repository, state: ServingState) -> list[str]:
     return problems
 
 
+def _store_checks(repo: Repository, state: ServingState) -> list[tuple[str, s3verify.VersionCheck]]:
+    """(role, check) of the served, previous and candidate versions' objects on the store; [] for POSIX."""
+    store = store_at(repo.root)
+    if store is None:
+        return []
+    roles = {state.serving: "served", state.previous: "previous", state.candidate: "candidate"}
+    return [
+        (role, s3verify.check_version(store, repo.names.models, version, repo.root))
+        for version, role in sorted((v, r) for v, r in roles.items() if v is not None)
+    ]
+
+
+def store_problems(repo: Repository, state: ServingState) -> list[str]:
+    """On an ``s3://`` repository: the live versions whose objects on the store changed after publish (what a
+    Triton loading them now would get), each with its fix (:mod:`seqcls.serving.s3verify`)."""
+    try:
+        checks = _store_checks(repo, state)
+    except ServingError as exc:  # the store unreachable: said, and the rest of the answer still given
+        return [f"the objects of {repo.model_name!r} on the store were not checked: {exc}"]
+    return [s3verify.damage_problem(repo, role, c, repo.model_name) for role, c in checks if not c.intact]
+
+
+def _restore_store(repo: Repository, state: ServingState) -> list[str]:
+    """Put the recorded bytes back over the live versions' objects changed on the store (before any reconcile:
+    a Triton loading them then gets what was published)."""
+    store, restored = store_at(repo.root), []
+    for _role, check in _store_checks(repo, state) if store is not None else ():
+        if check.damaged:
+            done, left = s3verify.restore_objects(repo, store, check)
+            restored += done
+            for line in left:
+                log.warning("sync %s: %s", repo.model_name, line)
+    return restored
+
+
 def verdict_problems(repo: Repository, state: ServingState) -> list[str]:
     """The served version, when it went live without passed-or-overridden verdicts — with its fix."""
     if state.serving is None:
@@ -316,7 +354,12 @@ def _sync_model(settings: Settings, model: str, endpoints) -> SyncResult:
         )
         return SyncResult(model, None, None, errors=errors)
     restored = [f"restored {r}" for r in _restore_live(repo, state)]
+    try:
+        restored += [f"restored {r}" for r in _restore_store(repo, state)]
+    except ServingError as exc:  # the store unreachable: said below by store_problems; serving still converges
+        log.warning("sync %s: objects on the store not restored: %s", model, exc)
     errors.update({f"version {i + 1}": p for i, p in enumerate(version_problems(repo, state))})
+    errors.update({f"store {i + 1}": p for i, p in enumerate(store_problems(repo, state))})
     try:
         state, report = control.reconcile_recorded(repo, model, endpoints)
     except ServingError as exc:  # e.g. a recorded version is missing: the problems above say what to do

@@ -269,18 +269,29 @@ class ObjectStore:
             )
         return data
 
-    def list(self, prefix: str = "") -> list[str]:
-        """Every key under ``prefix`` (relative to the location's prefix), sorted."""
-        keys: list[str] = []
+    def restore_immutable(self, key: str, data: bytes, etag: str) -> str:
+        """Put a published object's recorded bytes back over other bytes found there (``If-Match`` on the ETag
+        seen when they were found, so a concurrent repair is never overwritten), with their sha256; the new ETag."""
+        return self._put(key, data, "restoring", IfMatch=etag, Metadata={SHA256_META: hashlib.sha256(data).hexdigest()})
+
+    def etags(self, prefix: str = "") -> dict[str, str]:
+        """Every key under ``prefix`` with its ETag (one listing: what changed since a check, without a read)."""
+        found: dict[str, str] = {}
         pages = self._s3.get_paginator("list_objects_v2").paginate(
             Bucket=self.location.bucket, Prefix=self.location.key(prefix)
         )
         try:
             for page in pages:
-                keys += [o["Key"][len(self.location.prefix) :] for o in page.get("Contents", [])]
+                found |= {
+                    o["Key"][len(self.location.prefix) :]: str(o.get("ETag", "")) for o in page.get("Contents", [])
+                }
         except Exception as exc:
             raise self._fail("listing", prefix, exc) from None
-        return sorted(keys)
+        return found
+
+    def list(self, prefix: str = "") -> list[str]:
+        """Every key under ``prefix`` (relative to the location's prefix), sorted."""
+        return sorted(self.etags(prefix))
 
     def delete(self, key: str) -> None:
         """Remove ``key`` (no error when it is already gone: S3's DELETE is idempotent)."""
