@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -18,28 +17,16 @@ from seqcls.files import held
 from seqcls.ops.gc import gc
 from seqcls.registry.archive import ARCHIVED_TAG, COMPACTED_REMOVED_TAG, COMPACTED_TAG, REMOVED_TAG
 from seqcls.settings import Settings
-from tests.helpers.gc import NAME
+from tests.helpers.gc import NAME, mlflow_home
 from tests.helpers.gc import fp as _fp
+from tests.helpers.gc import mlflow_client as _client
 from tests.helpers.gc import publish as _publish
 from tests.helpers.gc import serve as _serve
 from tests.helpers.gc import workspace as _workspace
 
+__all__ = ["mlflow_home"]  # the fixture, imported for this module's tests
+
 ONNX_BYTES, STATIC_BYTES = 40_000, 30_000
-
-
-@pytest.fixture
-def mlflow_home(home: Path, empty_mlflow_db: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Settings:
-    db = tmp_path / "mlflow.db"
-    shutil.copyfile(empty_mlflow_db, db)
-    monkeypatch.setenv("SEQCLS_MLFLOW_TRACKING_URI", f"sqlite:///{db}")
-    monkeypatch.setenv("SEQCLS_GC_MIN_AGE", "0")  # the versions were registered just now
-    return Settings.from_env()
-
-
-def _client(settings: Settings):
-    from seqcls.registry.ledger import client
-
-    return client(settings)
 
 
 def _register(settings: Settings, i: int, tmp_path: Path) -> tuple[str, str]:

@@ -10,7 +10,6 @@ runs no version names — a refused release's, a re-release's re-run gates — k
 from __future__ import annotations
 
 import json
-import shutil
 import time
 from pathlib import Path
 
@@ -19,11 +18,14 @@ import pytest
 from seqcls.ops.gc import gc
 from seqcls.registry import archive
 from seqcls.settings import Settings
-from tests.helpers.gc import NAME
+from tests.helpers.gc import NAME, mlflow_home
 from tests.helpers.gc import fp as _fp
+from tests.helpers.gc import mlflow_client as _client
 from tests.helpers.gc import publish as _publish
 from tests.helpers.gc import serve as _serve
 from tests.helpers.gc import workspace as _workspace
+
+__all__ = ["mlflow_home"]  # the fixture, imported for this module's tests
 
 #: A logged model as the register step writes one (relative path → bytes): graph, pyfunc code, small files.
 MODEL_FILES = {
@@ -54,21 +56,6 @@ RUN_FILES = {
 }
 #: A run no version names (a refused release, a re-release): the gates' evidence only.
 EVIDENCE_FILES = {k: v for k, v in RUN_FILES.items() if k.startswith(("parity/", "quality/"))}
-
-
-@pytest.fixture
-def mlflow_home(home: Path, empty_mlflow_db: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Settings:
-    db = tmp_path / "mlflow.db"
-    shutil.copyfile(empty_mlflow_db, db)
-    monkeypatch.setenv("SEQCLS_MLFLOW_TRACKING_URI", f"sqlite:///{db}")
-    monkeypatch.setenv("SEQCLS_GC_MIN_AGE", "0")  # the versions were registered just now
-    return Settings.from_env()
-
-
-def _client(settings: Settings):
-    from seqcls.registry.ledger import client
-
-    return client(settings)
 
 
 def _write(root: Path, files: dict[str, int]) -> Path:

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+
+import pytest
 
 from seqcls.contract.names import ModelName
 from seqcls.serving.state import ServingState, write_state
@@ -13,6 +16,23 @@ from seqcls.settings import Settings
 
 NAME = ModelName("seqcls")
 HEAVY_BYTES = 50_000
+
+
+@pytest.fixture
+def mlflow_home(home: Path, empty_mlflow_db: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Settings:
+    """Settings on a fresh sqlite MLflow store of the test's own; gc's minimum age 0 (registered just now)."""
+    db = tmp_path / "mlflow.db"
+    shutil.copyfile(empty_mlflow_db, db)
+    monkeypatch.setenv("SEQCLS_MLFLOW_TRACKING_URI", f"sqlite:///{db}")
+    monkeypatch.setenv("SEQCLS_GC_MIN_AGE", "0")
+    return Settings.from_env()
+
+
+def mlflow_client(settings: Settings):
+    """The registry client seqcls uses for ``settings``."""
+    from seqcls.registry.ledger import client
+
+    return client(settings)
 
 
 def fp(i: int) -> str:
