@@ -594,9 +594,26 @@ def test_two_runs_at_once_postgres_restarted_in_register_scheduler_killed_in_smo
         print(f"command time, last / first release: {ratios} (wall time of a fresh CLI; a shared host's load moves it)")
 
 
-def test_seqcls_team_stack_serves_until_ctrl_c_and_stops_everything(tmp_path: Path) -> None:
-    """``make stack``'s command: every service up (Airflow healthy, both Celery workers ready, MLflow behind
-    basic auth), the exports printed; SIGTERM stops every process it started and removes the data."""
+def _rest(url: str, password: str, method: str, path: str, body: dict | None = None) -> dict:
+    """One call to Airflow's REST API as the stack's admin (a token per call: the test is short)."""
+    import urllib.request
+
+    def call(req_path: str, data: dict | None, method: str, headers: dict[str, str]) -> dict:
+        payload = json.dumps(data).encode() if data is not None else None
+        req = urllib.request.Request(f"{url}{req_path}", data=payload, method=method, headers=headers)
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return json.loads(r.read() or b"{}")
+
+    json_type = {"Content-Type": "application/json"}
+    token = call("/auth/token", {"username": "admin", "password": password}, "POST", json_type)["access_token"]
+    return call(path, body, method, {**json_type, "Authorization": f"Bearer {token}"})
+
+
+def test_make_stack_local_executor_variant_releases_then_stops_everything(tmp_path: Path, trained) -> None:
+    """``make stack``'s command, with the compose file's documented LocalExecutor variant (the scheduler runs
+    the tasks; no broker, no worker): up with the exports printed, one Asset-triggered release promoted through
+    it (served == recorded == champion), and SIGTERM stops every process it started and removes the data. The
+    default CeleryExecutor stack is the module's ``team_stack`` (the same class); its defaults are unit-tested."""
     import os
     import re
     import signal
@@ -604,43 +621,77 @@ def test_seqcls_team_stack_serves_until_ctrl_c_and_stops_everything(tmp_path: Pa
 
     import psutil
 
+    receiver = JsonReceiver()
+    models_file = tmp_path / "models.yaml"
+    models_file.write_text(
+        f"models:\n  - name: beta\n    schedule: asset\n    checkpoints_root: beta\n    eval_set: eval.txt\n"
+        f"    notify: ['{receiver.url()}']\n",
+        encoding="utf-8",
+    )
     err = tmp_path / "stderr.txt"
+    argv = [sys.executable, "-m", "seqcls.cli", "team-stack", "--password", "pw", "--executor", "local"]
+    argv += ["--tritons", "1", "--no-prometheus", "--models-file", str(models_file)]
     with open(err, "wb") as fh:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "seqcls.cli", "team-stack", "--password", "pw"],
-            stdout=subprocess.PIPE,
-            stderr=fh,
-            text=True,
-            start_new_session=True,
-        )
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=fh, text=True, start_new_session=True)
     try:
         deadline = time.monotonic() + 300
-        pattern = r"Airflow \(CeleryExecutor, (\d) workers\) (\S+) .*logs (\S+)\.\n.*\n  export (.*)\n"
+        pattern = r"Airflow \((\w+), (\d) workers\) (\S+) .*logs (\S+)\.\n.*\n  export (.*)\n"
         while not (found := re.search(pattern, err.read_text(errors="replace"))):
             assert proc.poll() is None and time.monotonic() < deadline, err.read_text(errors="replace")[-3000:]
             time.sleep(0.5)
-        workers, url, logs = int(found.group(1)), found.group(2), Path(found.group(3))
-        exports = dict(item.split("=", 1) for item in found.group(4).split())
-        assert workers == 2
+        executor, workers, url, logs = found.group(1), int(found.group(2)), found.group(3), Path(found.group(4))
+        exports = dict(item.split("=", 1) for item in found.group(5).split())
+        assert (executor, workers) == ("LocalExecutor", 0)
         assert urllib.request.urlopen(f"{url}/api/v2/monitor/health", timeout=10).status == 200
-        _wait(
-            lambda: all("ready." in (logs / f"worker-{i}.log").read_text(errors="replace") for i in (1, 2)),
-            120,
-            "both Celery workers ready",
-        )
         assert set(exports) >= {"SEQCLS_TRITON_REPOSITORY", "SEQCLS_MLFLOW_TRACKING_URI", "MLFLOW_TRACKING_PASSWORD"}
-        assert len(exports["SEQCLS_TRITON_GRPC"].split(",")) == 3  # three Triton replicas by default
-        prometheus = re.search(r"Prometheus (http://\S+);", err.read_text(errors="replace")).group(1)
-        assert urllib.request.urlopen(f"{prometheus}/-/ready", timeout=10).status == 200
         children = psutil.Process(proc.pid).children(recursive=True)
-        # postgres, mlflow, redis, 3 tritons, prometheus, 4 airflow, 2 workers
-        assert len(children) >= 12, [c.name() for c in children]
+        names = " ".join(" ".join(c.cmdline()) for c in children if c.is_running())
+        assert "celery" not in names and "redis-server" not in names, names
         root = logs.parents[1]
+
+        # one release through the variant: the checkpoint dropped, its Asset event posted, the scheduler runs it
+        beta = Path(exports["SEQCLS_CHECKPOINTS_ROOT"]) / "beta"
+        beta.mkdir(parents=True, exist_ok=True)
+        demo_eval_file(beta / "eval.txt")
+        shutil.copytree(trained["good"], beta / "1-good")
+        mark_complete(beta / "1-good", run="train-beta-1")
+        dag = DAG_IDS["beta"]
+
+        def parsed() -> bool:
+            try:
+                return bool(_rest(url, "pw", "GET", f"/api/v2/dags/{dag}"))
+            except OSError:  # 404 until the dag-processor has parsed the file
+                return False
+
+        _wait(parsed, 120, "the release DAG parsed")
+        _rest(url, "pw", "PATCH", f"/api/v2/dags/{dag}", {"is_paused": False})
+        assets = _rest(url, "pw", "GET", "/api/v2/assets?uri_pattern=seqcls://checkpoints/beta")["assets"]
+        (asset,) = [a for a in assets if a["uri"] == "seqcls://checkpoints/beta"]
+        _rest(url, "pw", "POST", "/api/v2/assets/events", {"asset_id": asset["id"], "extra": {"interval": 1}})
+
+        def finished():
+            runs = _rest(url, "pw", "GET", f"/api/v2/dags/{dag}/dagRuns")["dag_runs"]
+            return runs[0] if runs and runs[0]["state"] in ("success", "failed") else None
+
+        run = _wait(finished, RUN_TIMEOUT, "the LocalExecutor run", interval=3)
+        tis = _rest(url, "pw", "GET", f"/api/v2/dags/{dag}/dagRuns/{run['dag_run_id']}/taskInstances")
+        states = {t["task_id"]: t["state"] for t in tis["task_instances"]}
+        assert _outcome(states) == "promoted", states
+        env = {**os.environ, **exports}
+        status = subprocess.run(
+            [str(Path(sys.executable).parent / "seqcls"), "status", "--model-name", "beta", "--json"],
+            env=env, capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert status.returncode == 0, status.stdout + status.stderr
+        (s,) = json.loads(status.stdout)
+        assert s["agree"] and s["recorded"]["serving"] == s["registry"]["champion_triton"] == 1, s
+        assert [r.title for r in receiver.received], "no notification of the promote"
     finally:
+        receiver.close()
         os.kill(proc.pid, signal.SIGTERM)
         out, _ = proc.communicate(timeout=180)
     assert proc.returncode == 0, err.read_text(errors="replace")[-3000:]
-    assert "stopped: Airflow, its workers, Redis, Prometheus, the Tritons, the MLflow server and PostgreSQL" in out
+    assert "stopped: Airflow, the Tritons, the MLflow server and PostgreSQL" in out, out
     _, alive = psutil.wait_procs(children, timeout=30)
     assert not alive, [(p.pid, p.name()) for p in alive]
     assert not root.exists()

@@ -127,3 +127,45 @@ def test_a_prometheus_target_the_rehearsal_cannot_map_is_an_error(tmp_path: Path
     edited.write_text(yaml.safe_dump(data), encoding="utf-8")
     with pytest.raises(ValueError, match=r"scrapes \['triton-b:8002'\], which the local team stack does not map"):
         local_prometheus_config(["127.0.0.1:1"], edited)
+
+
+def test_make_stack_runs_the_compose_files_celery_stack_unless_told_the_local_variant() -> None:
+    from seqcls.cli import build_parser
+
+    default = build_parser().parse_args(["team-stack"])
+    assert (default.executor, default.tritons, default.no_prometheus) == ("celery", 3, False)
+    assert build_parser().parse_args(["team-stack", "--executor", "local"]).executor == "local"
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["team-stack", "--executor", "kubernetes"])
+
+
+def test_the_local_executor_variant_has_no_worker_no_broker_settings(tmp_path: Path) -> None:
+    from seqcls_tools.teamstack import ComposeAirflow, MlflowServer, Postgres, Redis
+    from seqcls_tools.teamstack.airflow_stack import EXECUTORS
+
+    class _NoInit(Postgres):
+        def run_init_scripts(self, compose_file: Path = COMPOSE_FILE) -> None:
+            pass
+
+    from seqcls.settings import Settings
+
+    pg = _NoInit(port=15432)
+    settings = Settings(home=tmp_path / "home", triton_repository=tmp_path / "repo")
+    kw = {
+        "postgres": pg,
+        "redis": Redis(tmp_path / "redis", port=16379),
+        "mlflow": MlflowServer(pg, tmp_path / "mlflow"),
+    }
+    local = ComposeAirflow(tmp_path / "airflow", settings, executor="local", **kw)
+    assert (local.executor, local.workers, local.stack.extra_commands) == ("LocalExecutor", 0, {})
+    assert local.compose_env["AIRFLOW__CORE__EXECUTOR"] == "LocalExecutor"
+    assert not [k for k in local.compose_env if k.startswith("AIRFLOW__CELERY__")]
+    assert local.compose_env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"].endswith("@127.0.0.1:15432/airflow")
+    celery = ComposeAirflow(tmp_path / "airflow", settings, **kw)
+    assert (celery.executor, celery.workers) == ("CeleryExecutor", 2) and set(celery.stack.extra_commands) == {
+        "worker-1",
+        "worker-2",
+    }
+    assert EXECUTORS == ("celery", "local")
+    with pytest.raises(ValueError, match="executor='kubernetes'"):
+        ComposeAirflow(tmp_path / "airflow", settings, executor="kubernetes", **kw)

@@ -113,7 +113,8 @@ def _cmd_team_registry(args: argparse.Namespace) -> tuple[int, Callable[[], None
 
 def _cmd_team_stack(args: argparse.Namespace) -> tuple[int, Callable[[], None]]:
     """The compose file's whole stack as local processes (PostgreSQL, MLflow server, Redis, Triton, Airflow
-    with the CeleryExecutor and its workers) until Ctrl-C (or SIGTERM); throwaway unless ``--root``."""
+    with the CeleryExecutor and its workers, or ``--executor local``) until Ctrl-C (or SIGTERM); throwaway unless
+    ``--root``."""
     import signal
     import tempfile
 
@@ -128,13 +129,14 @@ def _cmd_team_stack(args: argparse.Namespace) -> tuple[int, Callable[[], None]]:
             password=args.password,
             tritons=args.tritons,
             prometheus=not args.no_prometheus,
+            executor=args.executor,
         )
         try:
             stack.start()
             assert stack.airflow is not None and stack.settings is not None
             exports = " ".join(f"{k}={v}" for k, v in stack.cli_env().items())
             _until_interrupted(
-                f"Airflow (CeleryExecutor, {stack.airflow.workers} workers) {stack.airflow.url}  "
+                f"Airflow ({stack.airflow.executor}, {stack.airflow.workers} workers) {stack.airflow.url}  "
                 f"(user admin, password {stack.airflow.stack.password}); MLflow {stack.mlflow.url}; "
                 f"Triton gRPC {','.join(stack.settings.triton_grpc)}; "
                 + (f"Prometheus {stack.prometheus.url}; " if stack.prometheus else "")
@@ -147,7 +149,9 @@ def _cmd_team_stack(args: argparse.Namespace) -> tuple[int, Callable[[], None]]:
         finally:
             stack.stop()
             signal.signal(signal.SIGTERM, previous)
-    stopped = "stopped: Airflow, its workers, Redis, Prometheus, the Tritons, the MLflow server and PostgreSQL"
+    parts = ["Airflow", *(["its workers", "Redis"] if args.executor == "celery" else [])]
+    parts += [*(["Prometheus"] if not args.no_prometheus else []), "the Tritons", "the MLflow server and PostgreSQL"]
+    stopped = "stopped: " + ", ".join(parts)
     return 0, lambda: print(stopped)
 
 
@@ -201,6 +205,13 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--password", default=None, help="password of the Airflow user admin (default: generated)")
     p.add_argument("--tritons", type=int, default=3, help="Triton replicas on the shared repository (default 3)")
     p.add_argument("--no-prometheus", action="store_true", help="no Prometheus scraping the Tritons")
+    p.add_argument(
+        "--executor",
+        choices=("celery", "local"),
+        default="celery",
+        help="celery: the compose file's CeleryExecutor, Redis and workers (default); local: its documented "
+        "LocalExecutor variant (the scheduler runs the tasks; no broker, no worker)",
+    )
     p.set_defaults(func=_cmd_team_stack)
     p = sub.add_parser("bench", help="benchmark every serving profile on a real local Triton (see docs/performance.md)")
     p.add_argument("--home", type=Path, default=None)

@@ -5,8 +5,9 @@ Prometheus with the project's rules (:mod:`.monitoring`)."""
 
 from seqcls_tools.teamstack.airflow_stack import (
     COMPOSE_AIRFLOW_KEYS,
+    EXECUTORS,
     STAND_INS,
-    CeleryAirflow,
+    ComposeAirflow,
     Redis,
     TeamStack,
     compose_airflow_env,
@@ -28,9 +29,10 @@ from seqcls_tools.teamstack.registry import (
 __all__ = [
     "COMPOSE_AIRFLOW_KEYS",
     "COMPOSE_FILE",
+    "EXECUTORS",
     "ROOT",
     "STAND_INS",
-    "CeleryAirflow",
+    "ComposeAirflow",
     "MlflowServer",
     "Postgres",
     "Prometheus",

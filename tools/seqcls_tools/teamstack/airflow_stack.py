@@ -116,10 +116,16 @@ def compose_worker_replicas(compose_file: Path = COMPOSE_FILE) -> int:
     return int((compose_service("airflow-worker", compose_file).get("deploy") or {}).get("replicas", 1))
 
 
-class CeleryAirflow:
+#: ``executor``: the compose file's CeleryExecutor, or its documented LocalExecutor variant
+#: (``AIRFLOW__CORE__EXECUTOR=LocalExecutor``, ``--scale airflow-worker=0``: the scheduler runs the tasks).
+EXECUTORS = ("celery", "local")
+
+
+class ComposeAirflow:
     """The compose file's Airflow on this machine: api-server, scheduler, dag-processor, triggerer and its
     Celery workers (as many as ``deploy.replicas``), each worker in a working directory of its own, on the
     local PostgreSQL and Redis, with the compose file's executor settings (:func:`compose_airflow_env`).
+    ``executor="local"``: the compose file's documented LocalExecutor variant — no worker, no broker.
 
     The release tasks of one run land on whichever worker takes them, as on a deployment; what they
     share is what the compose volumes stand for: ``SEQCLS_HOME``, the Triton repository, the checkpoints
@@ -138,8 +144,12 @@ class CeleryAirflow:
         password: str | None = None,
         models_file: Path | None = None,
         compose_file: Path = COMPOSE_FILE,
+        executor: str = "celery",
     ) -> None:
         from seqcls_tools.demo.stack import AirflowStack
+
+        if executor not in EXECUTORS:
+            raise ValueError(f"executor={executor!r}: expected one of {', '.join(EXECUTORS)}")
 
         self.root = Path(root)
         self.stack = AirflowStack(self.root, settings, port=port or free_port(), password=password)
@@ -150,6 +160,11 @@ class CeleryAirflow:
         }
         self.compose_env = compose_airflow_env(hosts, compose_file)
         self.workers = compose_worker_replicas(compose_file)
+        self.executor = self.compose_env["AIRFLOW__CORE__EXECUTOR"]
+        if executor == "local":  # the documented variant: the common environment's executor, the workers scaled to 0
+            self.executor, self.workers = "LocalExecutor", 0
+            self.compose_env = {k: v for k, v in self.compose_env.items() if not k.startswith("AIRFLOW__CELERY__")}
+            self.compose_env["AIRFLOW__CORE__EXECUTOR"] = self.executor
         env = self.stack.env
         env.update(self.compose_env)
         env.update(mlflow.client_env())  # the compose file's MLFLOW_TRACKING_* for the CLI in the containers
@@ -172,11 +187,12 @@ class CeleryAirflow:
     def url(self) -> str:
         return self.stack.url
 
-    def start(self, timeout: float = 240) -> CeleryAirflow:
+    def start(self, timeout: float = 240) -> ComposeAirflow:
         t0 = time.perf_counter()
         self.stack.start(timeout=timeout)
         log.info(
-            "Airflow (CeleryExecutor, %d workers, metadata on PostgreSQL) at %s after %.0fs",
+            "Airflow (%s, %d workers, metadata on PostgreSQL) at %s after %.0fs",
+            self.executor,
             self.workers,
             self.url,
             time.perf_counter() - t0,
@@ -249,7 +265,8 @@ class TeamStack:
     artifacts), Redis, ``tritons`` local Tritons on one shared repository (the python runtime standing in
     for the NGC image's native ORT backend; every release goes to each, as to a fleet's replicas),
     Prometheus scraping them with the project's rules (``prometheus=True``) and Airflow with the
-    CeleryExecutor and its workers. ``root/shared`` stands for the compose volumes every Airflow container
+    CeleryExecutor and its workers (``executor="local"``: the compose file's LocalExecutor variant, no Redis,
+    no worker). ``root/shared`` stands for the compose volumes every Airflow container
     mounts: ``home`` (SEQCLS_HOME), ``models`` (the Triton repository), ``checkpoints``
     (SEQCLS_CHECKPOINTS_ROOT)."""
 
@@ -262,7 +279,10 @@ class TeamStack:
         airflow_env: dict[str, str] | None = None,
         tritons: int = 1,
         prometheus: bool = False,
+        executor: str = "celery",
     ) -> None:
+        if executor not in EXECUTORS:
+            raise ValueError(f"executor={executor!r}: expected one of {', '.join(EXECUTORS)}")
         if tritons < 1:
             raise ValueError(f"tritons={tritons}: the stack needs at least one Triton")
         self.root = Path(root)
@@ -275,7 +295,8 @@ class TeamStack:
         self.tritons: list = []
         self.triton_count = tritons
         self.prometheus = Prometheus(self.root / "prometheus", []) if prometheus else None
-        self.airflow: CeleryAirflow | None = None
+        self.airflow: ComposeAirflow | None = None
+        self.executor = executor
         self.settings = None
 
     @property
@@ -315,7 +336,7 @@ class TeamStack:
             self.settings = dataclasses.replace(self.settings, triton_metrics=metrics_urls)
             if self.prometheus is not None:
                 self.prometheus.targets = list(metrics_urls)
-            self.airflow = CeleryAirflow(
+            self.airflow = ComposeAirflow(
                 self.root / "airflow",
                 self.settings,
                 postgres=self.postgres,
@@ -323,13 +344,16 @@ class TeamStack:
                 mlflow=self.mlflow,
                 password=self.password,
                 models_file=self.models_file,
+                executor=self.executor,
             )
             self.airflow.stack.env.update(compose_seqcls_env(self.cli_env()))
             self.airflow.stack.env.update(self.airflow_env)
             # Every service after PostgreSQL waits only for itself to answer, so they start at once: Airflow's
             # migration, MLflow's, the Tritons' copies of the server and Redis overlap (a task needs them all
             # only when it runs). Leaving the pool waits for every start, failed or not, before the cleanup.
-            starts = [self.mlflow.start, self.redis.start, *(t.start for t in self.tritons), self.airflow.start]
+            starts = [self.mlflow.start, *(t.start for t in self.tritons), self.airflow.start]
+            if self.airflow.workers:  # the Celery broker (the LocalExecutor variant has none)
+                starts.append(self.redis.start)
             if self.prometheus is not None:
                 starts.append(self.prometheus.start)
             with ThreadPoolExecutor(max_workers=len(starts), thread_name_prefix="stack-start") as pool:
