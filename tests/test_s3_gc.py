@@ -24,7 +24,7 @@ from seqcls.ops.gc import gc
 from seqcls.ops.status import status
 from seqcls.ops.sync import sync
 from seqcls.release.intake import open_release
-from seqcls.serving.s3lease import LEASE, S3ReleaseLease, control_key
+from seqcls.serving.s3lease import S3ReleaseLease
 from seqcls.serving.s3state import S3ServingState
 from seqcls.settings import Settings
 from seqcls.steps import run_release
@@ -108,9 +108,17 @@ def test_gc_on_s3_collects_killed_publishes_and_old_versions_and_survives_kill_a
     assert died.returncode == -9, died.stderr[-3000:]
     incomplete = {v for m in MODEL.names.models for v in store.repo.versions(m).incomplete}
     assert incomplete == {3}, incomplete
-    # the killed release holds the store's lease for its ttl (900 s; `lease break` has no store counterpart):
-    # the test stands in for the ttl passing
-    store.store.delete(control_key(MODEL, LEASE))
+    # the killed release holds the store's lease for its ttl (900 s): the operator breaks it, as on POSIX
+    broke = run_seqcls(
+        "import sys\nfrom seqcls.cli import main\nsys.exit(main(sys.argv[1:]))\n",
+        ["lease", "break", "--model-name", str(MODEL), "--reason", "the release was killed"],
+        settings,
+        home,
+    )
+    assert broke.returncode == 0, broke.stderr[-3000:]
+    assert f"lease of {MODEL}: broken (was " in broke.stdout, broke.stdout
+    broken = S3ReleaseLease(store.store, MODEL).view()
+    assert broken.free and broken.record.step == "broken: the release was killed", broken
 
     # dry run (the default): said per kind, with why kept; nothing deleted
     dry = gc(settings, retain=1)

@@ -214,6 +214,23 @@ def test_a_holder_whose_expired_lease_was_taken_over_finds_out_at_its_next_renew
 
 
 @pytest.mark.integration
+def test_an_operator_breaks_a_held_lease_and_its_holder_stops_at_its_next_renewal(seaweedfs: SeaweedFS) -> None:
+    model = _model()
+    lease = S3ReleaseLease(_store(seaweedfs), model)
+    assert lease.break_lease("cli:ops", "nothing held") is None  # free: nothing to break, nothing written
+    stuck = lease.acquire("stuck-release", ttl=900)
+    broken = lease.break_lease("cli:ops", "its worker is gone")
+    assert broken is not None and broken.record.owner == "stuck-release", broken
+    seen = lease.view()
+    assert seen.free and (seen.record.owner, seen.record.step) == ("cli:ops", "broken: its worker is gone")
+    with pytest.raises(LeaseLost, match=r"stuck-release lost .*nobody \(released by cli:ops"):
+        lease.renew(stuck)
+    taken = S3ReleaseLease(_store(seaweedfs), model).acquire("next-release", timeout=0)  # at once, no ttl to wait
+    assert taken.took_over_from is None and lease.view().record.owner == "next-release"
+    assert not lease.release(stuck), "a broken holder released the next one's lease"
+
+
+@pytest.mark.integration
 def test_hold_keeps_the_lease_renewed_and_releases_it_at_the_end(seaweedfs: SeaweedFS) -> None:
     lease = S3ReleaseLease(_store(seaweedfs), _model())
     with lease.hold("cli-1", ttl=1.5) as keeper:

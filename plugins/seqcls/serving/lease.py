@@ -327,10 +327,7 @@ class ReleaseLease:
     def break_lease(self, by: str, reason: str) -> LeaseHolder | None:
         """Remove the lease whoever holds it (an operator's decision); returns the holder it removed."""
         if self.store_lease is not None:
-            raise LeaseError(
-                f"the release lease of {self.model_name!r} is on the object store ({self.store_lease.lease.where()}): "
-                "`lease break` has no store counterpart yet; a holder that stops renewing is taken over after its ttl"
-            )
+            return self.store_lease.break_lease(by, reason)
         with self._locked():
             try:
                 current = self._read()
@@ -438,6 +435,10 @@ class StoreLease:
         with _HELD_LOCK:
             _HELD[self._key(owner)] = held
         return self._from_held(held, "process", None)
+
+    def break_lease(self, by: str, reason: str) -> LeaseHolder | None:
+        view = self.lease.break_lease(by, reason)
+        return None if view is None else self._holder(view)
 
     def release(self, owner: str) -> bool:
         with _HELD_LOCK:

@@ -288,6 +288,32 @@ class S3ReleaseLease:
         log.info("release lease of %s released by %s", self.model_name, held.owner)
         return True
 
+    def break_lease(self, by: str, reason: str, attempts: int = 5) -> LeaseView | None:
+        """Free the lease whoever holds it (an operator's decision): a released record naming ``by`` and
+        ``reason``, by compare-and-swap over what was read; the view of the holder it broke, None when free.
+
+        The holder finds out at its next renewal or check (its ETag no longer matches: LeaseLost), so a release
+        that is in fact still running stops at its next step instead of going on beside the next one."""
+        for _ in range(max(1, attempts)):
+            view = self.view()
+            if view.free:
+                return None
+            current = view.record
+            assert current is not None
+            record = replace(current, owner=by, token=secrets.token_hex(8), generation=current.generation + 1,
+                             step=f"broken: {reason}", released=True)  # fmt: skip
+            try:
+                self._write(record, view.etag)
+            except ObjectConflict:
+                continue  # the holder renewed in between: read again and break that
+            log.warning("release lease of %s (%s) broken by %s (%s); it was held by %s",
+                        self.model_name, self.where(), by, reason, view.describe())  # fmt: skip
+            return view
+        raise LeaseError(
+            f"the release lease of {self.model_name!r} ({self.where()}) changed on every one of {attempts} "
+            "attempts to break it: its holder is renewing it. Stop that release first, then break it again"
+        )
+
     @contextlib.contextmanager
     def hold(
         self, owner: str, *, step: str = "release", timeout: float = 60.0, ttl: float = DEFAULT_TTL, poll: float = 0.5
