@@ -517,11 +517,16 @@ def _apply_evidence(plan: _Plan, trash: Trash, t0: float, budget: float | None) 
                 item.collect, item.reasons = False, [f"in use ({exc})"]
 
 
+def _compacted(settings: Settings, model: str) -> set[str]:
+    """The workspace names of ``model``'s releases whose audit record stands for a workspace that is gone."""
+    releases = settings.releases_dir / model
+    return {n for n in evidence.records(settings, model) if not (releases / n).is_dir()}
+
+
 def _compacted_versions(settings: Settings, plan: _Plan, apply: bool) -> None:
     """Archived MLflow versions of compacted releases lose what is left of their files (:mod:`.archive`)."""
     model = plan.model.model_name
-    releases = settings.releases_dir / model
-    fps = {n for n in evidence.records(settings, model) if not (releases / n).is_dir()}
+    fps = _compacted(settings, model)
     if plan.policy != archive.ARCHIVE or not fps:
         return
     c = client(settings)
@@ -542,10 +547,8 @@ def _collected_runs(settings: Settings, plan: _Plan, apply: bool) -> None:
     if plan.policy == archive.KEEP:
         return
     model = plan.model.model_name
-    releases = settings.releases_dir / model
-    compacted = {n for n in evidence.records(settings, model) if not (releases / n).is_dir()}
     c = client(settings)
-    for rp in archive.plan_runs(c, model, compacted):
+    for rp in archive.plan_runs(c, model, _compacted(settings, model)):
         why = rp.why + ("; a gc was interrupted: finished now" * rp.unfinished)
         item = Item(MLFLOW, f"runs:/{rp.run_id}", sum(rp.parts.values()), True, parts=[why])
         plan.model.items.append(item)
