@@ -47,6 +47,18 @@ LONG_FILES = (
 )
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """Each pytest-xdist worker picks free ports from its own slice (``SEQCLS_PORT_RANGE``, of the one given
+    or the default range), inherited by every process it starts: picks from one shared range handed the
+    same port to servers of both workers (another worker's Triton answered on the Airflow api-server's port)."""
+    from seqcls.localtriton.ports import PORT_RANGE_VAR, default_port_range, port_range, port_slice
+
+    worker, count = os.environ.get("PYTEST_XDIST_WORKER", ""), os.environ.get("PYTEST_XDIST_WORKER_COUNT", "")
+    if worker.startswith("gw") and worker[2:].isdigit() and count.isdigit():
+        low, high = port_range() or default_port_range()
+        os.environ[PORT_RANGE_VAR] = "{}-{}".format(*port_slice(int(worker[2:]), int(count), low, high))
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     rank = {name: i for i, name in enumerate(LONG_FILES)}
     items.sort(key=lambda item: rank.get(item.path.name, len(LONG_FILES)))  # stable: the rest keep their order

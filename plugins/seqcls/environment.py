@@ -224,6 +224,11 @@ ENVIRONMENT: tuple[EnvVar, ...] = (
         "(seqcls.faults).",
     ),
     EnvVar(
+        "SEQCLS_PORT_RANGE",
+        "below the kernel's ephemeral range",
+        "low-high: where tests and the demo stack pick free ports (the test suite gives each xdist worker a slice).",
+    ),
+    EnvVar(
         "AWS_ENDPOINT_URL_S3",
         "unset (AWS_ENDPOINT_URL, then AWS S3)",
         "The S3 API endpoint of an object-store repository (MinIO, SeaweedFS...), when no Connection gives one.",

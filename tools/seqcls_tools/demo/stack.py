@@ -28,6 +28,7 @@ from __future__ import annotations
 import base64
 import configparser
 import contextlib
+import http.client
 import json
 import logging
 import os
@@ -43,8 +44,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import psutil
+
 from seqcls.errors import InputError, SeqclsError
 from seqcls.files import check_private, create_private
+from seqcls.localtriton.ports import check_port_free, port_listeners, process_label
 from seqcls.settings import Settings
 from seqcls_tools.demo.run import airflow_cli, airflow_env
 
@@ -293,6 +297,7 @@ class AirflowStack:
             )  # fmt: skip
 
     def start(self, timeout: float = 180) -> None:
+        self.check_ports()
         self.logs.mkdir(parents=True, exist_ok=True)
         self.write_login()
         if airflow_cli(["db", "migrate"], self.env, timeout=600, log_file=self.logs / "db-migrate.log").returncode:
@@ -300,26 +305,70 @@ class AirflowStack:
         self.write_connections()
         for name in self.commands():
             self.spawn(name)
+        self.wait_ready(timeout)
+
+    def check_ports(self) -> None:
+        """Fail before the slow start-up when the api-server's or a log server's port is taken, naming who
+        holds it: a stranger answering there (a Triton's gRPC) otherwise surfaced as a bare protocol error."""
+        worker_log, trigger_log = self.log_ports
+        ports = (
+            ("Airflow api-server", self.port),
+            ("worker log server", worker_log),
+            ("triggerer log server", trigger_log),
+        )
+        for service, port in ports:
+            check_port_free(LOOPBACK, port, service, error=SeqclsError)
+
+    def foreign_listener(self) -> str | None:
+        """Who listens on the api-server's port when it is none of the stack's processes (or their children)."""
+        listeners = port_listeners(self.port)
+        if not listeners:
+            return None
+        ours: set[int] = set()
+        for proc in self.procs.values():
+            ours.add(proc.pid)
+            with contextlib.suppress(psutil.Error):
+                ours.update(child.pid for child in psutil.Process(proc.pid).children(recursive=True))
+        strangers = [pid for pid in listeners if pid not in ours]
+        return ", ".join(sorted({process_label(pid) for pid in strangers})) or None
+
+    def wait_ready(self, timeout: float = 180) -> None:
+        """Wait until the stack's own api-server answers its health check; stop the stack and fail when a
+        component exits or something else answers on its port (an HTTP/2 server's frames read as a status line)."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             dead = [n for n, p in self.procs.items() if p.poll() is not None]
             if dead:
+                stranger = self.foreign_listener() if dead[0] == "api-server" else None
                 self.stop()
-                raise SeqclsError(f"airflow {dead[0]} exited during start-up; see {self.logs / (dead[0] + '.log')}")
+                held = f" (port {self.port} is held by {stranger})" if stranger else ""
+                raise SeqclsError(
+                    f"airflow {dead[0]} exited during start-up{held}; see {self.logs / (dead[0] + '.log')}"
+                )
             try:
                 with urllib.request.urlopen(f"{self.url}/api/v2/monitor/health", timeout=3) as r:
-                    if r.status == 200:
-                        log.info(
-                            "airflow UI at %s (user %s) after %.0fs; task logs served on %s ports %s",
-                            self.url,
-                            USER,
-                            timeout - (deadline - time.monotonic()),
-                            LOOPBACK,
-                            "/".join(map(str, self.log_ports)),
-                        )
-                        return
-            except (urllib.error.URLError, OSError):
-                pass
+                    healthy = r.status == 200
+            except (urllib.error.URLError, OSError, http.client.HTTPException) as exc:
+                healthy = False
+                refused = isinstance(getattr(exc, "reason", exc), ConnectionRefusedError)
+            else:
+                refused = False
+            if not refused and (stranger := self.foreign_listener()):
+                self.stop()
+                raise SeqclsError(
+                    f"port {self.port} is held by {stranger}, not this stack's api-server: stop that process or "
+                    f"choose another port for the stack; its processes are stopped (see {self.logs / 'api-server.log'})"
+                )
+            if healthy:
+                log.info(
+                    "airflow UI at %s (user %s) after %.0fs; task logs served on %s ports %s",
+                    self.url,
+                    USER,
+                    timeout - (deadline - time.monotonic()),
+                    LOOPBACK,
+                    "/".join(map(str, self.log_ports)),
+                )
+                return
             time.sleep(1)
         self.stop()
         raise SeqclsError(
