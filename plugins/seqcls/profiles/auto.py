@@ -45,8 +45,6 @@ AUTO = AUTO_PROFILE
 CANDIDATES = SERVED_PROFILES
 #: Texts timed per candidate (golden first, then eval texts spread over the set).
 MAX_TEXTS = 200
-#: Texts per interleaved block: every candidate runs a block before the next block starts.
-BLOCK = timing.BLOCK
 #: The evidence file convert writes beside the graphs.
 CHOICE_FILE = "profile_choice.json"
 
@@ -322,7 +320,7 @@ def time_requests(
     graphs: dict[str, Path], texts: Sequence[str], how: Answering, clients: int = timing.DEFAULT_CLIENTS
 ) -> tuple[dict[str, timing.Timing], dict[str, np.ndarray], int | None]:
     """Each graph timed as it will be served (:func:`seqcls.profiles.timing.time_graphs`: every length warmed,
-    steady single-text passes interleaved in blocks, then ``clients`` pending requests): the timings,
+    steady single-text passes taking turns by whole passes, then ``clients`` pending requests): the timings,
     the probabilities of the recorded pass (each text alone) and the ONNX Runtime threads."""
     text_mod, decide_mod = shipped.text(), shipped.decide()
     ids = text_mod.encode(how.tokenizer, list(texts))

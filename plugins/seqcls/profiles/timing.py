@@ -6,11 +6,16 @@ first passes on the same texts), so a rate measured right after a warm-up on a h
 cold rate, not the served one. So, for every graph:
 
 1. **warm every length**: each distinct sequence length among the timed texts is run once, untimed;
-2. **timed passes until steady**: the texts, each alone, over and over (every graph's pass interleaved
-   with the others' in blocks, so load from other work on the host falls on all alike) until each graph's
-   rate moved at most :data:`STEADY` between its last two passes, at least :data:`MIN_PASSES` and at
+2. **timed passes until steady**: the texts, each alone, over and over — the graphs taking turns by whole
+   passes, in an order rotated every pass, so slow drifts of the host's load fall on all alike — until each
+   graph's rate moved at most :data:`STEADY` between its last two passes, at least :data:`MIN_PASSES` and at
    most :data:`MAX_PASSES`; the last pass is the recorded one (still unsteady at the bound: the median pass
-   after the first, :func:`recorded_pass`), every pass's rate is the curve;
+   after the first, :func:`recorded_pass`), every pass's rate is the curve. Why whole passes and not
+   blocks of a few texts: a served model is the only one running, and where the CPU's last-level cache
+   holds its weights it runs from the cache; graphs alternating every few texts evict each other's
+   weights, so every block re-streamed them from memory and the fast profiles were timed slower than
+   they serve (docs/performance.md, "profile: auto"). Each turn starts with one untimed run, which
+   brings the graph's weights back;
 3. **at the expected concurrency**: ``clients`` single-text requests pending at once, as one served
    instance takes them from Triton's dynamic batcher: texts of equal length share one run where the
    served model merges them (the exact profiles), a batch's texts in one call to an engine that buckets
@@ -39,8 +44,6 @@ MIN_PASSES = 2
 MAX_PASSES = 4
 #: A graph is steady when its rate moved at most this much (relative) between its last two passes.
 STEADY = 0.05
-#: Texts per interleaved block: every graph runs a block before the next block starts.
-BLOCK = 20
 #: Single-text clients a model is expected to serve at once, unless its release says (``expected_clients``).
 DEFAULT_CLIENTS = DEFAULTS.expected_clients
 
@@ -119,12 +122,12 @@ def recorded_pass(curve: Sequence[float], ok: bool) -> int:
 def passes_until_steady(
     sessions: Mapping[str, Any], runs: Mapping[str, Sequence[Feed]], output: str
 ) -> dict[str, tuple[list[float], list[np.ndarray], list[float], bool, int]]:
-    """Timed passes over each graph's ``runs``, every graph's pass interleaved with the others' in blocks of
-    :data:`BLOCK` runs, until every graph is :func:`steady` (bounded by :data:`MIN_PASSES`/:data:`MAX_PASSES`).
+    """Timed passes over each graph's ``runs``, the graphs taking turns by whole passes (the order rotated
+    every pass; each turn after one untimed run: module docstring), until every graph is :func:`steady`
+    (bounded by :data:`MIN_PASSES`/:data:`MAX_PASSES`).
     Per graph: the :func:`recorded_pass`'s seconds per run, the last pass's outputs, every pass's
     sentences/s, steady or not, and which pass is recorded."""
     names = list(sessions)
-    n = max((len(r) for r in runs.values()), default=0)
     texts = {name: sum(_rows(r) for r in runs[name]) for name in names}
     curve: dict[str, list[float]] = {name: [] for name in names}
     every: dict[str, list[list[float]]] = {name: [] for name in names}
@@ -132,13 +135,15 @@ def passes_until_steady(
     for done in range(MAX_PASSES):
         lat: dict[str, list[float]] = {name: [] for name in names}
         out: dict[str, list[np.ndarray]] = {name: [] for name in names}
-        for start in range(0, n, BLOCK):
-            for name in names:
-                for run in runs[name][start : start + BLOCK]:
-                    t0 = time.perf_counter()
-                    result = sessions[name].run([output], dict(run))[0]
-                    lat[name].append(time.perf_counter() - t0)
-                    out[name].append(result)
+        turn = done % len(names) if names else 0
+        for name in names[turn:] + names[:turn]:
+            if runs[name]:
+                sessions[name].run([output], dict(runs[name][0]))  # untimed: the weights back in the cache
+            for run in runs[name]:
+                t0 = time.perf_counter()
+                result = sessions[name].run([output], dict(run))[0]
+                lat[name].append(time.perf_counter() - t0)
+                out[name].append(result)
         for name in names:
             seconds = float(sum(lat[name]))
             curve[name].append(texts[name] / seconds if seconds > 0 else 0.0)
@@ -214,7 +219,6 @@ def time_graphs(
 
 
 __all__ = [
-    "BLOCK",
     "DEFAULT_CLIENTS",
     "MAX_PASSES",
     "MIN_PASSES",
