@@ -11,11 +11,11 @@ cold rate, not the served one. So, for every graph:
    graph's rate moved at most :data:`STEADY` between its last two passes, at least :data:`MIN_PASSES` and at
    most :data:`MAX_PASSES`; the last pass is the recorded one (still unsteady at the bound: the median pass
    after the first, :func:`recorded_pass`), every pass's rate is the curve. Why whole passes and not
-   blocks of a few texts: a served model is the only one running, and where the CPU's last-level cache
-   holds its weights it runs from the cache; graphs alternating every few texts evict each other's
-   weights, so every block re-streamed them from memory and the fast profiles were timed slower than
-   they serve (docs/performance.md, "profile: auto"). Each turn starts with one untimed run, which
-   brings the graph's weights back;
+   blocks of a few texts: graphs alternating every few texts were each timed slower than the same graph
+   alone — most likely each evicting the others' weights from the caches, which a served model, the only
+   one running, does not pay — and the fast profiles were recorded well below what they serve
+   (docs/performance.md, "profile: auto"). Each turn starts with one untimed run, which brings the
+   graph's weights back;
 3. **at the expected concurrency**: ``clients`` single-text requests pending at once, as one served
    instance takes them from Triton's dynamic batcher: texts of equal length share one run where the
    served model merges them (the exact profiles), a batch's texts in one call to an engine that buckets
