@@ -139,3 +139,20 @@ def test_a_profile_released_but_not_served_is_a_miss_saying_why() -> None:
     for key in ("lone_vs_inprocess[bf16]", "served_vs_inprocess[bf16]", "auto_vs_inprocess[bf16]"):
         assert not by[key]["passed"] and by[key]["note"] == "not served: parity gate failed", by[key]
     assert any("NOTE: not served: parity gate failed" in line for line in markdown.ratio_lines(list(by.values())))
+
+
+def test_on_an_amx_cpu_the_fastest_profile_and_bf16_are_held_to_the_amx_targets() -> None:
+    """On a CPU with AMX the report holds the fastest gated profile to 4.5x classic and bf16 to 3.5x (the same
+    figures as the general line); on a CPU without it these lines are not printed at all."""
+    results = _results()
+    assert not [r for r in ratios(results) if r["key"].endswith("_amx")]
+    results["meta"]["machine"] = {"isa": {"amx_bf16": True, "amx_int8": True}}
+    results["configs"]["int8"]["cells"][1]["sentences_per_s"] = 230.0  # 4.6x classic's 50
+    by = {r["key"]: r for r in ratios(results)}
+    fastest, bf16 = by["fastest_vs_classic_amx"], by["bf16_vs_classic_amx"]
+    assert fastest["config"] == "int8" and fastest["ratio"] == 4.6 and fastest["passed"], fastest
+    assert bf16["ratio"] == round(55.0 / 50.0, 2) and not bf16["passed"], bf16  # 1.1x, target 3.5
+    assert "amx_int8/amx_bf16" in fastest["what"]
+    results["configs"]["bf16"] = {"profile": "bf16", "group": "main", "skipped": "parity gate failed", "cells": []}
+    bf16 = {r["key"]: r for r in ratios(results)}["bf16_vs_classic_amx"]
+    assert not bf16["passed"] and bf16["value"] is None and "not served" in bf16["note"], bf16

@@ -19,7 +19,12 @@ TARGETS = {
     "multi_text_vs_single": 1.0,
     "every_concurrency_vs_classic": 1.0,
     "tokenizer_rss_mb": 100.0,
+    # on a CPU with AMX (amx_int8 or amx_bf16), beside the general ones: where AMX tiles multiply int8/bf16
+    "fastest_vs_classic_amx": 4.5,
+    "bf16_vs_classic_amx": 3.5,
 }
+#: CPU flags under which the ``*_amx`` targets are checked too (the run's ``meta.machine.isa``).
+AMX_FLAGS = ("amx_int8", "amx_bf16")
 
 
 def cell_value(entry: dict[str, Any] | None, clients: int, per_request: int, key: str):
@@ -313,6 +318,29 @@ def ratios(results: dict[str, Any]) -> list[dict[str, Any]]:
     for name in _profiles(m):  # at 1 client and at the top concurrency, every profile the host served
         for check in (_lone_vs_inprocess, _served_vs_inprocess, _auto_vs_inprocess):
             out.append(_unserved(m, name, check(m, name)))
+    out += _amx(m, out[1])
     out += [_cpu_per_sentence(m, name) for name in chosen]
     out += [_tokenizer_rss(m), _hot_reload(results)]
     return out
+
+
+def _amx(m: _Measured, fastest: dict[str, Any]) -> list[dict[str, Any]]:
+    """On a CPU with AMX: the fastest gated profile and bf16 against classic, held to the AMX targets (the same
+    head-to-head figures as the general lines); bf16 not served there is a miss saying why."""
+    isa = (m.results.get("meta", {}).get("machine") or {}).get("isa") or {}
+    if not any(isa.get(flag) for flag in AMX_FLAGS):
+        return []
+    flags = "/".join(f for f in AMX_FLAGS if isa.get(f))
+    what = (
+        f"on this AMX CPU ({flags}): {{}} vs classic, {m.top} clients, single-text requests, sentences/s ({m.source})"
+    )
+    base = m.throughput("classic")
+    out = [_at_least("fastest_vs_classic_amx", "fastest_vs_classic_amx", what.format("fastest gated profile"),
+                     fastest.get("config"), fastest.get("value"), base)]  # fmt: skip
+    bf16 = m.configs.get("bf16")
+    served = bf16 is not None and _gated(m.results, bf16, exact=False)
+    value = m.throughput("bf16") if served else None
+    row = _at_least("bf16_vs_classic_amx", "bf16_vs_classic_amx", what.format("bf16"), "bf16", value, base)
+    if not served:
+        row["note"] = "bf16 was not served in this run (not released, its gate failed, or no cells)"
+    return [*out, row]
