@@ -300,7 +300,7 @@ def _merged(tallies: Sequence[Tally]) -> Tally:
             out.seen[key] = (min(e, end), max(s, start))
         for i, at in t.last_answer.items():
             out.last_answer[i] = max(out.last_answer.get(i, at), at)
-        out.samples += [m for m in t.samples if m not in out.samples][: 5 - len(out.samples)]
+        out.samples += [m for m in dict.fromkeys(t.samples) if m not in out.samples][: 5 - len(out.samples)]
     return out
 
 
