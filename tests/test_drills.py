@@ -9,6 +9,12 @@ shared release home so the tiny checkpoints are exported/validated once; each dr
 repository contents and MLflow database. Kill drills run ``seqcls release`` in a subprocess with
 the test-only fault seam ``SEQCLS_FAULT_PLAN=die@<point>`` (:mod:`seqcls.faults`): SIGKILL at that
 point, no cleanup code runs.
+
+Every drill runs twice, with the repository a directory (``[posix]``) and on an S3 store (``[s3]``: a prefix
+of the session's SeaweedFS, a Triton reading ``s3://…``, the AWS variables set; the prefix and the working
+copy emptied between drills). On the store the invariant also checks it (``tests/helpers/drills.py``); the
+kill drill adds the store's own point (before a version's manifest). The disk-full drill on a real small
+filesystem is POSIX's alone.
 """
 
 from __future__ import annotations
@@ -37,9 +43,18 @@ from seqcls.settings import PROJECT_ROOT, Settings
 from seqcls.steps import run_release
 from seqcls_tools.teamstack import MlflowServer
 from tests.helpers.drills import RECORD, Drill, champion, timed_sync, when, write_record
+from tests.helpers.seaweedfs import seaweedfs
 from tests.helpers.triton import start_triton
 
+__all__ = ["seaweedfs"]  # the session's S3 server, for the [s3] drills (conftest's drill_store)
+
 pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.drill]
+
+
+@pytest.fixture(scope="module", params=["posix", "s3"])
+def drill_repository_kind(request: pytest.FixtureRequest) -> str:
+    """Each drill of this module on a directory and on the S3 store (one Triton per kind)."""
+    return request.param
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -50,6 +65,14 @@ def _drill_record() -> Iterator[None]:
 
 def _start(root: Path, name: str, repository: Path) -> LocalTriton:
     return start_triton(root, name, repository=repository)
+
+
+def _replica(d: Drill, root: Path, name: str) -> LocalTriton:
+    """Another Triton on the drill's repository (a store's: its URI, credentials and control key too)."""
+    cfg = d.server.config
+    return start_triton(
+        root, f"{name}-{d.kind}", repository=cfg.repository, control_key=cfg.control_key, environment=cfg.environment
+    )
 
 
 @pytest.fixture(scope="module")
@@ -174,6 +197,8 @@ KILL_POINTS = [
     "step:after:expose",
     "step:after:promote",
 ]
+#: On a store, after a version's objects and before its manifest (the store's completion marker).
+STORE_KILL_POINTS = {"publish:renamed:tokenizer": ["publish:before-store-marker"]}
 
 
 def test_kill_9_anywhere_then_one_sync_converges(drill: Drill, tiny_checkpoint_src, tiny_checkpoint_b_src):
@@ -183,7 +208,8 @@ def test_kill_9_anywhere_then_one_sync_converges(drill: Drill, tiny_checkpoint_s
     fingerprints = {open_release(tiny_checkpoint_src, settings=drill.settings).checkpoint.fingerprint: "A"}
     fingerprints[release_b.checkpoint.fingerprint] = "B"
     seen = []
-    for point in KILL_POINTS:
+    points = [p for point in KILL_POINTS for p in (point, *(STORE_KILL_POINTS.get(point, []) if drill.store else ()))]
+    for point in points:
         served_before = drill.state().serving
         out = drill.cli("release", "--checkpoint", str(tiny_checkpoint_b_src), SEQCLS_FAULT_PLAN=f"die@{point}")
         assert out.returncode == -9, f"{point}: expected SIGKILL, got {out.returncode}: {out.stderr[-1500:]}"
@@ -239,7 +265,7 @@ def test_two_endpoints_one_killed_mid_switch(
 ):
     from seqcls.steps.expose import expose
 
-    second = _start(drill_root, "second", drill.server.config.repository)
+    second = _replica(drill, drill_root, "second")
     try:
         both = Settings.from_env(
             triton_grpc=(drill.server.config.grpc_url, second.config.grpc_url),
@@ -288,6 +314,12 @@ def test_disk_full_on_a_real_small_filesystem(
     drill: Drill, drill_root: Path, tiny_checkpoint_src, tiny_checkpoint_b_src, tmp_path: Path
 ):
     """The repository on a size-limited tmpfs, filled until one more version cannot fit."""
+    if drill.store is not None:
+        pytest.skip(
+            "POSIX only: an S3 repository has no filesystem of its own to fill (its working copy's full disk is "
+            "test_disk_full_while_writing_a_version[s3]; the store refusing or cut during publish is "
+            "tests/test_s3_release.py's)"
+        )
     mnt = tmp_path / "small"
     mnt.mkdir()
     if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=48m", "tmpfs", str(mnt)], capture_output=True).returncode:
