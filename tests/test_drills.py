@@ -11,10 +11,10 @@ the test-only fault seam ``SEQCLS_FAULT_PLAN=die@<point>`` (:mod:`seqcls.faults`
 point, no cleanup code runs.
 
 Every drill runs twice, with the repository a directory (``[posix]``) and on an S3 store (``[s3]``: a prefix
-of the session's SeaweedFS, a Triton reading ``s3://…``, the AWS variables set; the prefix and the working
-copy emptied between drills). On the store the invariant also checks it (``tests/helpers/drills.py``); the
-kill drill adds the store's own point (before a version's manifest). The disk-full drill on a real small
-filesystem is POSIX's alone.
+of the session's SeaweedFS, a Triton reading ``s3://…``, the AWS variables and the control key set; the
+prefix and the working copy emptied between drills); where a body differs by kind it asks ``drill.store``.
+On the store the invariant also checks it (``tests/helpers/drills.py``); the kill drill adds the store's
+own point (before a version's manifest). The disk-full drill on a real small filesystem is POSIX's alone.
 """
 
 from __future__ import annotations
@@ -50,6 +50,13 @@ __all__ = ["seaweedfs"]  # the session's S3 server, for the [s3] drills (conftes
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.drill]
 
+#: Drills that do not run on the store, and why (skipped there before any setup).
+NOT_ON_S3 = {
+    "test_disk_full_on_a_real_small_filesystem": "POSIX only: an S3 repository has no filesystem of its own to fill "
+    "(its working copy's full disk is test_disk_full_while_writing_a_version[s3]; the store refusing or cut "
+    "during publish is tests/test_s3_release.py's)",
+}
+
 
 @pytest.fixture(scope="module", params=["posix", "s3"])
 def drill_repository_kind(request: pytest.FixtureRequest) -> str:
@@ -57,10 +64,17 @@ def drill_repository_kind(request: pytest.FixtureRequest) -> str:
     return request.param
 
 
+@pytest.fixture(autouse=True)
+def _not_on_s3(request: pytest.FixtureRequest, drill_repository_kind: str) -> None:
+    if drill_repository_kind == "s3" and (reason := NOT_ON_S3.get(request.node.originalname)):
+        pytest.skip(reason)
+
+
 @pytest.fixture(scope="module", autouse=True)
 def _drill_record() -> Iterator[None]:
     yield
-    write_record("test_drills")
+    write_record("test_drills", "posix")
+    write_record("test_drills", "s3")
 
 
 def _start(root: Path, name: str, repository: Path) -> LocalTriton:
@@ -314,12 +328,6 @@ def test_disk_full_on_a_real_small_filesystem(
     drill: Drill, drill_root: Path, tiny_checkpoint_src, tiny_checkpoint_b_src, tmp_path: Path
 ):
     """The repository on a size-limited tmpfs, filled until one more version cannot fit."""
-    if drill.store is not None:
-        pytest.skip(
-            "POSIX only: an S3 repository has no filesystem of its own to fill (its working copy's full disk is "
-            "test_disk_full_while_writing_a_version[s3]; the store refusing or cut during publish is "
-            "tests/test_s3_release.py's)"
-        )
     mnt = tmp_path / "small"
     mnt.mkdir()
     if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=48m", "tmpfs", str(mnt)], capture_output=True).returncode:

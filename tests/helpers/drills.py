@@ -51,10 +51,13 @@ from seqcls.steps import run_release
 RECORD: list[dict] = []
 
 
-def write_record(module: str) -> None:
-    out = PROJECT_ROOT / "var" / "test-artifacts" / f"drills-{module}.json"
+def write_record(module: str, repository: str | None = None) -> None:
+    """``module``'s rows (only those on ``repository``, ``posix`` or ``s3``, when given) to
+    ``drills-<module>.json`` (``drills-<module>-s3.json`` for the S3 tier's: another process may write the other)."""
+    name = module if repository in (None, "posix") else f"{module}-{repository}"
+    out = PROJECT_ROOT / "var" / "test-artifacts" / f"drills-{name}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
-    rows = [r for r in RECORD if r.get("module") == module]
+    rows = [r for r in RECORD if r.get("module") == module and repository in (None, r.get("repository"))]
     out.write_text(json.dumps(rows, indent=1, ensure_ascii=False), encoding="utf-8")
 
 
