@@ -135,10 +135,12 @@ def test_triton_restart_comes_back_serving_the_recorded_state(drill: Drill, tiny
     """Scenario 3: `triton stop; triton start` came back serving nothing; `seqcls triton start` syncs."""
     drill.release(tiny_checkpoint_src)
     drill.server.stop()
-    out = drill.cli("triton", "start")  # the CLI's own server on the same ports and repository
+    out = drill.cli("triton", "start", "--json")  # the CLI's own server on the same ports and repository
     try:
         assert out.returncode == 0, out.stderr[-2000:]
         assert "reconcile seqcls: serving 1" in out.stderr
+        # what Triton reads (on a store: the store, not this host's working copy of it)
+        assert json.loads(out.stdout)["repository"] == str(drill.server.config.repository), out.stdout
         drill.assert_invariant(served=1)
     finally:
         assert drill.cli("triton", "stop").returncode == 0
