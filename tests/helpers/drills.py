@@ -171,7 +171,7 @@ def store_leftovers(settings: Settings, model_name: str = ModelName("seqcls")) -
     state = current_state(store.root, model_name)
     live = {v for v in (state.serving, state.previous, state.candidate) if v is not None}
     found = []
-    for model in names.models:
+    for model in names.all:  # the candidate route too: it pins a version of its own directory
         config = store.repo.read_config(model)
         listed = set(served_versions(config[0], model)) if config else set()
         for version in store.repo.versions(model).incomplete:
