@@ -27,7 +27,7 @@ from pathlib import Path
 from seqcls import __version__, config
 from seqcls.contract.names import ModelName
 from seqcls.errors import InputError, SeqclsError
-from seqcls.localtriton import LocalTriton, TritonServerConfig
+from seqcls.localtriton import LocalTriton
 from seqcls.monitoring.drift import DRIFT, NOT_ENOUGH, Thresholds
 from seqcls.monitoring.live import monitor
 from seqcls.notify.commands import notify_outcome
@@ -35,6 +35,7 @@ from seqcls.ops.gc import GC_HELP, after_promote, gc
 from seqcls.ops.gc import add_arguments as add_gc_arguments
 from seqcls.ops.history import history as serving_history
 from seqcls.ops.history import lines as history_lines
+from seqcls.ops.localserver import local_triton_config
 from seqcls.ops.replica import HELP as REPLICA_HELP
 from seqcls.ops.replica import add_arguments as add_replica_arguments
 from seqcls.ops.replica import replica_ready, replica_url
@@ -47,9 +48,7 @@ from seqcls.release.kept import OWN_EVAL_FILES, preflight_eval_set
 from seqcls.release.records import EVALUATION
 from seqcls.serving.layout import calibrate_layout
 from seqcls.serving.lease import ReleaseLease
-from seqcls.serving.objectstore import S3Location
-from seqcls.serving.s3repo import triton_repository
-from seqcls.settings import DEFAULT_MODEL_NAME, Settings, aws_s3_environment
+from seqcls.settings import DEFAULT_MODEL_NAME, Settings
 from seqcls.steps import EXTRA_STEPS, ORDER, STEPS, run_release, step
 from seqcls.steps.preflight import preflight, servers_for
 from seqcls.steps.rollback import rollback_model
@@ -375,19 +374,9 @@ def _cmd_monitor(args: argparse.Namespace) -> tuple[int, Printer]:
     return code, lambda: print("\n".join(report.lines()))
 
 
-def _local_triton_config(settings: Settings) -> TritonServerConfig:
-    """The local server's config for ``settings``. On an ``s3://`` repository Triton reads the store itself (its
-    form of the URI, the AWS credentials in its environment only): ``settings.triton_repository`` is then this
-    host's working copy, which a Triton serving it would take for the repository and serve stale or nothing."""
-    if settings.triton_store is None:
-        return TritonServerConfig.from_settings(settings)
-    triton = triton_repository(S3Location.parse(settings.triton_store, environment=aws_s3_environment()))
-    return TritonServerConfig.from_settings(settings, repository=triton.uri, environment=dict(triton.environment))
-
-
 def _cmd_triton(args: argparse.Namespace) -> tuple[int, Printer]:
     settings = Settings.from_env(home=args.home)
-    server = LocalTriton(_local_triton_config(settings))
+    server = LocalTriton(local_triton_config(settings))
     synced = []
     if args.action == "start":
         server_status = server.start()
