@@ -10,11 +10,12 @@ repository contents and MLflow database. Kill drills run ``seqcls release`` in a
 the test-only fault seam ``SEQCLS_FAULT_PLAN=die@<point>`` (:mod:`seqcls.faults`): SIGKILL at that
 point, no cleanup code runs.
 
-Every drill runs twice, with the repository a directory (``[posix]``) and on an S3 store (``[s3]``: a prefix
+Every drill is parametrized by repository kind: a directory (``[posix]``) and an S3 store (``[s3]``: a prefix
 of the session's SeaweedFS, a Triton reading ``s3://…``, the AWS variables and the control key set; the
 prefix and the working copy emptied between drills); where a body differs by kind it asks ``drill.store``.
-On the store the invariant also checks it (``tests/helpers/drills.py``); the kill drill adds the store's
-own point (before a version's manifest). The disk-full drill on a real small filesystem is POSIX's alone.
+On the store the invariant also checks it (``tests/helpers/drills.py``); the kill drill keeps to the points
+from register on and adds the store's own (before a version's manifest). :data:`NOT_ON_S3` names the drills
+``[s3]`` skips and why.
 """
 
 from __future__ import annotations
