@@ -13,7 +13,7 @@ import pytest
 from seqcls.localtriton import LocalTriton
 from seqcls_tools.teamstack import MlflowServer, Postgres, pg_bindir
 from tests.helpers.checkpoints import HF_GOLDEN
-from tests.helpers.drills import Drill, make_drill
+from tests.helpers.drills import Drill, DrillStore, make_drill
 from tests.helpers.triton import dead_triton_sections, start_triton
 
 # Keep every test off the user's real ~/.seqcls and ~/airflow, and the logs readable.
@@ -201,8 +201,29 @@ def drill_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def drill_triton(drill_root: Path) -> Iterator[LocalTriton]:
-    server = start_triton(drill_root, "triton", repository=drill_root / "repo")
+def drill_repository_kind() -> str:
+    """Where a drill module's repository is: a directory (``posix``). A module overrides this fixture
+    (``params=["posix", "s3"]``) to run its drills on the session's SeaweedFS too (``tests/test_drills.py``)."""
+    return "posix"
+
+
+@pytest.fixture(scope="module")
+def drill_store(drill_repository_kind: str, request: pytest.FixtureRequest) -> DrillStore | None:
+    """The module's ``s3://`` repository (a fresh prefix of the session's SeaweedFS: the module must import
+    the ``seaweedfs`` fixture), or None for a directory."""
+    if drill_repository_kind == "posix":
+        return None
+    assert drill_repository_kind == "s3", f"drill_repository_kind {drill_repository_kind!r}: posix or s3"
+    seaweedfs = request.getfixturevalue("seaweedfs")
+    return DrillStore.fresh(seaweedfs.endpoint, seaweedfs.bucket, seaweedfs.credentials)
+
+
+@pytest.fixture(scope="module")
+def drill_triton(drill_root: Path, drill_store: DrillStore | None) -> Iterator[LocalTriton]:
+    if drill_store is None:
+        server = start_triton(drill_root, "triton", repository=drill_root / "repo")
+    else:  # state dir of its own: the module's POSIX Triton ran from the same root
+        server = start_triton(drill_root, "triton-s3", **drill_store.triton_config())
     yield server
     server.stop()
 
@@ -245,10 +266,11 @@ def team_mlflow(team_postgres: Postgres, tmp_path_factory: pytest.TempPathFactor
 @pytest.fixture
 def drill(
     drill_triton: LocalTriton,
+    drill_store: DrillStore | None,
     drill_home: Path,
     empty_mlflow_db: Path,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> Drill:
     shutil.copyfile(empty_mlflow_db, tmp_path / "mlflow.db")  # the drill's own MLflow database, fresh
-    return make_drill(drill_triton, drill_home, tmp_path, monkeypatch)
+    return make_drill(drill_triton, drill_home, tmp_path, monkeypatch, store=drill_store)

@@ -9,6 +9,13 @@ shared release home so the tiny checkpoints are exported/validated once; each dr
 repository contents and MLflow database. Kill drills run ``seqcls release`` in a subprocess with
 the test-only fault seam ``SEQCLS_FAULT_PLAN=die@<point>`` (:mod:`seqcls.faults`): SIGKILL at that
 point, no cleanup code runs.
+
+Every drill is parametrized by repository kind: a directory (``[posix]``) and an S3 store (``[s3]``: a prefix
+of the session's SeaweedFS, a Triton reading ``s3://…``, the AWS variables and the control key set; the
+prefix and the working copy emptied between drills); where a body differs by kind it asks ``drill.store``.
+On the store the invariant also checks it (``tests/helpers/drills.py``); the kill drill keeps to the points
+from register on and adds the store's own (before a version's manifest). :data:`NOT_ON_S3` names the drills
+``[s3]`` skips and why.
 """
 
 from __future__ import annotations
@@ -37,19 +44,66 @@ from seqcls.settings import PROJECT_ROOT, Settings
 from seqcls.steps import run_release
 from seqcls_tools.teamstack import MlflowServer
 from tests.helpers.drills import RECORD, Drill, champion, timed_sync, when, write_record
+from tests.helpers.seaweedfs import seaweedfs
 from tests.helpers.triton import start_triton
 
+__all__ = ["seaweedfs"]  # the session's S3 server, for the [s3] drills (conftest's drill_store)
+
 pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.drill]
+
+#: Drills that do not run on the store, and why (skipped there before any setup).
+#: The [s3] tier keeps to the drills whose store side is code of its own (the lease, the state's compare-and-swap,
+#: the version marker, reload and sync on the store, Triton restarted on it): ~4 min instead of ~8.5 for all.
+_SAME_ON_S3 = "left out on S3 to keep the tier within the suite's budget: the same code as [posix]"
+NOT_ON_S3 = {
+    "test_disk_full_on_a_real_small_filesystem": "POSIX only: an S3 repository has no filesystem of its own to fill "
+    "(the store refusing or cut during publish is tests/test_s3_release.py's)",
+    "test_rerelease_while_triton_is_down_changes_nothing": f"{_SAME_ON_S3} (refused at the endpoint check, before "
+    "the repository is touched)",
+    "test_rollback_of_a_release_that_is_not_served_refuses": f"{_SAME_ON_S3} (a rollback on the store runs in the "
+    "kill drill, between its points)",
+    "test_triton_killed_and_restarted_mid_reload": f"{_SAME_ON_S3} (the kill drill's reconcile:after-widen and the "
+    "restart drill cover reload and Triton's restart on the store)",
+    "test_two_endpoints_one_killed_mid_switch": f"{_SAME_ON_S3} (the endpoints' side; the store's config swap runs "
+    "in every release)",
+    "test_disk_full_while_writing_a_version": f"{_SAME_ON_S3} (the working copy fills before any store I/O)",
+    "test_unpinned_clients_never_see_an_unsmoked_model": f"{_SAME_ON_S3} (the order of routes at Triton)",
+    "test_status_json_and_exit_codes": f"{_SAME_ON_S3} (status reads the store in every drill's invariant)",
+    "test_mlflow_killed_at_register": f"{_SAME_ON_S3} (the registry's failure; nothing reaches the store)",
+    "test_mlflow_killed_at_promote": f"{_SAME_ON_S3} (the registry's failure after expose)",
+    "test_mlflow_killed_during_undo": f"{_SAME_ON_S3} (the registry's failure during undo)",
+}
+
+
+@pytest.fixture(scope="module", params=["posix", "s3"])
+def drill_repository_kind(request: pytest.FixtureRequest) -> str:
+    """Each drill of this module on a directory and on the S3 store (one Triton per kind)."""
+    return request.param
+
+
+@pytest.fixture(autouse=True)
+def _not_on_s3(request: pytest.FixtureRequest, drill_repository_kind: str) -> None:
+    if drill_repository_kind == "s3" and (reason := NOT_ON_S3.get(request.node.originalname)):
+        pytest.skip(reason)
 
 
 @pytest.fixture(scope="module", autouse=True)
 def _drill_record() -> Iterator[None]:
     yield
-    write_record("test_drills")
+    write_record("test_drills", "posix")
+    write_record("test_drills", "s3")
 
 
 def _start(root: Path, name: str, repository: Path) -> LocalTriton:
     return start_triton(root, name, repository=repository)
+
+
+def _replica(d: Drill, root: Path, name: str) -> LocalTriton:
+    """Another Triton on the drill's repository (a store's: its URI, credentials and control key too)."""
+    cfg = d.server.config
+    return start_triton(
+        root, f"{name}-{d.kind}", repository=cfg.repository, control_key=cfg.control_key, environment=cfg.environment
+    )
 
 
 @pytest.fixture(scope="module")
@@ -98,10 +152,12 @@ def test_triton_restart_comes_back_serving_the_recorded_state(drill: Drill, tiny
     """Scenario 3: `triton stop; triton start` came back serving nothing; `seqcls triton start` syncs."""
     drill.release(tiny_checkpoint_src)
     drill.server.stop()
-    out = drill.cli("triton", "start")  # the CLI's own server on the same ports and repository
+    out = drill.cli("triton", "start", "--json")  # the CLI's own server on the same ports and repository
     try:
         assert out.returncode == 0, out.stderr[-2000:]
         assert "reconcile seqcls: serving 1" in out.stderr
+        # what Triton reads (on a store: the store, not this host's working copy of it)
+        assert json.loads(out.stdout)["repository"] == str(drill.server.config.repository), out.stdout
         drill.assert_invariant(served=1)
     finally:
         assert drill.cli("triton", "stop").returncode == 0
@@ -174,6 +230,15 @@ KILL_POINTS = [
     "step:after:expose",
     "step:after:promote",
 ]
+#: On a store: from the first point that holds the lease (register) on, plus the store's own point, after a
+#: version's objects and before its manifest (its completion marker). Before register nothing of the release
+#: is on the store and the steps are [posix]'s.
+S3_KILL_POINTS = [
+    "step:after:register",
+    "publish:renamed:tokenizer",
+    "publish:before-store-marker",
+    *KILL_POINTS[KILL_POINTS.index("step:after:publish") :],
+]
 
 
 def test_kill_9_anywhere_then_one_sync_converges(drill: Drill, tiny_checkpoint_src, tiny_checkpoint_b_src):
@@ -183,7 +248,7 @@ def test_kill_9_anywhere_then_one_sync_converges(drill: Drill, tiny_checkpoint_s
     fingerprints = {open_release(tiny_checkpoint_src, settings=drill.settings).checkpoint.fingerprint: "A"}
     fingerprints[release_b.checkpoint.fingerprint] = "B"
     seen = []
-    for point in KILL_POINTS:
+    for point in KILL_POINTS if drill.store is None else S3_KILL_POINTS:
         served_before = drill.state().serving
         out = drill.cli("release", "--checkpoint", str(tiny_checkpoint_b_src), SEQCLS_FAULT_PLAN=f"die@{point}")
         assert out.returncode == -9, f"{point}: expected SIGKILL, got {out.returncode}: {out.stderr[-1500:]}"
@@ -239,7 +304,7 @@ def test_two_endpoints_one_killed_mid_switch(
 ):
     from seqcls.steps.expose import expose
 
-    second = _start(drill_root, "second", drill.server.config.repository)
+    second = _replica(drill, drill_root, "second")
     try:
         both = Settings.from_env(
             triton_grpc=(drill.server.config.grpc_url, second.config.grpc_url),

@@ -27,7 +27,7 @@ from pathlib import Path
 from seqcls import __version__, config
 from seqcls.contract.names import ModelName
 from seqcls.errors import InputError, SeqclsError
-from seqcls.localtriton import LocalTriton, TritonServerConfig
+from seqcls.localtriton import LocalTriton
 from seqcls.monitoring.drift import DRIFT, NOT_ENOUGH, Thresholds
 from seqcls.monitoring.live import monitor
 from seqcls.notify.commands import notify_outcome
@@ -35,6 +35,7 @@ from seqcls.ops.gc import GC_HELP, after_promote, gc
 from seqcls.ops.gc import add_arguments as add_gc_arguments
 from seqcls.ops.history import history as serving_history
 from seqcls.ops.history import lines as history_lines
+from seqcls.ops.localserver import local_triton_config
 from seqcls.ops.replica import HELP as REPLICA_HELP
 from seqcls.ops.replica import add_arguments as add_replica_arguments
 from seqcls.ops.replica import replica_ready, replica_url
@@ -375,7 +376,7 @@ def _cmd_monitor(args: argparse.Namespace) -> tuple[int, Printer]:
 
 def _cmd_triton(args: argparse.Namespace) -> tuple[int, Printer]:
     settings = Settings.from_env(home=args.home)
-    server = LocalTriton(TritonServerConfig.from_settings(settings))
+    server = LocalTriton(local_triton_config(settings))
     synced = []
     if args.action == "start":
         server_status = server.start()

@@ -33,6 +33,8 @@ from typing import Any, Literal
 from seqcls.contract.names import ModelName, require_name
 from seqcls.errors import LeaseError, ServingError
 from seqcls.files import atomic_write
+from seqcls.serving.pids import pid_alive
+from seqcls.serving.pids import pid_start as _pid_start
 from seqcls.serving.s3lease import HeldLease, LeaseView, S3ReleaseLease
 from seqcls.serving.storeroot import store_at
 
@@ -50,38 +52,6 @@ def _iso(t: float) -> str:
 
 def _epoch(s: str) -> float:
     return datetime.fromisoformat(s.replace("Z", "+00:00")).timestamp()
-
-
-def _pid_start(pid: int) -> float | None:
-    try:
-        import psutil
-
-        return psutil.Process(pid).create_time()
-    except Exception:  # psutil missing or process gone: no pid-reuse guard
-        return None
-
-
-def pid_alive(pid: int, started: float | None = None) -> bool:
-    """Whether ``pid`` on this host is (still) that process: ``started`` guards against pid reuse."""
-    try:
-        import psutil
-    except ImportError:  # pragma: no cover - psutil is a dependency
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
-        return True
-    try:
-        proc = psutil.Process(pid)
-        if proc.status() == psutil.STATUS_ZOMBIE:
-            return False
-        return started is None or abs(proc.create_time() - started) < 1.0
-    except psutil.NoSuchProcess:
-        return False
-    except psutil.Error:
-        return True  # cannot tell: treat as alive, the ttl still applies
 
 
 def process_owner() -> str:
@@ -183,9 +153,9 @@ class ReleaseLease:
 
     def dead_reason(self, holder: LeaseHolder, now: float | None = None) -> str | None:
         """Why ``holder`` no longer counts (None while it does)."""
-        if self.store_lease is not None:  # expiry on the store's clock: no pid check across hosts
+        if self.store_lease is not None:  # expiry on the store's clock; a pid is checked on its own host only
             view = self.store_lease.lease.view()
-            return f"its ttl of {holder.ttl_seconds:.0f}s passed on the store's clock" if view.expired else None
+            return f"its ttl of {holder.ttl_seconds:.0f}s passed on the store's clock" if view.expired else view.dead
         now = time.time() if now is None else now
         same_host = holder.kind == "process" and holder.host == socket.gethostname()
         if same_host and holder.pid != os.getpid() and not pid_alive(holder.pid, holder.pid_start):
@@ -403,12 +373,12 @@ class StoreLease:
         return (self.lease.where(), owner)
 
     @staticmethod
-    def _holder(view: LeaseView, kind: str = "process", run: str | None = None) -> LeaseHolder | None:
+    def _holder(view: LeaseView) -> LeaseHolder | None:
         r = view.record
         if r is None or r.released:
             return None
         renewed = (view.modified or datetime.now(UTC)).timestamp()
-        return LeaseHolder(r.owner, kind, r.host, r.pid, run, r.acquired_at, _iso(renewed), r.ttl_seconds, r.step)
+        return LeaseHolder(r.owner, r.kind, r.host, r.pid, r.run, r.acquired_at, _iso(renewed), r.ttl_seconds, r.step)
 
     def holder(self) -> LeaseHolder | None:
         return self._holder(self.lease.view())
@@ -416,15 +386,15 @@ class StoreLease:
     def acquire(
         self, owner: str, *, kind: str, run: str | None, step: str, timeout: float, ttl: float, poll: float
     ) -> LeaseHolder:
-        held = self.lease.acquire(owner, step=step, timeout=timeout, ttl=ttl, poll=poll)
+        held = self.lease.acquire(owner, step=step, timeout=timeout, ttl=ttl, poll=poll, kind=kind, run=run)
         with _HELD_LOCK:
             _HELD[self._key(owner)] = held
-        return self._holder(self.lease.view(), kind, run) or self._from_held(held, kind, run)
+        return self._holder(self.lease.view()) or self._from_held(held)
 
     @staticmethod
-    def _from_held(held: HeldLease, kind: str, run: str | None) -> LeaseHolder:
+    def _from_held(held: HeldLease) -> LeaseHolder:
         r, now = held.record, _iso(time.time())
-        return LeaseHolder(r.owner, kind, r.host, r.pid, run, r.acquired_at, now, r.ttl_seconds, r.step)
+        return LeaseHolder(r.owner, r.kind, r.host, r.pid, r.run, r.acquired_at, now, r.ttl_seconds, r.step)
 
     def renew(self, owner: str, step: str | None) -> LeaseHolder:
         with _HELD_LOCK:
@@ -434,7 +404,7 @@ class StoreLease:
         held = self.lease.renew(held, step)
         with _HELD_LOCK:
             _HELD[self._key(owner)] = held
-        return self._from_held(held, "process", None)
+        return self._from_held(held)
 
     def break_lease(self, by: str, reason: str) -> LeaseHolder | None:
         view = self.lease.break_lease(by, reason)
@@ -455,4 +425,13 @@ class StoreLease:
             return False
 
 
-__all__ = ["DEFAULT_TTL", "KINDS", "LeaseError", "LeaseHolder", "ReleaseLease", "StoreLease", "process_owner"]
+__all__ = [
+    "DEFAULT_TTL",
+    "KINDS",
+    "LeaseError",
+    "LeaseHolder",
+    "ReleaseLease",
+    "StoreLease",
+    "pid_alive",
+    "process_owner",
+]

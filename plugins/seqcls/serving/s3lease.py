@@ -16,7 +16,10 @@ checks it honours, is the conditional PUT; the lease is built from that alone:
 Age is measured on the store's clock: a record's ``Last-Modified`` (the time of its last write) against the
 ``Date`` of the response that read it, so hosts whose clocks disagree still agree on expiry. Both are whole
 seconds, hence the extra :data:`CLOCK_GRAIN`. A holder that stopped renewing for longer than its ttl is
-taken over; there is no pid check, since a waiter on another host cannot see the holder's processes.
+taken over. A waiter on another host cannot see the holder's processes, so that is the only rule across
+hosts; on the holder's own host a single-process holder (kind ``process``: a CLI release) whose pid is gone
+(a kill -9) is taken over at once, as the POSIX lease does — else a killed release would block its model,
+and ``seqcls sync`` would leave its candidate, for the whole ttl.
 
 The control objects live under ``.seqcls/<model>/``, not inside ``<model>/``: Triton's S3 file system
 downloads a model's whole directory on every load, and the ensemble's directory bears the model's name.
@@ -39,6 +42,7 @@ from datetime import UTC, datetime
 from seqcls.contract.names import ModelName, require_name
 from seqcls.errors import LeaseError
 from seqcls.serving.objectstore import ObjectConflict, ObjectStore, Stamped
+from seqcls.serving.pids import pid_alive, pid_start
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +83,11 @@ class LeaseRecord:
     generation: int
     released: bool = False
     schema: int = SCHEMA
+    #: ``run`` (an Airflow run, named by a waiter's error) or ``process`` (a CLI release: checked by pid on its host).
+    kind: str = "process"
+    run: str | None = None
+    #: The holder's start time (:func:`~seqcls.serving.pids.pid_start`): a reused pid is not taken for it.
+    pid_start: float | None = None
 
     def to_bytes(self) -> bytes:
         return (json.dumps(asdict(self), sort_keys=True) + "\n").encode("utf-8")
@@ -98,6 +107,9 @@ class LeaseRecord:
                 generation=int(raw["generation"]),
                 released=bool(raw.get("released", False)),
                 schema=int(raw.get("schema", SCHEMA)),
+                kind=str(raw.get("kind") or "process"),
+                run=None if raw.get("run") is None else str(raw["run"]),
+                pid_start=None if raw.get("pid_start") is None else float(raw["pid_start"]),
             )
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise LeaseError(
@@ -132,14 +144,24 @@ class LeaseView:
         age = self.age
         return self.record is not None and age is not None and age > self.record.ttl_seconds + CLOCK_GRAIN
 
+    @property
+    def dead(self) -> str | None:
+        """Why the holder no longer counts before its ttl (None while it may): a single-process holder on this
+        host whose process is gone. Another host's processes cannot be seen: only the ttl tells there."""
+        r = self.record
+        if r is None or r.released or r.kind != "process" or r.host != socket.gethostname() or r.pid == os.getpid():
+            return None
+        return None if pid_alive(r.pid, r.pid_start) else f"its process {r.pid} on this host ({r.host}) is gone"
+
     def describe(self) -> str:
         r = self.record
         if r is None:
             return "nobody (no lease record)"
         if r.released:
             return f"nobody (released by {r.owner} at {_iso(self.modified)})"
+        run = f"Airflow run {r.run}, " if r.kind == "run" and r.run else ""  # where to look for the holder
         return (
-            f"{r.owner} on host {r.host}, pid {r.pid}, token {r.token[:8]}, step {r.step or '-'}, acquired "
+            f"{r.owner} on host {r.host}, pid {r.pid}, token {r.token[:8]}, {run}step {r.step or '-'}, acquired "
             f"{r.acquired_at}, last renewed {_iso(self.modified)} (store clock), ttl {r.ttl_seconds:.0f}s"
         )
 
@@ -190,9 +212,18 @@ class S3ReleaseLease:
         return self.store.create(self.key, data) if etag is None else self.store.replace(self.key, data, etag)
 
     def acquire(
-        self, owner: str, *, step: str = "", timeout: float = 60.0, ttl: float = DEFAULT_TTL, poll: float = 0.5
+        self,
+        owner: str,
+        *,
+        step: str = "",
+        timeout: float = 60.0,
+        ttl: float = DEFAULT_TTL,
+        poll: float = 0.5,
+        kind: str = "process",
+        run: str | None = None,
     ) -> HeldLease:
-        """Take the lease for ``owner``, waiting up to ``timeout`` seconds; LeaseError naming the holder after.
+        """Take the lease for ``owner``, waiting up to ``timeout`` seconds; LeaseError naming the holder after
+        (its ``kind`` and ``run`` too: which Airflow run to look at).
 
         A record ``owner`` wrote earlier (another task of the same run) is taken again, with a new token.
         """
@@ -203,8 +234,8 @@ class S3ReleaseLease:
         while True:
             view = self.view()
             current = view.record
-            if current is None or current.released or current.owner == owner or view.expired:
-                held = self._take(view, owner, step, ttl, started)
+            if current is None or current.released or current.owner == owner or view.expired or view.dead:
+                held = self._take(view, owner, step, ttl, started, kind, run)
                 if held is not None:
                     return held
                 continue  # another contender wrote first: read again, it is the holder now
@@ -221,7 +252,9 @@ class S3ReleaseLease:
                 )
             time.sleep(max(0.0, min(poll, deadline - time.monotonic())))
 
-    def _take(self, view: LeaseView, owner: str, step: str, ttl: float, started: float) -> HeldLease | None:
+    def _take(
+        self, view: LeaseView, owner: str, step: str, ttl: float, started: float, kind: str, run: str | None
+    ) -> HeldLease | None:
         """One compare-and-swap for the lease over what ``view`` saw; None when another write came first."""
         current = view.record
         record = LeaseRecord(
@@ -233,6 +266,9 @@ class S3ReleaseLease:
             acquired_at=_iso(view.store_time),
             step=step,
             generation=1 if current is None else current.generation + 1,
+            kind=kind,
+            run=current.run if run is None and current is not None and current.owner == owner else run,
+            pid_start=pid_start(os.getpid()),
         )
         written = time.monotonic()
         try:
@@ -243,7 +279,8 @@ class S3ReleaseLease:
         took_over = None
         if current is not None and not current.released and current.owner != owner:
             took_over = view.describe()
-            log.warning("took over the expired release lease of %s from %s", self.model_name, took_over)
+            why = view.dead or "its ttl passed"
+            log.warning("took over the release lease of %s (%s) from %s", self.model_name, why, took_over)
         log.info("release lease of %s taken by %s (token %s)", self.model_name, owner, record.token[:8])
         return HeldLease(self.model_name, record, etag, written, round(written - started, 3), took_over)
 
