@@ -139,13 +139,13 @@ def run(work: Path, n_texts: int, rounds: int) -> dict[str, Any]:
     from seqcls.release.records import served_onnx
     from seqcls.serving.repository import ServingOptions
     from seqcls.steps import run_release
-    from seqcls_tools.bench.bf16_batching import _checkpoint
+    from seqcls_tools.bench.bf16_batching import medium_checkpoint
     from seqcls_tools.bench.corpus import make_corpus
     from seqcls_tools.bench.machine import loadavg, machine_facts
     from seqcls_tools.bench.profiles import bench_release, bench_settings
 
     corpus = make_corpus(2000, seed=0)
-    checkpoint = _checkpoint(work, corpus)
+    checkpoint = medium_checkpoint(work, corpus)
     releases = {}
     for profile in ("fp32", "int8"):
         releases[profile] = bench_release(checkpoint, profile, bench_settings(work / "home"))

@@ -40,7 +40,8 @@ CLIENTS = 8
 SERVED = {"batched": "on", "alone": "off"}
 
 
-def _checkpoint(work: Path, corpus: list[str]) -> Path:
+def medium_checkpoint(work: Path, corpus: list[str]) -> Path:
+    """The bench's ERNIE 3.0 medium shape under ``work`` (built once, kept for later runs)."""
     from seqcls_tools.bench.corpus import make_labels
     from seqcls_tools.bench.model import MEDIUM, build_checkpoint
 
@@ -124,7 +125,7 @@ def run(work: Path, quick: bool, rounds: int) -> dict[str, Any]:
     engine = shipped.engine()
     budget = QUICK if quick else FULL
     texts = make_corpus(budget.corpus)
-    checkpoint = _checkpoint(work, texts)
+    checkpoint = medium_checkpoint(work, texts)
     home = work / "home"
     out: dict[str, Any] = {"machine": machine_facts(), "rounds": [], "clients": CLIENTS}
     cell_budget = replace(budget, cell_seconds=budget.h2h_seconds)
