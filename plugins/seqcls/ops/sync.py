@@ -42,7 +42,8 @@ from seqcls.release.keys import served_release_key
 from seqcls.release.workspace import Workspace
 from seqcls.serving import restore, s3verify
 from seqcls.serving.client import endpoints_from_settings
-from seqcls.serving.lease import ReleaseLease, pid_alive
+from seqcls.serving.lease import ReleaseLease
+from seqcls.serving.pids import pid_alive
 from seqcls.serving.pins import drop_pin
 from seqcls.serving.repository import RELEASE_FILE, Repository
 from seqcls.serving.state import (

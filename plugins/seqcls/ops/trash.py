@@ -16,7 +16,7 @@ from pathlib import Path
 
 from seqcls import faults
 from seqcls.files import replace_dir, replace_file
-from seqcls.serving.lease import pid_alive
+from seqcls.serving.pids import pid_alive
 from seqcls.settings import Settings
 
 log = logging.getLogger(__name__)

@@ -37,7 +37,8 @@ from seqcls.errors import LeaseError, SeqclsError
 from seqcls.files import atomic_write, held
 from seqcls.registry.ledger import CHAMPION, aliased_version, client, history, version_exists
 from seqcls.release.keys import served_release_key
-from seqcls.serving.lease import ReleaseLease, pid_alive
+from seqcls.serving.lease import ReleaseLease
+from seqcls.serving.pids import pid_alive, pid_start
 from seqcls.serving.repository import Repository
 from seqcls.serving.state import current_state
 from seqcls.settings import Settings
@@ -53,12 +54,7 @@ def _now() -> str:
 
 
 def _pid_start() -> float | None:
-    try:
-        import psutil
-
-        return psutil.Process(os.getpid()).create_time()
-    except Exception:  # psutil missing: no pid-reuse guard
-        return None
+    return pid_start(os.getpid())
 
 
 @dataclass(frozen=True)

@@ -33,8 +33,7 @@ from typing import Any, Literal
 from seqcls.contract.names import ModelName, require_name
 from seqcls.errors import LeaseError, ServingError
 from seqcls.files import atomic_write
-from seqcls.serving.pids import pid_alive
-from seqcls.serving.pids import pid_start as _pid_start
+from seqcls.serving.pids import pid_alive, pid_start
 from seqcls.serving.s3lease import HeldLease, LeaseView, S3ReleaseLease
 from seqcls.serving.storeroot import store_at
 
@@ -179,7 +178,7 @@ class ReleaseLease:
             renewed_at=now,
             ttl_seconds=float(ttl),
             step=step,
-            pid_start=_pid_start(pid),
+            pid_start=pid_start(pid),
         )
 
     # ------------------------------------------------------------------ API
@@ -268,7 +267,7 @@ class ReleaseLease:
                 step=current.step if step is None else step,
                 host=socket.gethostname(),
                 pid=pid,
-                pid_start=current.pid_start if pid == current.pid else _pid_start(pid),
+                pid_start=current.pid_start if pid == current.pid else pid_start(pid),
             )
             self._write(holder)
             return holder
@@ -432,6 +431,5 @@ __all__ = [
     "LeaseHolder",
     "ReleaseLease",
     "StoreLease",
-    "pid_alive",
     "process_owner",
 ]
