@@ -72,11 +72,9 @@ class _OpenVINO:
 
 class _Ort:
     def __init__(self, path: Path, threads: int) -> None:
-        import onnxruntime as ort
+        from seqcls.contract.runtime import ort_session
 
-        opts = ort.SessionOptions()
-        opts.intra_op_num_threads = threads
-        self.session = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+        self.session = ort_session(path, ["CPUExecutionProvider"], threads)
         self.inputs = [i.name for i in self.session.get_inputs()]
 
     def run(self, feed: dict[str, np.ndarray]) -> np.ndarray:
