@@ -184,7 +184,7 @@ def test_a_run_collection_interrupted_after_tagging_is_finished_by_the_next(
 def test_the_outcome_names_are_the_runs_modules() -> None:
     from seqcls.registry import runs
 
-    assert (archive.OUTCOME_TAG, archive.REUSED) == (runs.OUTCOME_TAG, runs.REUSED)
+    assert (archive.OUTCOME_TAG, archive.REUSED, archive.REGISTERED) == (runs.OUTCOME_TAG, runs.REUSED, runs.REGISTERED)
 
 
 def test_the_growth_bench_inventory_names_each_files_owner_and_kind(mlflow_home: Settings, orphans) -> None:
@@ -212,3 +212,20 @@ def test_gc_collects_a_superseded_rerun_and_a_dry_run_only_says_so(mlflow_home: 
     assert applied.ok, applied.lines()
     assert not _run_files(mlflow_home, old) and _run_files(mlflow_home, new) == set(EVIDENCE_FILES)
     assert not [i for m in gc(mlflow_home).models for i in m.items if i.path.startswith("runs:/")]
+
+
+def test_the_run_search_leaves_the_versions_own_runs_out_unless_versions_are_deleted(
+    mlflow_home: Settings, orphans: dict[str, str]
+) -> None:
+    """A daily schedule's runs are nearly all versions' own (``registered``): MLflow filters them out of gc's
+    search, so its cost follows the runs no version names. Under the ``delete`` policy a version may be gone and
+    its run no version names: then they are searched too."""
+    c = _client(mlflow_home)
+    exp = c.get_experiment_by_name(f"seqcls-{NAME}").experiment_id
+    assert {r.info.run_id for r in archive._runs(c, exp, False)} == set(orphans.values())
+    assert len(archive._runs(c, exp, True)) == len(orphans) + 2  # the two versions' runs
+    c.delete_model_version(NAME, "1")  # the delete policy's end of a version: its run no version names now
+    compacted = {_fp(1)[:16]}
+    assert _fp(1)[:16] not in {rp.fingerprint for rp in archive.plan_runs(c, str(NAME), compacted)}
+    (rp,) = [rp for rp in archive.plan_runs(c, str(NAME), compacted, registered=True) if rp.fingerprint == _fp(1)[:16]]
+    assert rp.outcome == "registered" and "compacted" in rp.why and rp.parts

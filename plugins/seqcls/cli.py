@@ -266,7 +266,7 @@ def _cmd_step(args: argparse.Namespace) -> tuple[int, Printer]:
     release = _release_from_args(args)
     kwargs = {"reason": args.reason or "requested from the CLI"} if args.command == "rollback" else {}
     result = step(args.command)(release, **kwargs)
-    if args.command == "promote":
+    if args.command == "promote" and not result.summary.get("already"):
         after_promote(release)  # retention: logged, never this command's failure
     return 0, lambda: _print_results(args, release.workspace.root, [result])
 
@@ -328,8 +328,10 @@ def _cmd_release(args: argparse.Namespace) -> tuple[int, Printer]:
         return 2, lambda: print(message, file=sys.stderr)
     resolved = time.perf_counter() - t0
     results = run_release(release, until=args.until)
-    if any(r.step == "promote" for r in results):
-        after_promote(release)  # retention: logged, never the release's failure
+    if any(r.step == "promote" and not r.summary.get("already") for r in results):
+        # retention after a champion move (logged, never the release's failure); a release of the champion
+        # again moved nothing, and a gc's cost grows with the registry: it is not paid for nothing
+        after_promote(release)
     total = time.perf_counter() - t0
 
     def show() -> None:

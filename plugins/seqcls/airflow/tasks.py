@@ -207,7 +207,7 @@ def run_task_step(
             if name == "rollback":
                 undone = journal.undo_attempt(settings, model, attempt.id, reason=kwargs.get("reason", ""))
                 result.summary["journal"] = undone
-        if name == "promote":
+        if name == "promote" and not result.summary.get("already"):  # a retry that finds it done moved nothing
             run = as_params(params)  # bounded, logged, never fails:
             after_promote(release, keep_refused=run.get("keep_refused"), mlflow_versions=run.get("mlflow_versions"),
                           evidence_keep=run.get("evidence_keep"),

@@ -548,7 +548,7 @@ def _collected_runs(settings: Settings, plan: _Plan, apply: bool) -> None:
         return
     model = plan.model.model_name
     c = client(settings)
-    for rp in archive.plan_runs(c, model, _compacted(settings, model)):
+    for rp in archive.plan_runs(c, model, _compacted(settings, model), registered=plan.policy == archive.DELETE):
         why = rp.why + ("; a gc was interrupted: finished now" * rp.unfinished)
         item = Item(MLFLOW, f"runs:/{rp.run_id}", sum(rp.parts.values()), True, parts=[why])
         plan.model.items.append(item)

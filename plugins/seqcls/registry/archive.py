@@ -59,8 +59,9 @@ COMPACTED_REMOVED_TAG = "seqcls.compacted.removed"
 RUN_COLLECTING_TAG = "seqcls.artifacts.collecting"
 #: Set after: JSON ``{"<artifact uri>": bytes}``. Missing while RUN_COLLECTING_TAG is set: unfinished.
 RUN_REMOVED_TAG = "seqcls.artifacts.removed"
-#: A run's outcome tag and the re-release outcome (:mod:`seqcls.registry.runs`, not imported: it is a floor up).
-OUTCOME_TAG, REUSED = "seqcls.outcome", "reused"
+#: A run's outcome tag, the re-release and the registered outcomes (:mod:`seqcls.registry.runs`, not imported: it
+#: is a floor up).
+OUTCOME_TAG, REUSED, REGISTERED = "seqcls.outcome", "reused", "registered"
 #: The run's artifact directories holding graphs (the register step logs them; the rest is evidence).
 HEAVY_RUN_DIRS = ("paddle_static", "torch_export", "onnx_fp32")
 #: What an archived version's logged model keeps (paths under its artifact root): its MLmodel (signature,
@@ -269,11 +270,16 @@ class RunPlan:
     unfinished: bool = False  # tagged by a gc that did not finish: complete it
 
 
-def _runs(c, experiment_id: str) -> list:
-    """Every run of the experiment that is not running (paged), newest first."""
+def _runs(c, experiment_id: str, registered: bool) -> list:
+    """The runs of the experiment that are not running (paged), newest first; without ``registered``, only those
+    whose outcome is not ``registered`` — a version's own run, the bulk of a daily schedule's runs: MLflow filters
+    them out, so the search does not load every run's metrics and params once a day for ever."""
+    where = "attributes.status != 'RUNNING'"
+    if not registered:
+        where += f" AND tags.`{OUTCOME_TAG}` != '{REGISTERED}'"
     out, token = [], None
     while True:
-        page = c.search_runs([experiment_id], "attributes.status != 'RUNNING'", max_results=1000, page_token=token,
+        page = c.search_runs([experiment_id], where, max_results=1000, page_token=token,
                              order_by=["attributes.start_time DESC"])  # fmt: skip
         out += list(page)
         token = getattr(page, "token", None)
@@ -281,12 +287,14 @@ def _runs(c, experiment_id: str) -> list:
             return out
 
 
-def plan_runs(c, name: str, compacted: set[str]) -> list[RunPlan]:
+def plan_runs(c, name: str, compacted: set[str], *, registered: bool = False) -> list[RunPlan]:
     """The runs of experiment ``seqcls-<name>`` that no version of ``name`` names and whose artifacts are debris:
     their release (fingerprint's first 16 hex) is one of ``compacted`` (its workspace went, its audit record stands
     for it: the ``evidence_keep`` bound), or they re-ran the gates of a registered release (``reused``) and a
     newer such run of the same release exists (the newest keeps its evidence; the version's own run keeps the
-    first). Runs still running, without a fingerprint tag (not a release's) or already collected are left alone."""
+    first). Runs still running, without a fingerprint tag (not a release's) or already collected are left alone.
+    A ``registered`` run is a version's and not searched unless ``registered`` (the ``delete`` policy: its version
+    may be gone)."""
     from mlflow.exceptions import MlflowException
 
     try:
@@ -294,7 +302,7 @@ def plan_runs(c, name: str, compacted: set[str]) -> list[RunPlan]:
         if exp is None:
             return []
         named = {mv.run_id for mv in _all_versions(c, name) if mv.run_id}
-        found = _runs(c, exp.experiment_id)
+        found = _runs(c, exp.experiment_id, registered)
     except MlflowException as exc:
         raise mlflow_failed(f"listing the runs of experiment seqcls-{name}", exc) from exc
     out: list[RunPlan] = []
