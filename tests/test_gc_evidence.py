@@ -40,6 +40,7 @@ def _release(settings: Settings, i: int, **kwargs) -> Path:
     (ws / "evaluate" / "evaluation.json").write_text(json.dumps({"verdict": "accepted", "micro_f1": 0.9 + i / 1000}))
     (ws / "evaluate" / "quality.png").write_bytes(b"\x89PNG" + b"p" * 4000)
     (ws / "parity" / "parity.html").write_text("<html>" + "h" * 4000 + "</html>")
+    (ws / "parity" / "expected.json").write_text(json.dumps({"texts": ["t"] * 200, "logits": [[0.5] * 7] * 200}))
     return ws
 
 
@@ -67,6 +68,8 @@ def test_releases_beyond_the_horizon_are_compacted_into_one_audit_record_each(se
     assert files["parity/report.json"]["json"] == {}
     assert files["evaluate/quality.png"]["dropped"] and len(files["evaluate/quality.png"]["sha256"]) == 64
     assert "text" not in files["parity/parity.html"] and files["parity/parity.html"]["dropped"]
+    expected = files["parity/expected.json"]  # the reference answers: named with their hash, not kept
+    assert expected["dropped"] and "json" not in expected and len(expected["sha256"]) == 64 and expected["bytes"] > 0
     assert set(record["manifest"]["gc"]["collected"]) == {"checkpoint", "static", "onnx"}  # heavy went first
     assert gzip.decompress(audit_path(settings, NAME, _fp(1)[:16]).read_bytes())  # one gzip file
     assert not leftovers(settings)

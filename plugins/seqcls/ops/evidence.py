@@ -37,6 +37,10 @@ SCHEMA = 1
 EMBEDDED = (".json", ".jsonl", ".txt", ".tsv", ".csv", ".md", ".log", ".yaml", ".yml")
 #: A larger text file is named with its hash only (the record stays small).
 MAX_EMBEDDED = 1_000_000
+#: Reports named with their hash only whatever their size: the framework's answer to every parity text (the
+#: smoke test's reference while the release can serve; ``parity/report.json`` keeps what was measured of it) —
+#: a third of a record, kept once a day for ever.
+NOT_EMBEDDED = ("parity/expected.json",)
 LOCK = ".lock"
 
 
@@ -79,10 +83,10 @@ def beyond_horizon(manifests: dict[Path, dict[str, Any] | None], keep: int) -> l
     return sorted(ranked[keep:], key=lambda ws: (_last_write(ws, manifests[ws]), ws.name))
 
 
-def _entry(path: Path) -> dict[str, Any]:
+def _entry(path: Path, rel: str) -> dict[str, Any]:
     data = path.read_bytes()
     entry: dict[str, Any] = {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
-    if path.suffix.lower() in EMBEDDED and len(data) <= MAX_EMBEDDED:
+    if path.suffix.lower() in EMBEDDED and len(data) <= MAX_EMBEDDED and rel not in NOT_EMBEDDED:
         text = data.decode("utf-8", errors="replace")
         if path.suffix.lower() == ".json":
             try:
@@ -92,7 +96,7 @@ def _entry(path: Path) -> dict[str, Any]:
                 pass
         entry["text"] = text
         return entry
-    entry["dropped"] = True  # plots, HTML: regenerable from the reports kept
+    entry["dropped"] = True  # plots, HTML: regenerable from the reports kept; the reference answers
     return entry
 
 
@@ -106,7 +110,7 @@ def build_record(ws: Path, model: str) -> dict[str, Any]:
             rel = path.relative_to(ws).as_posix()
             if rel in (MANIFEST, LOCK) or path.is_symlink():
                 continue
-            files[rel] = _entry(path)
+            files[rel] = _entry(path, rel)
     manifest = json.loads((ws / MANIFEST).read_text(encoding="utf-8")) if (ws / MANIFEST).is_file() else {}
     return {
         "schema": SCHEMA,

@@ -30,6 +30,7 @@ from urllib.parse import unquote, urlparse
 from seqcls.errors import ResourceError
 from seqcls.files import out_of_space, resource_error
 from seqcls.gates.metrics import Scores
+from seqcls.gates.rules import OVERALL
 from seqcls.registry.ledger import RELEASE_KEY_TAG, client, experiment
 from seqcls.release.keys import RULE_PARAMS, release_key
 from seqcls.release.records import EVALUATION, OUT_DIRS, PARITY_REPORT, ParityReport
@@ -224,7 +225,10 @@ def _quality_metrics(evaluation: dict[str, Any]) -> dict[str, float]:
     out: dict[str, float] = {"eval.passed": float(bool(evaluation.get("passed")))}
     for who, prefix in (("candidate", "eval."), ("champion", "eval.champion."), ("fp32", "eval.fp32.")):
         if evaluation.get(who):
-            out.update({prefix + k: v for k, v in Scores(**evaluation[who]).headline().items()})
+            figures = Scores(**evaluation[who]).headline()
+            if who != "candidate":  # beside the candidate's: the figures the rules compare (evaluation.json has all)
+                figures = {k: v for k, v in figures.items() if k in OVERALL or k.startswith("level_")}
+            out.update({prefix + k: v for k, v in figures.items()})
     if isinstance(evaluation.get("champion_disagreements"), int):
         out["eval.champion_disagreements"] = float(evaluation["champion_disagreements"])
     return out

@@ -147,6 +147,12 @@ class Expected:
 
 
 # --- validate → register: the gate's report -----------------------------------------------------
+#: Report figures not logged as MLflow metrics: the tolerances and the gating mode (the run's params ``atol``,
+#: ``rtol``, ``rule.gpu_tolerance_factor``, ``profile_chosen`` give them; the report keeps them) and the sections'
+#: text counts (the metric ``texts``).
+NOT_METRICS = frozenset({"numeric.atol", "numeric.rtol", "numeric.gating", "decisions.texts", "tokenizer.texts"})
+
+
 @dataclass
 class ParityReport:
     """The parity gate's findings (``parity/report.json``); sections are the checks' own dicts."""
@@ -181,11 +187,13 @@ class ParityReport:
         return _from(cls, json.loads(ws.path(PARITY_REPORT).read_text(encoding="utf-8")))
 
     def metrics(self) -> dict[str, float]:
-        """Every numeric figure as ``section.key`` (bools included: passed → 1.0), for MLflow."""
+        """Every measured figure as ``section.key`` (bools included: passed → 1.0), for MLflow — not the ones
+        that restate a param or ``texts`` (:data:`NOT_METRICS`): a run's metric is three rows of MLflow's
+        database kept for ever, once a day on a schedule."""
         out: dict[str, float] = {}
         for section in ("numeric", "decisions", "tokenizer"):
             for key, value in getattr(self, section).items():
-                if isinstance(value, int | float):
+                if isinstance(value, int | float) and f"{section}.{key}" not in NOT_METRICS:
                     out[f"{section}.{key}"] = float(value)
         out["texts"] = float(self.texts)
         return out
