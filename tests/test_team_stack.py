@@ -9,10 +9,12 @@ root, the task logs).
 
 Two models at once, from a models file: ``seqcls`` on ``@daily`` (its data intervals run by the real
 scheduler as one-day backfills) and ``beta`` on its checkpoints Asset (a training stand-in drops a
-marked checkpoint and posts the Asset event over Airflow's REST API). Four intervals: a good retrain is
+marked checkpoint and posts the Asset event over Airflow's REST API). Ten intervals: a good retrain is
 promoted, a worse one refused by the quality gate, an unchanged one skipped as champion, a broken one
-(vocab) refused at parity — for both models, with the notifications received, and ``seqcls history``
-telling the same story as Airflow's run list. Served == recorded == champion at the end.
+(vocab) refused at parity, then six daily retrains promoted one after the other, gc collecting after each
+promote (``SEQCLS_GC_MIN_AGE=0``: the stack's minutes stand for days) — for both models, with the
+notifications received, and ``seqcls history`` telling the same story as Airflow's run list. Served ==
+recorded == champion at the end, and the releases' heavy artifacts and Triton versions bounded by the policy.
 
 Then the drills, on the same stack, each through a fault plan the workers read from a file
 (``SEQCLS_FAULT_PLAN=@path``, :mod:`seqcls.faults`): a Celery worker kill -9'd during ``reload_triton``;
@@ -50,7 +52,10 @@ PLAN = [
     ("worse", "refused"),
     ("unchanged", "skipped"),
     ("broken-vocab", "refused"),
+    *[("retrain", "promoted")] * 6,  # daily retrains, each another fingerprint: gc after every promote collects
 ]
+#: Triton (and MLflow) version each promoted interval becomes: refused and skipped releases publish nothing.
+PROMOTED = {i: n for n, i in enumerate((i for i, (_, e) in enumerate(PLAN, 1) if e == "promoted"), 1)}
 FIRST_DAY = datetime(2026, 11, 1, tzinfo=UTC)
 RUN_TIMEOUT = 420
 TRITONS = 3
@@ -111,6 +116,8 @@ def team_stack(tmp_path_factory: pytest.TempPathFactory, receiver: JsonReceiver)
         "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT_DETECTION_INTERVAL": "5",
         # the drills' fault plan, read at every fault point: planted and cleared while the workers run
         "SEQCLS_FAULT_PLAN": f"@{root / 'fault-plan'}",
+        # gc after each promote collects what the retention policy lets go at once (else only after an hour)
+        "SEQCLS_GC_MIN_AGE": "0",
     }
     stack = TeamStack(
         root, models_file=models_file, password="team-stack-test", airflow_env=drills, tritons=TRITONS, prometheus=True
@@ -145,10 +152,14 @@ def _wait(predicate, timeout: float, what: str, interval: float = 2.0):
     raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
 
 
-def _drop(stack, model: str, interval: int, kind: str, source: Path) -> Path:
-    """The training stand-in: a new checkpoint directory under the model's root, marked complete."""
+def _drop(stack, model: str, interval: int, kind: str, trained: dict[str, Path]) -> Path:
+    """The training stand-in: a new checkpoint directory under the model's root, marked complete (a retrain:
+    the good model nudged by an amount of its own, so another fingerprint every day)."""
     target = stack.settings.checkpoints_root / model / f"{interval}-{kind}"
-    shutil.copytree(source, target)
+    if kind == "retrain":
+        _nudged(trained["good"], target, delta=-1e-4 * interval)  # the drills nudge upwards
+    else:
+        shutil.copytree(trained[kind], target)
     mark_complete(target, run=f"train-{model}-{interval}")
     return target
 
@@ -225,7 +236,7 @@ def test_scheduled_retraining_two_models_on_celery_workers(team_stack, trained, 
         t0 = time.perf_counter()
         day = FIRST_DAY + timedelta(days=interval - 2)
         for model in MODELS:
-            _drop(team_stack, model, interval, kind, trained[kind])
+            _drop(team_stack, model, interval, kind, trained)
         before = {
             model: {r["dag_run_id"] for r in _api(stack, "GET", f"/api/v2/dags/{d}/dagRuns", token=token)["dag_runs"]}
             for model, d in DAG_IDS.items()
@@ -295,7 +306,7 @@ def test_scheduled_retraining_two_models_on_celery_workers(team_stack, trained, 
     print(json.dumps([{k: v for k, v in r.items() if k != "states"} for r in table], indent=1))
     wrong = [r for r in table if r["outcome"] != r["expected"]]
     assert not wrong, json.dumps(wrong, indent=1)
-    assert [r["run_type"] for r in table if r["model"] == "seqcls"] == ["scheduled"] + ["backfill"] * 3
+    assert [r["run_type"] for r in table if r["model"] == "seqcls"] == ["scheduled"] + ["backfill"] * (len(PLAN) - 1)
     assert {r["run_type"] for r in table if r["model"] == "beta"} == {"asset_triggered"}
 
     # the tasks ran on both Celery workers
@@ -318,18 +329,32 @@ def test_scheduled_retraining_two_models_on_celery_workers(team_stack, trained, 
         assert story[1][2] == [("refused", "quality")], story
         assert story[2][2] == [], story  # skipped as champion: nothing served changed, nothing to tell
         assert story[3][2] == [("refused", "parity")], story
+        assert all(("promote", None) in entries for _, _, entries in story[4:]), story
         assert set(by_run) <= {r["run"] for r in table if r["model"] == model}, by_run  # no entry from elsewhere
 
-    # served == recorded == champion, for both models: the good retrain of interval 1
+    # served == recorded == champion, for both models: the last retrain
+    last = max(PROMOTED.values())
     status = _seqcls(team_stack, "status", "--json")
     assert status.returncode == 0, status.stdout + status.stderr
+    first_disk = COSTS["after the first release"]["disk"]
     for s in json.loads(status.stdout):
         assert s["agree"] and not s["problems"], s
-        assert s["recorded"]["serving"] == s["registry"]["champion_triton"] == 1, s
+        assert s["recorded"]["serving"] == s["registry"]["champion_triton"] == last, s
         assert s["recorded"]["fingerprint"] == s["registry"]["champion_fingerprint"], s
-        assert s["registry"]["versions"] == {"1": 1}, s  # refused candidates never became registry versions
+        # refused candidates never became registry versions: Triton vN is MLflow vN
+        assert s["registry"]["versions"][str(last)] == last, s
+        assert all(int(t) == m for t, m in s["registry"]["versions"].items()), s
         served = {m: v for e in s["endpoints"].values() for m, v in e.items() if not m.endswith("_candidate")}
-        assert set(map(tuple, served.values())) == {(1,)}, served
+        assert served[s["model_name"]] == [last], served  # the ensemble: the last retrain only
+        assert all(last in v and set(v) <= {last - 1, last} for v in served.values()), served  # parts: + previous
+        # gc after each promote, through the scheduler: what the policy keeps (the five Triton versions of the
+        # repository, served and previous among them, and their workspaces; the refused attempts' small evidence),
+        # not one workspace's graphs per release: without gc, nine releases' graphs (seven promoted, two refused)
+        disk = s["disk"]
+        print(f"{s['model_name']}: disk after the first release {first_disk}, after {len(PLAN)} intervals {disk}")
+        if s["model_name"] == "beta":  # the model whose first release's costs were recorded
+            assert disk["heavy"] < 6 * first_disk["heavy"], (first_disk, disk)
+            assert disk["triton"] < 6 * first_disk["triton"], (first_disk, disk)
 
     # Prometheus (the compose file's configuration and the project's rules) scrapes every Triton replica
     prometheus = team_stack.prometheus
@@ -354,7 +379,11 @@ def test_scheduled_retraining_two_models_on_celery_workers(team_stack, trained, 
     titles = sorted(n.title for n in receiver.received)
     want = sorted(
         f"[seqcls] {r['model']}: "
-        + ("Triton v1 (MLflow v1) promoted" if r["outcome"] == "promoted" else "release refused by the ")
+        + (
+            f"Triton v{PROMOTED[r['interval']]} (MLflow v{PROMOTED[r['interval']]}) promoted"
+            if r["outcome"] == "promoted"
+            else "release refused by the "
+        )
         + ({2: "quality gate", 4: "parity gate"}.get(r["interval"], "") if r["outcome"] == "refused" else "")
         for r in told
     )
@@ -478,6 +507,8 @@ def test_a_celery_worker_killed_during_reload_triton_is_undone(team_stack, train
     token = stack.token()
     dag_id = DAG_IDS["beta"]
     before = _answers(settings, "beta")
+    served = json.loads(_seqcls(team_stack, "status", "--model-name", "beta", "--json").stdout)[0]["recorded"]
+    served = served["serving"]
     candidate = _nudged(trained["good"], settings.checkpoints_root / "beta" / "5-nudged")
     # reload_triton stalls once it has loaded the candidate beside the served version (the fault seam)
     _plant(team_stack, "stall@reconcile:after-widen")
@@ -504,7 +535,7 @@ def test_a_celery_worker_killed_during_reload_triton_is_undone(team_stack, train
     assert states["promote"] in ("upstream_failed", "skipped"), states
     status = _seqcls(team_stack, "status", "--model-name", "beta", "--json")
     (s,) = json.loads(status.stdout)
-    assert s["recorded"]["serving"] == s["registry"]["champion_triton"] == 1, s
+    assert s["recorded"]["serving"] == s["registry"]["champion_triton"] == served, s
     assert _answers(settings, "beta") == before
     assert _settled(team_stack, "beta") == before
 
@@ -585,7 +616,7 @@ def test_two_runs_at_once_postgres_restarted_in_register_scheduler_killed_in_smo
         kinds.setdefault((entry.get("who") or {}).get("run_id"), []).append(entry["kind"])
     assert "promote" in kinds.get(first, []) and second not in kinds, kinds
 
-    # the module's eleven DAG runs later (seven of beta): what the commands cost, what the releases hold
+    # the module's DAG runs later (thirteen of beta): what the commands cost, what the releases hold
     _costs(team_stack, "after the last release")
     print(json.dumps(COSTS, indent=1))
     first_costs, last_costs = COSTS.get("after the first release"), COSTS["after the last release"]
