@@ -460,9 +460,14 @@ def _ended(stack, dag_id: str, run_id: str, token: str, what: str) -> tuple[dict
     return run, {t["task_id"]: t["state"] for t in tis}
 
 
-def _fingerprint(team_stack, model: str) -> str:
+def _recorded(team_stack, model: str) -> dict:
+    """The model's recorded serving state, as ``seqcls status --json`` reports it."""
     status = _seqcls(team_stack, "status", "--model-name", model, "--json")
-    return json.loads(status.stdout)[0]["recorded"]["fingerprint"]
+    return json.loads(status.stdout)[0]["recorded"]
+
+
+def _fingerprint(team_stack, model: str) -> str:
+    return _recorded(team_stack, model)["fingerprint"]
 
 
 def _settled(team_stack, model: str, changed_from: str | None = None) -> list:
@@ -507,8 +512,7 @@ def test_a_celery_worker_killed_during_reload_triton_is_undone(team_stack, train
     token = stack.token()
     dag_id = DAG_IDS["beta"]
     before = _answers(settings, "beta")
-    served = json.loads(_seqcls(team_stack, "status", "--model-name", "beta", "--json").stdout)[0]["recorded"]
-    served = served["serving"]
+    served = _recorded(team_stack, "beta")["serving"]
     candidate = _nudged(trained["good"], settings.checkpoints_root / "beta" / "5-nudged")
     # reload_triton stalls once it has loaded the candidate beside the served version (the fault seam)
     _plant(team_stack, "stall@reconcile:after-widen")
