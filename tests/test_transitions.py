@@ -9,9 +9,12 @@ same served answers after a Triton restart, and intact served/previous versions.
 from __future__ import annotations
 
 import json
+import logging
 import shutil
+import threading
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -110,6 +113,78 @@ def test_reconcile_serves_what_it_can_when_the_previous_is_missing(tmp_path: Pat
     report = reconcile(repo, read_state(tmp_path, MODEL), [])
     assert "version 1" in " ".join(report.errors.values()), report.errors
     assert repo.live_versions(CLASSIC.ensemble) == [2] and repo.live_versions(CLASSIC.model) == [2]
+
+
+class _RacingTriton:
+    """Triton's model control as seen on an S3 repository: while a route (an ensemble) loads, Triton
+    re-polls its steps, and a route unloaded meanwhile is loaded again beside it (its config from
+    memory). Each ``unload`` bounces back ``bounces`` more times (loaded again right after it returns)."""
+
+    def __init__(self, loaded: dict[str, list[int]], bounces: int = 0) -> None:
+        self.loaded, self.bounces = loaded, bounces
+        self.endpoint = SimpleNamespace(grpc="racing:8001")
+        self.request_timeout, self.client = 5.0, self
+        self.unloaded = threading.Event()
+        self.calls: list[str] = []
+
+    def require_live(self) -> None:
+        pass
+
+    def get_model_repository_index(self, as_json: bool, client_timeout: float) -> dict:
+        ready = [(m, v) for m, vs in self.loaded.items() for v in vs]
+        return {"models": [{"name": m, "version": str(v), "state": "READY"} for m, v in ready]}
+
+    def load(self, model: str) -> None:
+        self.calls.append(f"load {model}")
+        if model in CLASSIC.routes:
+            beside = {r: list(self.loaded.get(r, [])) for r in CLASSIC.routes if r != model and self.loaded.get(r)}
+            self.unloaded.wait(0.5)  # an unload racing this load lands while Triton re-polls the steps
+            for route, versions in beside.items():
+                self.loaded[route] = self.loaded.get(route) or versions
+
+    def verify_ready(self, model: str, versions: list[int]) -> None:
+        self.loaded[model] = list(versions)
+
+    def ready(self, model: str) -> bool:
+        return bool(self.loaded.get(model))
+
+    def unload(self, model: str) -> None:
+        self.calls.append(f"unload {model}")
+        if self.bounces:
+            self.bounces -= 1
+            return
+        self.loaded[model] = []
+        self.unloaded.set()
+
+
+def _exposing(tmp_path: Path) -> tuple[Repository, dict[str, list[int]]]:
+    """Version 3 recorded as served (1 previous), Triton still as reload left it: 1 public, 3 the candidate."""
+    repo = _released(tmp_path, [1, 3], on_disk=[1, 3])
+    loaded = {m: [1, 3] for m in CLASSIC.composing} | {CLASSIC.ensemble: [1], CLASSIC.candidate: [3]}
+    return repo, loaded
+
+
+def test_expose_unloads_the_candidate_route_after_the_public_route_loaded(tmp_path: Path) -> None:
+    """A route unloaded while the other loads came back READY on Triton with an S3 repository (the
+    takeover drill failed on it in CI): unloads wait for the loads."""
+    repo, loaded = _exposing(tmp_path)
+    triton = _RacingTriton(loaded)
+    report = reconcile(repo, read_state(tmp_path, MODEL), [triton])
+    assert report.converged, report.errors
+    assert loaded[CLASSIC.ensemble] == [3] and loaded[CLASSIC.candidate] == [], (loaded, triton.calls)
+    assert triton.calls.index(f"unload {CLASSIC.candidate}") > triton.calls.index(f"load {CLASSIC.ensemble}")
+
+
+def test_a_route_that_comes_back_after_its_unload_is_unloaded_again(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    repo, loaded = _exposing(tmp_path)
+    triton = _RacingTriton(loaded, bounces=1)
+    with caplog.at_level(logging.WARNING, logger="seqcls.serving.reconcile"):
+        report = reconcile(repo, read_state(tmp_path, MODEL), [triton])
+    assert report.converged, report.errors
+    assert loaded[CLASSIC.candidate] == [] and triton.calls.count(f"unload {CLASSIC.candidate}") == 2
+    assert f"{CLASSIC.candidate} [3]" in caplog.text
 
 
 def test_prune_keeps_the_recorded_versions_and_the_next_rollbacks(tmp_path: Path) -> None:

@@ -17,7 +17,9 @@ rollback on the same Triton never changes them.
 Per endpoint, the ensembles in use are never left without their composing versions: composing
 models first widen to desired ∪ what any endpoint's ensembles pin right now, then the ensembles
 switch, then the composing models narrow to the desired set. An endpoint whose actual state
-already equals the desired one is not touched. Config files are shared by every endpoint, so
+already equals the desired one is not touched. A route unloads only after the route that loads is
+ready, and the routes are read back once at the end: Triton re-polls a loading ensemble's steps and
+can load again a route unloaded meanwhile. Config files are shared by every endpoint, so
 they are written once per phase; a dead endpoint is reported and the others still converge.
 """
 
@@ -211,9 +213,41 @@ class _Reconciler:
             if phase == "widen":
                 for model in routes:
                     self.write(model, self.desired[model])
-                self.apply_all(todo, routes, self.desired)
+                self.switch_routes(todo)
                 faults.point("reconcile:after-routes")
+        self.settle_routes(todo)
         return self.report
+
+    def switch_routes(self, todo: Sequence[TritonOps]) -> None:
+        """The routes that load, then the routes that unload: Triton re-polls a loading ensemble's steps
+        and loads again, from memory, a route unloaded meanwhile (seen with an S3 repository)."""
+        routes = self.names.routes
+        self.apply_all(todo, [r for r in routes if self.desired[r]], self.desired)
+        self.apply_all(todo, [r for r in routes if not self.desired[r]], self.desired)
+
+    def settle_routes(self, todo: Sequence[TritonOps]) -> None:
+        """Read the routes back once: one that came back after its unload (or lost a version) is applied again."""
+        for op in todo:
+            key = op.endpoint.grpc
+            if key in self.report.errors:
+                continue
+            try:
+                seen = observe(op, self.names)
+            except Exception as exc:
+                self.report.errors[key] = f"not reachable: {exc}"
+                continue
+            for route in self.names.routes:
+                if seen[route] != self.desired[route] and route not in self.untouched:
+                    log.warning(
+                        "reconcile %s: %s %s on %s after the switch, not %s — applying it again",
+                        self.names.model_name,
+                        route,
+                        seen[route],
+                        key,
+                        self.desired[route] or "unloaded",
+                    )
+                    self.actual[key][route] = seen[route]
+                    self.apply(op, route, self.desired[route])
 
 
 def _served_missing(repo: Repository, state: ServingState, missing: list[int]) -> ServingError:
