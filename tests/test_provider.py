@@ -58,7 +58,7 @@ def test_provider_info_validates_against_the_airflow_schemas() -> None:
     types = {t["connection-type"]: t for t in info["connection-types"]}
     assert {k: t["hook-class-name"] for k, t in types.items()} == HOOKS
     # the extra keys the hooks have always read: old Connections keep working
-    assert set(types["triton"]["conn-fields"]) == {"grpc_endpoints", "http_endpoints", "repository"}
+    assert set(types["triton"]["conn-fields"]) == {"grpc_endpoints", "http_endpoints", "repository", "store_conn_id"}
     assert set(types["mlflow"]["conn-fields"]) == {"tracking_uri", "token"}
     assert types["triton"]["ui-field-behaviour"]["relabeling"]["password"] == "Model-control key"
     assert types["mlflow"]["conn-fields"]["token"]["schema"]["format"] == "password"
@@ -116,6 +116,7 @@ def test_airflow_lists_seqcls_with_both_connection_types() -> None:
         "extra__triton__grpc_endpoints",
         "extra__triton__http_endpoints",
         "extra__triton__repository",
+        "extra__triton__store_conn_id",
     ]
     assert form["sensitive"] == ["extra__mlflow__token"]
     assert form["triton"]["relabeling"]["password"] == "Model-control key"

@@ -15,7 +15,11 @@ Connection types (``seqcls.airflow.provider``: the forms; ``docker-compose.airfl
     triton_default  conn_type triton; host/port = one replica's gRPC address, or extras
                     grpc_endpoints  "triton-a:8001,triton-b:8001"   one per replica
                     http_endpoints  "triton-a:8000,triton-b:8000"   same order (optional)
-                    repository      "/models"  the live model repository as the workers see it
+                    repository      "/models"  the live model repository as the workers see it,
+                                    or "s3://bucket/prefix" on an S3-API object store
+                    store_conn_id   "aws_default"  for an s3:// repository: an AWS-type Connection —
+                                    login/password = access key id/secret, extras endpoint_url,
+                                    region_name, aws_session_token (Amazon's names)
                     password        Triton's model-control key
     mlflow_default  conn_type mlflow; extra tracking_uri, else schema://host:port (schema http);
                     credentials: login + password (basic auth), or a token (extra ``token``, or a
@@ -30,7 +34,9 @@ masker (:func:`airflow.sdk.log.mask_secret`) the moment the Connection is read, 
 ``***``; MLflow gets them through its own variables (``MLFLOW_TRACKING_USERNAME`` / ``_PASSWORD`` /
 ``_TOKEN``) only while a task's MLflow work runs (:func:`seqcls.airflow.tasks.connected`), never through the
 tracking URI (which the release manifest, links and logs carry). The Triton Connection's password
-is the model-control key (``seqcls.settings.ENV_TRITON_CONTROL_KEY``), masked the same way.
+is the model-control key (``seqcls.settings.ENV_TRITON_CONTROL_KEY``), masked the same way. An ``s3://``
+repository's credentials reach the object store the way MLflow's do: through the standard AWS
+variables (:data:`seqcls.settings.AWS_CREDENTIAL_VARS`), set only while a task runs.
 
 Resolution order: constructor arguments > Connection > ``SEQCLS_*`` environment > embedded
 defaults. A Connection that does not exist is not an error: the hook logs that it falls back to
@@ -54,7 +60,14 @@ from seqcls.airflow.provider import MLFLOW_CONN_TYPE, MLFLOW_NAME, TRITON_CONN_T
 from seqcls.errors import InputError
 from seqcls.registry.ledger import client as mlflow_client
 from seqcls.serving.client import Endpoint, TritonOps, endpoints_from_settings
-from seqcls.settings import Settings, check_tracking_uri, mlflow_credentials
+from seqcls.settings import (
+    AWS_CREDENTIAL_VARS,
+    AWS_ENDPOINT_VARS,
+    AWS_REGION_VARS,
+    Settings,
+    check_tracking_uri,
+    mlflow_credentials,
+)
 from seqcls.steps.preflight import check_mlflow, check_triton
 
 
@@ -198,9 +211,25 @@ class TritonHook(_SeqclsHook):
         return endpoints
 
     @cached_property
-    def repository(self) -> Path | None:
+    def repository(self) -> Path | str | None:
+        """The live repository: a path, or an ``s3://`` URI kept as written (a ``Path`` would fold its ``//``
+        into a relative directory named ``s3:``)."""
         value = self._repository or self.extra.get("repository")
-        return Path(value) if value else None
+        if not value:
+            return None
+        return str(value).strip() if str(value).strip().startswith("s3://") else Path(value)
+
+    @cached_property
+    def store_conn_id(self) -> str:
+        """The Connection of an ``s3://`` repository's store (extra ``store_conn_id``; ``aws_default``)."""
+        return str(self.extra.get("store_conn_id") or "").strip() or DEFAULT_STORE_CONN
+
+    def store_env(self, repository: object) -> dict[str, str | None]:
+        """For an ``s3://`` ``repository`` (the settings', Connection or environment): the AWS variables
+        from :attr:`store_conn_id` (for ``scoped_environ``); ``{}`` for a directory or no such Connection."""
+        if not str(repository or "").startswith("s3://"):
+            return {}
+        return StoreConnection(self.store_conn_id).environment()
 
     @cached_property
     def control_key(self) -> str | None:
@@ -238,6 +267,50 @@ class TritonHook(_SeqclsHook):
         else:
             source = "nowhere (none set)"
         return check_triton(endpoints, self.repository, source)
+
+
+#: The Connection an ``s3://`` repository's store credentials come from unless the Triton one names another.
+DEFAULT_STORE_CONN = "aws_default"
+
+
+class StoreConnection(_SeqclsHook):
+    """An object store's endpoint, region and credentials from an AWS-type Connection (Amazon's field
+    names, so an ``aws_default`` made for the Amazon provider works as it is). Not a connection type of
+    ours: the Amazon provider's form (or ``generic``) defines it."""
+
+    conn_name_attr = "store_conn_id"
+    default_conn_name = DEFAULT_STORE_CONN
+    hook_name = "object store (seqcls)"
+    fallback = "the workers' AWS_* variables"
+
+    def environment(self) -> dict[str, str | None]:
+        """The AWS variables for ``scoped_environ`` (masked): the key id, secret and session token together
+        (a worker's own token never mixes with a Connection's key), the endpoint and region when set."""
+        conn = self.connection
+        if conn is None:
+            return {}
+        extra = self.extra
+        key_id = conn.login or extra.get("aws_access_key_id")
+        secret = conn.password or extra.get("aws_secret_access_key")
+        token = extra.get("aws_session_token")
+        env: dict[str, str | None] = {}
+        if key_id and secret:
+            for value in (secret, token):
+                if value:
+                    mask_secret(str(value))
+            env.update(zip(AWS_CREDENTIAL_VARS, (str(key_id), str(secret), str(token) if token else None), strict=True))
+        elif key_id or secret:
+            raise InputError(
+                f"connection {self.conn_id!r}: an access key id needs its secret access key (login and password)"
+            )
+        if endpoint := extra.get("endpoint_url"):
+            env.update(dict.fromkeys(AWS_ENDPOINT_VARS[:1], str(endpoint)))
+        if extra.get("region_name"):
+            env.update(dict.fromkeys(AWS_REGION_VARS[:1], str(extra["region_name"])))
+        return env
+
+    def _check(self) -> tuple[bool, str]:
+        return True, f"{self.conn_id}: {', '.join(sorted(self.environment())) or 'nothing set'}"
 
 
 class MlflowHook(_SeqclsHook):
@@ -300,4 +373,4 @@ class MlflowHook(_SeqclsHook):
         return mlflow_client(Settings.from_env(mlflow_tracking_uri=self.tracking_uri))
 
 
-__all__ = ["MlflowHook", "TritonHook", "check_sqlite_store", "mask_connection"]
+__all__ = ["MlflowHook", "StoreConnection", "TritonHook", "check_sqlite_store", "mask_connection"]

@@ -7,7 +7,7 @@ in the Connection's extra under the field's name) and ``ui-field-behaviour`` (hi
 standard fields) — without importing the hook; a hook's ``get_connection_form_widgets`` is deprecated.
 
 The extra keys are the ones the hooks always read (``grpc_endpoints``, ``http_endpoints``,
-``repository``, ``tracking_uri``, ``token``), so Connections defined before these types existed —
+``repository``, ``store_conn_id``, ``tracking_uri``, ``token``), so Connections defined before these types existed —
 ``conn_type`` ``generic`` included — keep working. The task extra links are a plugin registered
 through the ``airflow.plugins`` entry point (:mod:`seqcls.airflow.plugin`); they are listed here under
 ``extra-links`` (``airflow providers links``) but not as a provider ``plugins`` entry, which Airflow
@@ -52,8 +52,15 @@ TRITON_FIELDS = {
         "host:port of the same replicas' HTTP ports, same order (optional; the task links use the first).",
     ),
     "repository": _text(
-        "Model repository path",
-        "The live model repository as the Airflow workers see it (Triton's --model-repository, shared).",
+        "Model repository",
+        "The live model repository: a path as the Airflow workers see it (Triton's --model-repository, "
+        "shared), or s3://bucket/prefix on an S3-API object store.",
+    ),
+    "store_conn_id": _text(
+        "Object store connection",
+        "For an s3:// repository: the Connection of its endpoint, region and credentials (Amazon's aws "
+        "type: login = access key id, password = secret access key, extras endpoint_url, region_name, "
+        "aws_session_token). Empty: aws_default, else the workers' AWS_* variables.",
     ),
 }
 

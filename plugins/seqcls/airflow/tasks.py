@@ -69,13 +69,14 @@ APPROVAL_TIMEOUT = timedelta(hours=24)
 @contextlib.contextmanager
 def connected(params: Mapping[str, Any] | str | None, *, checkpoints_root: str | None = None) -> Iterator[Settings]:
     """Settings for a task that talks to Triton or MLflow — the param-named Connections win — with the
-    MLflow Connection's credentials in MLflow's own variables for the block (``scoped_environ``)."""
+    MLflow Connection's credentials in MLflow's own variables, and an ``s3://`` repository's store
+    Connection in the AWS ones, for the block (``scoped_environ``)."""
     values = as_params(params)
     triton = TritonHook(values.get("triton_conn_id") or TritonHook.default_conn_name)
     mlflow = MlflowHook(values.get("mlflow_conn_id") or MlflowHook.default_conn_name)
     overrides = {**triton.settings_overrides(), "mlflow_tracking_uri": mlflow.tracking_uri}
     settings = settings_from_params(values, checkpoints_root=checkpoints_root, **overrides)
-    with scoped_environ(mlflow.credentials_env()):
+    with scoped_environ({**mlflow.credentials_env(), **triton.store_env(settings.triton_store)}):
         yield settings
 
 

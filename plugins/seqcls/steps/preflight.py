@@ -96,7 +96,7 @@ def triton_replica(endpoint: Endpoint, timeout: float = TIMEOUT_S) -> tuple[bool
 
 
 def check_triton(
-    endpoints: Sequence[Endpoint], repository: Path | None, key_source: str, timeout: float = TIMEOUT_S
+    endpoints: Sequence[Endpoint], repository: Path | str | None, key_source: str, timeout: float = TIMEOUT_S
 ) -> tuple[bool, str]:
     """Every replica (the first failure is the message); the repository is only reported: the API
     server that runs the test need not mount it, the workers must."""
@@ -107,7 +107,9 @@ def check_triton(
             return False, line
         lines.append(line)
     where = ""
-    if repository is not None:
+    if str(repository or "").startswith("s3://"):
+        where = f"; repository {repository}: an object store (the workers reach it with its store Connection)"
+    elif repository is not None:
         seen = "exists here" if Path(repository).is_dir() else "not visible here (the workers must mount it)"
         where = f"; repository {repository}: {seen}"
     return True, f"Triton OK — {len(lines)} replica(s): {'; '.join(lines)}; control key from {key_source}{where}"
