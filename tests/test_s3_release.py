@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import secrets
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -19,6 +20,7 @@ import pytest
 from seqcls import faults
 from seqcls.errors import ServingError
 from seqcls.localtriton import LocalTriton
+from seqcls.ops.history import history, read_entries
 from seqcls.ops.status import status
 from seqcls.ops.sync import sync
 from seqcls.release.intake import open_release
@@ -115,6 +117,21 @@ def test_release_status_rollback_and_sync_after_a_restart_on_s3(
 
         events = [e.record["event"] for e in S3ServingState(store.store, MODEL).events().events]
         assert events.count("state") >= 6, events  # every recorded change has its event on the store
+
+        # another host (its own home: an empty working copy) reads the history this host's log holds, from the store
+        def row(e) -> tuple:  # a promote's old Triton version comes from the MLflow join, not the log
+            return e.kind, None if e.kind == "promote" else e.from_version, e.to_version, e.at
+
+        mine = [row(e) for e in read_entries(root, MODEL)[0]]
+        other = replace(
+            store_settings(server, tmp_path / "host-b", uri, key), mlflow_tracking_uri=settings.mlflow_tracking_uri
+        )
+        theirs = history(other, [MODEL])
+        assert [row(e) for e in theirs.entries] == mine and len(mine) >= 7
+        assert {e.to_mlflow for e in theirs.entries if e.kind == "expose"} == {1, 2}, theirs.to_dict()
+        newest = history(other, [MODEL], limit=2)
+        assert [(e.kind, e.at) for e in newest.entries] == [(k, at) for k, _f, _t, at in mine[-2:]]
+        assert newest.omitted >= len(mine) - 2 and not newest.notes, newest.notes
         secret = seaweedfs.credentials.secret_access_key
         for path in home.rglob("*"):
             if path.is_file() and path.stat().st_size < 5_000_000:

@@ -15,11 +15,11 @@ import json
 import logging
 import textwrap
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from seqcls.contract.names import ModelName
+from seqcls.contract.names import ModelName, require_name
 from seqcls.ops.evidence import records
 from seqcls.ops.sync import models_in, operator_models
 from seqcls.registry.ledger import client, find_version
@@ -28,8 +28,10 @@ from seqcls.registry.runs import PARITY_TAG, QUALITY_TAG
 from seqcls.release.keys import served_release_key
 from seqcls.serving import statelog
 from seqcls.serving.repository import Repository
+from seqcls.serving.s3state import S3ServingState
 from seqcls.serving.state import summarize_log as state_summary
 from seqcls.serving.statelog import EVENTS, Chunk, Summarizer, log_path, read_lines, read_tail, segments
+from seqcls.serving.storeroot import store_at
 from seqcls.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -173,6 +175,10 @@ class LogRead:
     fingerprints: dict[int, str]
     named: set[int]
     segments_read: int = 0
+    #: where the log was read (the state log's path, or the store's event log), for the notes
+    where: str = ""
+    #: what could not be read (the store unreachable: this host's copy was read instead)
+    note: str = ""
 
 
 def summarize_log(previous: dict[str, Any] | None, lines: list[bytes], first: int) -> dict[str, Any]:
@@ -212,7 +218,52 @@ def read_recent(repository: Path, model_name: str, newest: int | None = None) ->
     """At least the ``newest`` entries of ``model_name``'s log (None: all), read from its newest end: the live
     file, then older segments only while fewer were found, each resumed from the snapshot before it — so
     ``history --limit 20`` reads the same few kilobytes after years of releases. A segment whose snapshot is
-    missing or unreadable is read with everything before it."""
+    missing or unreadable is read with everything before it. On a store's working copy the store's event log
+    is read instead: every host's changes are there, and a host that released nothing has no copy of its own."""
+    if (store := store_at(repository)) is not None:
+        side = S3ServingState(store, require_name(model_name))
+        try:
+            return read_store_log(side, model_name, newest)
+        except Exception as exc:  # history never fails for the store: this host's copy is what is left
+            note = f"{side.uri(side.log_prefix)} could not be read ({exc}); this host's copy of the log is shown"
+            log.warning("%s", note)
+            return replace(_read_file_log(repository, model_name, newest), note=note)
+    return _read_file_log(repository, model_name, newest)
+
+
+def read_store_log(side: S3ServingState, model_name: str, newest: int | None = None) -> LogRead:
+    """At least the ``newest`` entries of the store's event log of ``model_name`` (None: all): its newest
+    events first, four times as many again while fewer entries were found. An event is one object, so only
+    what is shown is read; ``total`` counts each unread older event as one change."""
+    listed = side.event_count()
+    last = newest
+    while True:
+        read = side.events(last)
+        entries: list[HistoryEntry] = []
+        damaged = [int(k.rsplit("/", 1)[-1].split(".")[0]) for k in read.skipped]
+        cur = dict(_START)
+        for event in read.events:
+            record = dict(event.record)
+            if record.get("event") == "state":  # a recorded state: the state log's line, on the store
+                record.pop("event")
+            try:
+                found, cur = _entries(model_name, record, cur, event.seq)
+            except (ValueError, TypeError, KeyError, AttributeError) as exc:
+                log.warning("%s event %d: skipped, unreadable (%s)", side.uri(side.log_prefix), event.seq, exc)
+                damaged.append(event.seq)
+                continue
+            entries += found
+        seen = len(read.events) + len(read.skipped)
+        if last is None or len(entries) >= last or seen >= listed:
+            break
+        last *= 4
+    total = len(entries) + max(0, listed - seen)
+    where = side.uri(side.log_prefix)
+    return LogRead(entries, sorted(damaged), total, _fingerprints(entries), _named(entries), where=where)
+
+
+def _read_file_log(repository: Path, model_name: str, newest: int | None) -> LogRead:
+    """:func:`read_recent` of the state log file (and its rotated segments) in ``repository``."""
     path = log_path(repository, model_name)
     parsed: list[tuple[list[HistoryEntry], list[int]]] = []
     bases: list[dict[str, Any] | None] = []
@@ -468,9 +519,12 @@ def history(settings: Settings, model_names: Sequence[str] | None = None, *, lim
     total = 0
     for name in names:
         read = read_recent(root, name, limit)  # newest first: each model's newest ``limit`` hold the newest overall
+        if read.note:
+            notes.append(read.note)
         if read.damaged:
             listed = ", ".join(str(n) for n in read.damaged[:20]) + (" …" if len(read.damaged) > 20 else "")
-            notes.append(f"{log_path(root, name)}: {len(read.damaged)} damaged line(s) skipped (line {listed})")
+            where = read.where or log_path(root, name)
+            notes.append(f"{where}: {len(read.damaged)} damaged line(s) skipped (line {listed})")
         logs[name] = read
         entries += read.entries
         total += read.total
@@ -529,6 +583,7 @@ __all__ = [
     "lines",
     "read_entries",
     "read_recent",
+    "read_store_log",
     "rotate_log",
     "summarize_log",
     "version_label",

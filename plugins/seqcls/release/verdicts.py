@@ -24,7 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from seqcls.release.workspace import Release, Workspace
-from seqcls.serving.statelog import actor, append_event
+from seqcls.serving.state import append_event
+from seqcls.serving.statelog import actor
 
 log = logging.getLogger(__name__)
 

@@ -208,6 +208,10 @@ class S3ServingState:
             log.warning("serving state of %s recorded, but its log event was not: %s", self.model_name, exc)
             return None
 
+    def event_count(self) -> int:
+        """How many events the log holds (one listing, nothing read)."""
+        return len(self._event_keys())
+
     def _event_keys(self) -> list[str]:
         return [k for k in self.store.list(self.log_prefix) if _EVENT_RE.match(k[len(self.log_prefix) :])]
 
