@@ -64,7 +64,7 @@ def test_release_status_rollback_and_sync_after_a_restart_on_s3(
     tmp_path: Path,
     home: Path,
 ) -> None:
-    uri, _proxy = store_env
+    uri, proxy = store_env
     key = secrets.token_urlsafe(32)
     server = triton_on_store(seaweedfs, uri, tmp_path, key)
     try:
@@ -94,6 +94,15 @@ def test_release_status_rollback_and_sync_after_a_restart_on_s3(
         server.stop()  # explicit mode: a restarted Triton loads nothing until told
         server.start()
         assert not _ready(server, MODEL.names.ensemble)
+        before = S3ServingState(store.store, MODEL).read()
+        proxy.up.clear()  # the store down during sync: its error names the store, the recorded state is untouched
+        try:
+            (cut,) = sync(settings, [MODEL])
+        finally:
+            proxy.up.set()
+        assert not cut.ok and "s3://" in " ".join(cut.errors.values()), cut.to_dict()
+        assert "secret" not in json.dumps(cut.to_dict()).lower()
+        assert S3ServingState(store.store, MODEL).read().etag == before.etag
         (synced,) = sync(settings, [MODEL])
         assert synced.ok and synced.serving == 1, synced.to_dict()
         (st,) = status(settings, [MODEL])
