@@ -215,7 +215,7 @@ def _add_triton_connection(page, stack: AirflowStack, server, conn_id: str) -> N
     form.locator("input[name=port]").fill(str(cfg.grpc_port))
     form.locator("input[name=password]").fill(server.control_key)
     form.get_by_role("button", name="Extra Fields", exact=True).click()
-    for label in ("gRPC endpoints", "HTTP endpoints", "Model repository path"):  # the provider's conn-fields
+    for label in ("gRPC endpoints", "HTTP endpoints", "Model repository", "Object store connection"):  # conn-fields
         assert form.get_by_text(label, exact=True).is_visible(), label
     form.locator("#element_grpc_endpoints").fill(cfg.grpc_url)
     form.locator("#element_http_endpoints").fill(cfg.http_url)
@@ -247,6 +247,7 @@ def _check_triton_connection_form(page, stack: AirflowStack, server, token: str)
         "grpc_endpoints": server.config.grpc_url,
         "http_endpoints": server.config.http_url,
         "repository": str(server.config.repository),
+        "store_conn_id": None,  # left empty in the form: saved as null, read as unset (aws_default)
     }
     ok = _test_from_the_list(page, "ui_triton")
     page.screenshot(path=str(ARTIFACTS / "airflow-ui-triton-connection-test.png"), full_page=True)
