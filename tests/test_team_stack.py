@@ -7,7 +7,7 @@ compose file's **CeleryExecutor and two Celery workers**, each in a working dire
 sharing only what the compose volumes stand for (SEQCLS_HOME, the Triton repository, the checkpoints
 root, the task logs).
 
-Two models at once, from a models file: ``seqcls`` on ``@daily`` (its data intervals run by the real
+Two models at once, from a models file: ``seqcls`` on a daily cron (its intervals run by the real
 scheduler as one-day backfills) and ``beta`` on its checkpoints Asset (a training stand-in drops a
 marked checkpoint and posts the Asset event over Airflow's REST API). Ten intervals: a good retrain is
 promoted, a worse one refused by the quality gate, an unchanged one skipped as champion, a broken one
@@ -44,7 +44,10 @@ from tests.helpers.receivers import JsonReceiver
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
-MODELS = {"seqcls": "'@daily'", "beta": "asset"}
+#: The release DAG's daily cron hour: the one farthest from now, so the module never meets the scheduler's next
+#: interval. On ``@daily`` a run crossing midnight UTC got a scheduled run of its own mid-test (seen in CI).
+HOUR = (datetime.now(UTC).hour + 12) % 24
+MODELS = {"seqcls": f"'0 {HOUR} * * *'", "beta": "asset"}
 DAG_IDS = {"seqcls": "seqcls_release", "beta": "seqcls_release__beta"}
 #: interval → (what training produced, the outcome the release must end with)
 PLAN = [
@@ -234,14 +237,14 @@ def test_scheduled_retraining_two_models_on_celery_workers(team_stack, trained, 
     table = []
     for interval, (kind, expected) in enumerate(PLAN, start=1):
         t0 = time.perf_counter()
-        day = FIRST_DAY + timedelta(days=interval - 2)
+        day = FIRST_DAY + timedelta(days=interval - 2, hours=HOUR)  # that day's trigger time
         for model in MODELS:
             _drop(team_stack, model, interval, kind, trained)
         before = {
             model: {r["dag_run_id"] for r in _api(stack, "GET", f"/api/v2/dags/{d}/dagRuns", token=token)["dag_runs"]}
             for model, d in DAG_IDS.items()
         }
-        if interval == 1:  # unpaused now: the scheduler runs the latest @daily interval (catchup off)
+        if interval == 1:  # unpaused now: the scheduler runs the latest daily interval (catchup off)
             _api(stack, "PATCH", f"/api/v2/dags/{DAG_IDS['seqcls']}", {"is_paused": False}, token=token)
             backfill = {}
         else:  # the earlier intervals, one day each, run by the scheduler as a backfill
