@@ -214,10 +214,10 @@ class TritonHook(_SeqclsHook):
     def repository(self) -> Path | str | None:
         """The live repository: a path, or an ``s3://`` URI kept as written (a ``Path`` would fold its ``//``
         into a relative directory named ``s3:``)."""
-        value = self._repository or self.extra.get("repository")
+        value = str(self._repository or self.extra.get("repository") or "").strip()
         if not value:
             return None
-        return str(value).strip() if str(value).strip().startswith("s3://") else Path(value)
+        return value if value.startswith("s3://") else Path(value)
 
     @cached_property
     def store_conn_id(self) -> str:
@@ -304,9 +304,9 @@ class StoreConnection(_SeqclsHook):
                 f"connection {self.conn_id!r}: an access key id needs its secret access key (login and password)"
             )
         if endpoint := extra.get("endpoint_url"):
-            env.update(dict.fromkeys(AWS_ENDPOINT_VARS[:1], str(endpoint)))
-        if extra.get("region_name"):
-            env.update(dict.fromkeys(AWS_REGION_VARS[:1], str(extra["region_name"])))
+            env[AWS_ENDPOINT_VARS[0]] = str(endpoint)
+        if region := extra.get("region_name"):
+            env[AWS_REGION_VARS[0]] = str(region)
         return env
 
     def _check(self) -> tuple[bool, str]:

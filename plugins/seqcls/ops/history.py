@@ -234,8 +234,8 @@ def read_recent(repository: Path, model_name: str, newest: int | None = None) ->
 def read_store_log(side: S3ServingState, model_name: str, newest: int | None = None) -> LogRead:
     """At least the ``newest`` entries of the store's event log of ``model_name`` (None: all): its newest
     events first, four times as many again while fewer entries were found. An event is one object, so only
-    what is shown is read; ``total`` counts each unread older event as one change."""
-    listed = side.event_count()
+    what is shown is read; ``total`` counts each unread older event as one change (a second listing, made only
+    when older events were left unread)."""
     last = newest
     while True:
         read = side.events(last)
@@ -254,10 +254,10 @@ def read_store_log(side: S3ServingState, model_name: str, newest: int | None = N
                 continue
             entries += found
         seen = len(read.events) + len(read.skipped)
-        if last is None or len(entries) >= last or seen >= listed:
+        if last is None or seen < last or len(entries) >= last:  # fewer listed than asked: the whole log was read
             break
         last *= 4
-    total = len(entries) + max(0, listed - seen)
+    total = len(entries) + (max(0, side.event_count() - seen) if last is not None and seen >= last else 0)
     where = side.uri(side.log_prefix)
     return LogRead(entries, sorted(damaged), total, _fingerprints(entries), _named(entries), where=where)
 
