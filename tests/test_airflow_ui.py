@@ -35,6 +35,7 @@ import os
 import re
 import shutil
 import time
+import warnings
 from pathlib import Path
 from urllib.parse import quote
 
@@ -47,7 +48,13 @@ from seqcls.localtriton import free_ports
 from seqcls.serving.repository import Repository
 from seqcls.settings import PROJECT_ROOT
 from seqcls_tools.demo.stack import DEFAULT_PASSWORD, USER, AirflowStack
-from tests.helpers.airflow import airflow_db, listening, seed_migrated_db, stop_components
+from tests.helpers.airflow import (
+    airflow_db,
+    hung_in_local_executor_end,
+    listening,
+    seed_migrated_db,
+    stop_components,
+)
 from tests.helpers.triton import settings_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
@@ -85,12 +92,15 @@ def _wait(predicate, timeout: float, what: str, interval: float = 2.0, stack: Ai
     pytest.fail(f"timed out after {timeout:.0f}s waiting for {what}" + (f"\n{_log_tail(stack)}" if stack else ""))
 
 
+def _tail(path: Path, n: int) -> str:
+    lines = path.read_text(errors="replace").splitlines()[-n:] if path.exists() else []
+    return "\n".join(line[:300] for line in lines)
+
+
 def _log_tail(stack: AirflowStack, n: int = 40) -> str:
     out = []
     for name in stack.procs:
-        path = stack.logs / f"{name}.log"
-        lines = path.read_text(errors="replace").splitlines()[-n:] if path.exists() else []
-        out.append(f"--- {name} ---\n" + "\n".join(line[:300] for line in lines))
+        out.append(f"--- {name} ---\n" + _tail(stack.logs / f"{name}.log", n))
     return "\n".join(out)
 
 
@@ -365,10 +375,23 @@ def test_trigger_release_from_the_ui_and_check_it_over_the_rest_api(
             procs = dict(stack.procs)
             stopped, stuck = stop_components(procs)
     print(f"UI + REST test total {time.perf_counter() - t_start:.0f}s; stop: {stopped}; second signal: {stuck}")
-    # a component that needed the second signal (the upstream hang in stop_components) must still have exited
+    # a component that needed the second signal (the upstream hang in stop_components) must still have exited,
+    # unless it is the scheduler stuck joining idle LocalExecutor workers (apache/airflow#67870): reported, not ours
     want = {**{name: 0 for name in procs}, "leftover_processes": 0}
     want.update({name: stopped[name] for name in stuck if stopped[name] is not None})
-    assert stopped == want, f"{stopped}\n{stuck}"
+    logs = {name: _tail(stack.logs / f"{name}.log", 120) for name in stuck}
+    upstream = [
+        name
+        for name in stuck
+        if name == "scheduler"
+        and stopped[name] is None
+        and hung_in_local_executor_end(stuck[name], (stack.logs / "scheduler.log").read_text(errors="replace"))
+    ]
+    for name in upstream:
+        want[name] = None
+        warnings.warn(f"the scheduler hung in LocalExecutor.end() (apache/airflow#67870): {stuck[name]}", stacklevel=1)
+    hung = "".join(f"\n--- {name}.log\n{logs[name]}" for name in stuck)
+    assert stopped == want, f"{stopped}\n{stuck}{hung}"
     assert listening({port, worker_log, trigger_log}) == []
     assert Repository.from_settings(settings, ModelName("seqcls")).serving_version() == 1
     assert (ARTIFACTS / "airflow-ui-run.png").read_bytes()[:4] == b"\x89PNG"

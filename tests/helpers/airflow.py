@@ -254,8 +254,34 @@ def process_tree(pid: int) -> list[str]:
         root = psutil.Process(pid)
         for p in [root, *root.children(recursive=True)]:
             with contextlib.suppress(psutil.Error):
-                out.append(f"{p.pid} {p.status()} {' '.join(p.cmdline())[:200]}")
+                out.append(f"{p.pid} {p.status()} {' '.join(p.cmdline())[:200]} [{_wait_channels(p.pid)}]")
     return out
+
+
+def _wait_channels(pid: int) -> str:
+    """Each thread's kernel wait channel (``do_wait``: joining a child; ``futex``: a lock or a thread join;
+    ``pipe_read``: a queue), so a hung shutdown's report says what it waits on without a debugger."""
+    chans = []
+    for task in sorted(Path(f"/proc/{pid}/task").glob("*")):
+        with contextlib.suppress(OSError):
+            chans.append(f"{task.name}:{(task / 'wchan').read_text() or '-'}")
+    return f"{len(chans)} threads: {' '.join(chans)}"
+
+
+LOCAL_EXECUTOR_WORKER = "airflow worker -- LocalExecutor"
+
+
+def hung_in_local_executor_end(tree: list[str], log: str) -> bool:
+    """Whether a component that ignored two SIGINTs hung the way Airflow 3.3's ``LocalExecutor.end()`` can
+    (apache/airflow#67870, fixed upstream after 3.3.2): the scheduler logged "Shutting down LocalExecutor"
+    and waits on executor workers that are all idle — no task, nothing of seqcls's, running under it.
+    Anything else under a hung component is a hang of ours."""
+    workers = tree[1:]
+    return (
+        "Shutting down LocalExecutor" in log
+        and bool(workers)
+        and all(LOCAL_EXECUTOR_WORKER in line and "<idle>" in line for line in workers)
+    )
 
 
 def stop_components(
@@ -288,6 +314,10 @@ def stop_components(
             # terminal's Ctrl-C does, so an idle executor worker it joins gets it too (a fresh-clone run
             # saw the scheduler ignore a second SIGINT to itself alone); a component that ignores that fails.
             stuck[name] = process_tree(proc.pid)
+            if name == "scheduler":  # its SIGUSR2 handler logs every thread's stack to the scheduler's log
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(proc.pid, signal.SIGUSR2)
+                time.sleep(2)
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGINT)
             try:
