@@ -5,7 +5,7 @@ idle (apache/airflow#67870; a fresh-clone CI run saw it ignore the second SIGINT
 that hang only in that shape — the scheduler, having logged the executor's shutdown, over idle executor
 workers and nothing else — and reports it as a warning with each process's wait channels; anything else
 left running under a component that ignores two SIGINTs fails it. Here a stand-in scheduler (a real process
-tree with a forked worker that ignores SIGINT, as LocalExecutor's does) hangs both ways.
+tree with a forked worker that ignores SIGINT, as LocalExecutor's does) hangs three ways.
 """
 
 from __future__ import annotations
