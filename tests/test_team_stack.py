@@ -27,7 +27,9 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import shutil
+import statistics
 import subprocess
 import sys
 import time
@@ -200,6 +202,25 @@ def _costs(team_stack, when: str, model: str = "beta") -> dict:
     return out
 
 
+#: How long after a task recorded its end its Celery workload may still be running: the task process's own exit.
+WORKLOAD_LAG_LIMIT = 3.0
+_WORKLOAD_FINISHED = re.compile(r"^(\S+Z) \[info\s*\] Workload finished .*workload_id=([0-9a-f-]+)")
+
+
+def _workload_lags(team_stack, ended: dict[str, str]) -> dict[str, float]:
+    """Per task instance: seconds from its end date to its Celery workload's "Workload finished" line — the time
+    its worker still belonged to it. The supervisor notices its task's exit only at its next wake-up when the
+    task closed its sockets before exiting, which is every task that tears down gRPC or Paddle threads."""
+    lags = {}
+    for i in (1, 2):
+        for line in team_stack.airflow.worker_log(i).read_text(errors="replace").splitlines():
+            m = _WORKLOAD_FINISHED.match(line)
+            if m and m.group(2) in ended:
+                finished = datetime.fromisoformat(m.group(1))
+                lags[m.group(2)] = (finished - datetime.fromisoformat(ended[m.group(2)])).total_seconds()
+    return lags
+
+
 def _outcome(tis: dict[str, str]) -> str:
     """What a run did, from its task states (the same reading as the DAG's report_outcome)."""
     if tis.get("promote") == "success":
@@ -235,6 +256,7 @@ def test_scheduled_retraining_two_models_on_celery_workers(team_stack, trained, 
     _api(stack, "PATCH", f"/api/v2/dags/{DAG_IDS['beta']}", {"is_paused": False}, token=token)
 
     table = []
+    ended: dict[str, str] = {}  # task instance id -> its end date, as the task recorded it
     for interval, (kind, expected) in enumerate(PLAN, start=1):
         t0 = time.perf_counter()
         day = FIRST_DAY + timedelta(days=interval - 2, hours=HOUR)  # that day's trigger time
@@ -287,6 +309,7 @@ def test_scheduled_retraining_two_models_on_celery_workers(team_stack, trained, 
                 stack, "GET", f"/api/v2/dags/{DAG_IDS[model]}/dagRuns/{run['dag_run_id']}/taskInstances", token=token
             )["task_instances"]
             states = {t["task_id"]: t["state"] for t in tis}
+            ended.update({t["id"]: t["end_date"] for t in tis if t["end_date"]})
             table.append(
                 {
                     "interval": interval,
@@ -311,6 +334,15 @@ def test_scheduled_retraining_two_models_on_celery_workers(team_stack, trained, 
     assert not wrong, json.dumps(wrong, indent=1)
     assert [r["run_type"] for r in table if r["model"] == "seqcls"] == ["scheduled"] + ["backfill"] * (len(PLAN) - 1)
     assert {r["run_type"] for r in table if r["model"] == "beta"} == {"asset_triggered"}
+
+    # each workload ends with its task: a Celery worker takes the next task about when the last one recorded its
+    # end, not min_heartbeat_interval later (Airflow 3.3.2's supervisor, seqcls_tools.demo.stack)
+    lags = _workload_lags(team_stack, ended)
+    slow = sorted(lag for lag in lags.values() if lag > WORKLOAD_LAG_LIMIT)
+    print(f"workload end after the task's: {len(lags)} tasks, median {statistics.median(lags.values()):.2f}s, "
+          f"max {max(lags.values()):.2f}s, over {WORKLOAD_LAG_LIMIT}s: {slow}")  # fmt: skip
+    assert len(lags) >= len(ended) // 2, (len(lags), len(ended))
+    assert len(slow) <= len(lags) // 20, slow
 
     # the tasks ran on both Celery workers
     per_worker = Counter()

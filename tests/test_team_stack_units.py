@@ -42,6 +42,7 @@ def test_the_compose_files_executor_settings_with_local_hosts() -> None:
     assert "@127.0.0.1:15432/airflow" in env["AIRFLOW__CELERY__RESULT_BACKEND"]
     assert "@127.0.0.1:15432/airflow" in env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"]
     assert not any("postgres:" in v or "redis:6379" in v for v in env.values()), env
+    assert env["AIRFLOW__WORKERS__MIN_HEARTBEAT_INTERVAL"] == "1"  # a worker is free 1 s after its task, not 5
     assert compose_worker_replicas() >= 2
 
 

@@ -74,12 +74,13 @@ class Redis:
 
 
 #: What the rehearsal takes from the compose file's Airflow environment (``x-airflow-common``), hosts mapped:
-#: the executor and everything Celery, the metadata database. Paths, secrets (``*_CMD`` files of the
-#: airflow-init volume) and the API URL are the local stack's own.
+#: the executor and everything Celery, the metadata database, the task supervisors' wake-up. Paths, secrets
+#: (``*_CMD`` files of the airflow-init volume) and the API URL are the local stack's own.
 COMPOSE_AIRFLOW_KEYS = (
     "AIRFLOW__CORE__EXECUTOR",
     "AIRFLOW__CORE__PARALLELISM",
     "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION",
+    "AIRFLOW__WORKERS__MIN_HEARTBEAT_INTERVAL",
     "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN",
 )
 COMPOSE_AIRFLOW_PREFIXES = ("AIRFLOW__CELERY__",)
