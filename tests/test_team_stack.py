@@ -147,6 +147,40 @@ def _api(stack, method: str, path: str, body: dict | None = None, token: str | N
         raise AssertionError(f"{method} {path} {body}: {exc.code} {exc.read().decode(errors='replace')}") from None
 
 
+@pytest.fixture(autouse=True)
+def no_run_left_over(request: pytest.FixtureRequest) -> None:
+    """Before each test on the module's stack: fail any run an earlier test left queued or running (it failed or
+    timed out mid-run) and cancel its backfill. Left alone, it holds its DAG's one active run and the two workers,
+    and every later test fails waiting for its own runs (seen in CI): one failure stays one failure."""
+    if "team_stack" not in request.fixturenames:
+        return
+    stack = request.getfixturevalue("team_stack").airflow.stack
+    token = stack.token()
+    left = []
+    for dag_id in DAG_IDS.values():
+        for b in _api(stack, "GET", f"/api/v2/backfills?dag_id={dag_id}", token=token)["backfills"]:
+            if not b["completed_at"]:
+                _api(stack, "PUT", f"/api/v2/backfills/{b['id']}/cancel", token=token)
+                left.append(f"backfill {b['id']}")
+        for state in ("queued", "running"):
+            runs = _api(stack, "GET", f"/api/v2/dags/{dag_id}/dagRuns?state={state}", token=token)["dag_runs"]
+            for r in runs:
+                path = f"/api/v2/dags/{dag_id}/dagRuns/{r['dag_run_id']}"
+                _api(stack, "PATCH", path, {"state": "failed"}, token=token)
+                left.append(f"{dag_id} {r['dag_run_id']} ({state})")
+    if left:
+        print(f"\nfailed what an earlier test left running: {left}")
+        _wait(
+            lambda: (
+                not _api(stack, "GET", "/api/v2/dags/~/dagRuns/~/taskInstances?state=running", token=token)[
+                    "total_entries"
+                ]
+            ),
+            120,
+            "no task instance running",
+        )
+
+
 def _wait(predicate, timeout: float, what: str, interval: float = 2.0):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
