@@ -241,13 +241,13 @@ WORKLOAD_LAG_LIMIT = 3.0
 _WORKLOAD_FINISHED = re.compile(r"^(\S+Z) \[info\s*\] Workload finished .*workload_id=([0-9a-f-]+)")
 
 
-def _workload_lags(team_stack, ended: dict[str, str]) -> dict[str, float]:
+def _workload_lags(worker_logs: list[str], ended: dict[str, str]) -> dict[str, float]:
     """Per task instance: seconds from its end date to its Celery workload's "Workload finished" line — the time
     its worker still belonged to it. The supervisor notices its task's exit only at its next wake-up when the
     task closed its sockets before exiting, which is every task that tears down gRPC or Paddle threads."""
     lags = {}
-    for i in (1, 2):
-        for line in team_stack.airflow.worker_log(i).read_text(errors="replace").splitlines():
+    for text in worker_logs:
+        for line in text.splitlines():
             m = _WORKLOAD_FINISHED.match(line)
             if m and m.group(2) in ended:
                 finished = datetime.fromisoformat(m.group(1))
@@ -373,8 +373,9 @@ def test_scheduled_retraining_two_models_on_celery_workers(team_stack, trained, 
     assert {r["run_type"] for r in table if r["model"] == "beta"} == {"asset_triggered"}
 
     # each workload ends with its task: a Celery worker takes the next task about when the last one recorded its
-    # end, not min_heartbeat_interval later (Airflow 3.3.2's supervisor, seqcls_tools.demo.stack)
-    lags = _workload_lags(team_stack, ended)
+    # end, not min_heartbeat_interval later (Airflow 3.3.2's supervisor, docs/deploy.md)
+    worker_logs = [team_stack.airflow.worker_log(i).read_text(errors="replace") for i in (1, 2)]
+    lags = _workload_lags(worker_logs, ended)
     slow = sorted(lag for lag in lags.values() if lag > WORKLOAD_LAG_LIMIT)
     print(f"workload end after the task's: {len(lags)} tasks, median {statistics.median(lags.values()):.2f}s, "
           f"max {max(lags.values()):.2f}s, over {WORKLOAD_LAG_LIMIT}s: {slow}")  # fmt: skip
@@ -382,10 +383,7 @@ def test_scheduled_retraining_two_models_on_celery_workers(team_stack, trained, 
     assert len(slow) <= len(lags) // 20, slow
 
     # the tasks ran on both Celery workers
-    per_worker = Counter()
-    for i in (1, 2):
-        text = team_stack.airflow.worker_log(i).read_text(errors="replace")
-        per_worker[i] = text.count("seqcls_release")
+    per_worker = Counter({i: text.count("seqcls_release") for i, text in enumerate(worker_logs, 1)})
     assert all(per_worker[i] > 0 for i in (1, 2)), per_worker
 
     # seqcls history tells the same story as Airflow's run list: per run, what it recorded

@@ -104,7 +104,7 @@ def airflow_env(root: Path, settings: Settings) -> dict[str, str]:
         "AIRFLOW__CORE__PLUGINS_FOLDER": str(PROJECT_ROOT / "plugins"),
         "AIRFLOW__CORE__PARALLELISM": "4",
         # A worker is free for its next task when its supervisor sees the last one exit, which Airflow 3.3.2's
-        # supervisor may see only at its next heartbeat wake-up (docs/airflow.md): every 1 s, not 5 s.
+        # supervisor may see only at its next heartbeat wake-up (docs/deploy.md): every 1 s, not 5 s.
         "AIRFLOW__WORKERS__MIN_HEARTBEAT_INTERVAL": "1",
         "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{airflow_home / 'airflow.db'}",
         "SEQCLS_HOME": str(settings.home),
