@@ -248,6 +248,11 @@ def test_bench_quick_cli(tmp_path: Path) -> None:
     # every profile at 1 client and at 8, and auto's recorded rate against the in-process limit, each a verdict
     for name in results["releases"]:
         assert {f"lone_vs_inprocess[{name}]", f"served_vs_inprocess[{name}]", f"auto_vs_inprocess[{name}]"} <= keys
+    for name, entry in results["configs"].items():  # beside every lone request: an empty python model's, unloaded
+        if entry.get("lone"):
+            floor = entry["lone"]["floor"]
+            assert floor["model"] == "seqcls.floor" and 0 < floor["p50_ms"] < entry["lone"]["served"]["client_p50_ms"]
+            assert 0 < floor["ceiling"] < 1, (name, floor)
     gated = [p for p, r in results["releases"].items() if r["gate_passed"]]
     auto = results["auto"]
     assert set(auto["profiles"]) == set(gated) and auto["clients"] == 8, auto
@@ -259,6 +264,7 @@ def test_bench_quick_cli(tmp_path: Path) -> None:
             assert r["value"] and r["baseline"] and r["ratio"] == round(r["value"] / r["baseline"], 2), r
 
     md = (out / "results.md").read_text()
+    assert "| floor: an empty python model (p50) |" in md, "the lone tables print the floor"
     table = [line for line in md.splitlines() if line.startswith("| ")]
     for name in PROFILES:
         rows = [line for line in table if line.startswith(f"| {name} | tokenizer ")]

@@ -60,6 +60,19 @@ def test_every_served_profile_is_checked_at_one_client_and_at_eight() -> None:
     assert any(line.startswith("PASS fp32: served lone request") for line in lines), lines
 
 
+def test_a_lone_miss_says_what_an_empty_python_model_leaves() -> None:
+    results = _results()
+    results["configs"]["bf16"]["lone"]["floor"] = {"p50_ms": 0.6, "ceiling": round(9.0 / 9.6, 3)}
+    by = {r["key"]: r for r in ratios(results)}
+    bf16 = by["lone_vs_inprocess[bf16]"]
+    assert bf16["ceiling"] == 0.938 and not bf16["passed"]
+    assert "ceiling" not in by["lone_vs_inprocess[fp32]"]  # no floor measured: nothing claimed
+    (line,) = [line for line in markdown.ratio_lines([bf16])]
+    assert line.endswith(
+        "NOTE: an empty python model's lone request takes 0.60 ms here: with this work no python model exceeds 0.94x"
+    )
+
+
 def test_a_profile_without_a_lone_measurement_is_a_miss_not_a_pass() -> None:
     results = _results()
     del results["configs"]["int8"]["lone"]

@@ -218,9 +218,55 @@ def test_the_bench_compares_both_pipelines_of_one_version_on_one_server(
     # the direct model's requests went through it alone: Triton counted them there, as one model
     parts = entry["layouts"]["direct"]["lone"]["parts"]
     assert [p["part"] for p in parts] == ["seqcls.direct", REMAINDER]
+    # the floor: an empty python model with the same input, timed the same way, loaded and gone again
+    floor = entry["floor"]
+    assert [p["part"] for p in floor["parts"]] == ["seqcls.floor", REMAINDER]
+    assert 0 < floor["p50_ms"] < entry["layouts"]["direct"]["lone"]["p50_ms"]  # the model's work is on top
+    inproc = entry["inprocess"]["p50_ms"]
+    assert floor["ceiling"]["python"] == pytest.approx(inproc / (inproc + floor["p50_ms"]), abs=1e-3)
+    # perf_analyzer is installed by the test command (make setup-perf): its C++ client times each one too
+    for lone in (floor, *(entry["layouts"][k]["lone"] for k in ("ensemble", "direct"))):
+        assert lone["perf_analyzer_p50_ms"] > 0 and lone["perf_analyzer_inprocess_p50_ms"] > 0, lone
+    for lone in (entry["layouts"][k]["lone"] for k in ("ensemble", "direct")):  # against in process right after it
+        speed = lone["perf_analyzer_inprocess_p50_ms"] / lone["perf_analyzer_p50_ms"]
+        assert lone["perf_analyzer_speed_vs_inprocess"] == pytest.approx(speed, abs=1e-3)
+    assert 0 < floor["ceiling"]["perf_analyzer"] < 1
     lines = direct_section(results)
     assert lines[3].startswith("*Conditions:* CPU ")
-    assert [line.split(" | ")[1] for line in lines if line.startswith("| fp32 |")] == ["ensemble", "direct"]
+    rows = [line.split(" | ") for line in lines if line.startswith("| fp32 |")]
+    assert [r[1] for r in rows] == ["ensemble", "direct", f"{floor['p50_ms']:.2f}"]
+
+
+def test_the_floor_model_keeps_the_direct_models_input_and_batching_and_answers_with_the_text() -> None:
+    from seqcls_tools.bench.direct import floor_model
+
+    direct = {
+        "name": "m.direct",
+        "backend": "python",
+        "maxBatchSize": 64,
+        "input": [{"name": "TEXT", "dataType": "TYPE_STRING", "dims": ["1"]}],
+        "output": [{"name": "predictions", "dataType": "TYPE_STRING"}, {"name": "probabilities"}],
+        "dynamicBatching": {"maxQueueDelayMicroseconds": "100"},
+        "instanceGroup": [{"count": 1, "kind": "KIND_CPU"}],
+        "parameters": {"steps": {"stringValue": "x"}},
+    }
+    name, config, files = floor_model(json.dumps(direct), "m")
+    floor = json.loads(config)
+    assert name == floor["name"] == "m.floor"
+    assert [o["name"] for o in floor["output"]] == ["predictions"]
+    assert {k: floor[k] for k in ("input", "maxBatchSize", "dynamicBatching", "instanceGroup")} == {
+        k: direct[k] for k in ("input", "maxBatchSize", "dynamicBatching", "instanceGroup")
+    }
+    assert "parameters" not in floor and list(files) == ["file:1/model.py"]
+    source = files["file:1/model.py"].decode("utf-8")
+    compile(source, "model.py", "exec")
+    assert "'TEXT'" in source and "'predictions'" in source
+    # the served ensemble's config as Triton returns it (field names as in the proto): one python instance
+    ensemble = {"name": "m", "platform": "ensemble", "max_batch_size": 8, "input": direct["input"], "output": []}
+    ensemble["ensemble_scheduling"] = {"step": [{"model_name": "m_model", "model_version": "-1"}]}
+    floor = json.loads(floor_model(json.dumps(ensemble), "m")[1])
+    assert floor["backend"] == "python" and "platform" not in floor and "ensembleScheduling" not in floor
+    assert floor["maxBatchSize"] == 8 and floor["instanceGroup"] == [{"count": 1, "kind": "KIND_CPU"}]
 
 
 @pytest.mark.parametrize("links", [True, False])

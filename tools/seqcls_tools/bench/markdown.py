@@ -183,6 +183,13 @@ def _lone_table(name: str, lone: dict[str, Any]) -> list[str]:
     ratio = lone["served_over_inprocess"]
     lines.append(f"| **served / in process** | **{ratio['p50']:.2f}×** (p50) | — | mean {ratio['mean']:.2f}× |")
     lines.append(lone_verdict(served["client_p50_ms"], inproc["p50_ms"]))
+    floor = lone.get("floor")
+    if floor:
+        lines.append(
+            f"| floor: an empty python model (p50) | {floor['p50_ms']:.3f} | — | in process p50 "
+            f"{floor['inprocess_p50_ms']:.3f} beside it: no python model's lone speed exceeds "
+            f"**{floor['ceiling']:.2f}×** here |"
+        )
     return lines
 
 
@@ -219,23 +226,39 @@ def _ratio(value: float | None) -> str:
     return "—" if value is None else f"{value:.2f}×"
 
 
+def _pa_lone(lone: dict[str, Any]) -> str:
+    """perf_analyzer's lone p50 and, in brackets, the in-process p50 timed right after it (— not measured)."""
+    pa, inproc = lone.get("perf_analyzer_p50_ms"), lone.get("perf_analyzer_inprocess_p50_ms")
+    return "—" if pa is None else f"{pa:.2f} ({_fmt(inproc, 2)})"
+
+
 def direct_section(results: dict[str, Any]) -> list[str]:
-    """The ensemble and the direct layout of the same version, each against the in-process limit."""
+    """The ensemble and the direct layout of the same version, each against the in-process limit; then the
+    floor: an empty python model's lone request, and the lone speed it leaves any python model."""
     entries = {n: e["direct"] for n, e in results.get("configs", {}).items() if e.get("direct")}
     if not entries:
         return []
-    rows = []
+    rows, floors = [], []
     for name, d in entries.items():
         for layout, x in d["layouts"].items():
             lone, load = x["lone"], x["load"]
             rows.append(
-                f"| {name} | {layout} | {lone['p50_ms']:.2f} | {d['inprocess']['p50_ms']:.2f} | "
-                f"{_ratio(lone['speed_vs_inprocess'])} | {_fmt(load['sentences_per_s'])} | "
+                f"| {name} | {layout} | {lone['p50_ms']:.2f} | {_pa_lone(lone)} | {d['inprocess']['p50_ms']:.2f} | "
+                f"{_ratio(lone['speed_vs_inprocess'])} | {_ratio(lone.get('perf_analyzer_speed_vs_inprocess'))} | "
+                f"{_fmt(load['sentences_per_s'])} | "
                 f"{_fmt(d['inprocess']['limit_sentences_per_s'])} | {_ratio(load['speed_vs_inprocess'])} | "
                 f"{_fmt(load['p95_ms'])} | {load['failed']} | {d['differing'] if layout == 'direct' else ''} |"
             )
+        f = d.get("floor")
+        if f:
+            ceiling = f["ceiling"]
+            floors.append(
+                f"| {name} | {f['p50_ms']:.2f} | {_pa_lone(f)} | "
+                f"{d['inprocess']['p50_ms']:.2f} | {_ratio(ceiling.get('python'))} | "
+                f"{_ratio(ceiling.get('perf_analyzer'))} |"
+            )
     clients = next(iter(entries.values()))["layouts"]["direct"]["load"]["clients"]
-    return [
+    lines = [
         "",
         "## The direct layout beside the ensemble (the same version, one server)",
         "",
@@ -243,16 +266,33 @@ def direct_section(results: dict[str, Any]) -> list[str]:
         "direct: the version's tokenizer, model and postprocess steps in one python model (one stub hop), as "
         "SEQCLS_SERVING_PIPELINE=direct publishes it; "
         f"ensemble: the classic three. Lone: sequential single-text requests, p50, each in blocks alternating "
-        f"with the same work in process; {clients} clients: single texts back to back, two alternating halves "
-        "per layout. Speed = served / in process (1.00× = the in-process limit); in process: one session of the "
-        "served threads, one text at a time, timed between both layouts' requests and averaged. Answers ≠: "
+        "with the same work in process (the Python gRPC client); perf_analyzer: the same texts from its C++ "
+        "client at concurrency 1 after them, then in process back to back (its p50 in brackets), and its speed "
+        f"is against that; {clients} clients: single texts back to back, two alternating "
+        "halves per layout. Speed = served / in process (1.00× = the in-process limit); in process: one session "
+        "of the served threads, one text at a time, timed between the requests and averaged. Answers ≠: "
         "texts (each alone) whose labels or probabilities differ from the ensemble's.",
         "",
-        f"| profile | layout | lone p50 ms | in process p50 ms | lone speed | {clients} clients sentences/s | "
-        f"in-process limit /s | {clients}-client speed | p95 ms | failed | answers ≠ |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| profile | layout | lone p50 ms | perf_analyzer p50 ms (in process) | in process p50 ms | lone speed | "
+        f"perf_analyzer speed | {clients} clients sentences/s | in-process limit /s | {clients}-client speed | "
+        "p95 ms | failed | answers ≠ |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
         *rows,
     ]
+    if floors:
+        lines += [
+            "",
+            "**The floor of one python stub hop**: lone requests to an empty python model with the same input, "
+            "batching and instances (it answers each text with itself), beside the same in-process runs. Ceiling "
+            "= in process / (in process + the floor): the lone speed of a python model that cost nothing beyond "
+            "its own work and the empty model's hop; a target above it needs a model outside the python backend.",
+            "",
+            "| profile | empty model p50 ms | perf_analyzer p50 ms (in process) | in process p50 ms | ceiling | "
+            "ceiling (perf_analyzer) |",
+            "|---|---:|---:|---:|---:|---:|",
+            *floors,
+        ]
+    return lines
 
 
 def _inprocess_rows(name: str, entry: dict[str, Any]) -> list[str]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import csv
 import json
+import logging
 import os
 import resource
 import subprocess
@@ -21,6 +22,8 @@ from typing import Any
 from seqcls.contract.names import ENSEMBLE
 from seqcls.errors import InputError
 from seqcls_tools.bench import measure
+
+log = logging.getLogger(__name__)
 
 #: where ``make setup-perf`` installs it, beside the running venv
 DEFAULT_DIR = Path(sys.prefix) / "perf-analyzer"
@@ -106,3 +109,22 @@ def pa_cell(binary: Path, server, clients: int, window_seconds: float, data: lis
         "server_cores": cores["total"],
         "cpu_ms_per_sentence": round(1000.0 * (cores["total"] + client) / rate, 2) if rate else None,
     }
+
+
+def lone_p50(binary: Path, url: str, model: str, data: Path, work: Path, window_seconds: float = 3.0) -> float | None:
+    """p50 ms of one perf_analyzer process at concurrency 1 on ``model`` (three windows of ``window_seconds``,
+    texts in turn from ``data``): a lone request with a C++ client, whose own cost per request is a fraction
+    of the Python client's. None when perf_analyzer failed (its output is logged)."""
+    out = work / f"pa-lone-{model}.csv"
+    cmd = [str(binary), "-m", model, "-i", "grpc", "-u", url, "--concurrency-range", "1:1"]
+    window = str(max(int(window_seconds * 1000), 1000))
+    cmd += ["--input-data", str(data), "-f", str(out), "--measurement-interval", window]
+    cmd += ["--stability-percentage", "1000", "--max-trials", "3"]
+    proc = subprocess.run(
+        cmd, capture_output=True, text=True, timeout=window_seconds * 8 + 60, env=_env(binary), check=False
+    )
+    if proc.returncode != 0 or not out.is_file():
+        log.warning("perf_analyzer on %s failed (exit %s): %s", model, proc.returncode, proc.stdout.strip()[-400:])
+        return None
+    row = next(csv.DictReader(out.open(encoding="utf-8")))
+    return round(float(row["p50 latency"]) / 1000, 4)

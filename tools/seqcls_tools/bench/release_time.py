@@ -5,7 +5,7 @@ product figure, not a curiosity. This builds randomly initialised base-size chec
 3.0 base's shape; DeBERTa-v2 base's for the Hugging Face path), then runs the real ``seqcls``
 CLI steps one process each, exactly as Airflow's tasks would, in a fresh home per profile:
 
-    .venv/bin/python -m seqcls_tools.bench.release_time                      # ERNIE base, every profile
+    .venv/bin/python -m seqcls_tools.bench.release_time                      # ERNIE base, every profile here
     .venv/bin/python -m seqcls_tools.bench.release_time --arch deberta-v2 --profiles int8
 
 It prints one row per profile (export, convert, validate, convert + validate, in seconds) and
@@ -30,8 +30,8 @@ from typing import Any
 from seqcls_tools.bench.corpus import make_corpus, make_labels
 from seqcls_tools.bench.machine import isa_text, loadavg, machine_facts
 from seqcls_tools.bench.model import BASE, build_checkpoint
+from seqcls_tools.bench.plan import host_profiles
 
-PROFILES = ("fp32", "fp32-fused", "int8")
 # the CLI's two log formats: structlog's ISO stamp and the stdlib formatter's ``[date time,ms]``
 _STAMP = re.compile(r"^\[?(\d{4}-\d\d-\d\d)[T ](\d\d:\d\d:\d\d)[.,](\d+)Z?\]?")
 
@@ -126,13 +126,18 @@ def measure(arch: str, profiles: list[str], work: Path) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m seqcls_tools.bench.release_time", description=__doc__.split("\n")[0])
     p.add_argument("--arch", choices=("ernie", "deberta-v2", "bert"), default="ernie")
-    p.add_argument("--profiles", default=",".join(PROFILES), help="comma-separated (default: every profile)")
+    p.add_argument("--profiles", help="comma-separated (default: every profile this host runs, bf16 included)")
     p.add_argument("--work", type=Path, help="keep checkpoints and homes here (the checkpoint is reused)")
     p.add_argument("--json", type=Path, help="also write the figures and logs here")
     args = p.parse_args(argv)
     work = args.work or Path(tempfile.mkdtemp(prefix="seqcls-release-time-"))
     work.mkdir(parents=True, exist_ok=True)
-    profiles = [x.strip() for x in args.profiles.split(",") if x.strip()]
+    if args.profiles:
+        profiles = [x.strip() for x in args.profiles.split(",") if x.strip()]
+    else:
+        profiles, left_out = host_profiles()
+        for profile, why in left_out.items():
+            print(f"{profile} left out: {why}")
     result = measure(args.arch, profiles, work)
     result["cpu"] = _cpu()
     print(f"{args.arch} base shape; checkpoint ready in {result['checkpoint_build_seconds']} s; {result['cpu']}")

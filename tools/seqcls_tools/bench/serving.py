@@ -155,7 +155,48 @@ def lone_request(server, release, options: ServingOptions, texts: list[str], req
         result["inprocess"]["p50_ms"],
         result["served_over_inprocess"]["p50"],
     )
+    result["floor"] = lone_floor(server, names.ensemble, steps, texts, requests, every_length)
     return result
+
+
+def lone_floor(
+    server, ensemble: str, steps: dict[str, Any], texts: list[str], requests: int, warm: list[str]
+) -> dict[str, Any]:
+    """The same lone requests to an empty python model with the served ensemble's input and batch size
+    (:func:`seqcls_tools.bench.direct.floor_model`, loaded with override and unloaded after), beside the same
+    in-process runs: what one python stub hop costs when the model does nothing, and so the best lone speed
+    (``ceiling``, in process / (in process + floor)) any python model could reach for this work here."""
+    from google.protobuf import json_format
+
+    from seqcls.serving.client import Endpoint, TritonOps
+    from seqcls_tools.bench.direct import load_floor
+
+    url = server.config.grpc_url
+    op = TritonOps(Endpoint(url, control_key=server.control_key))
+    config = op.client.get_model_config(ensemble).config
+    name = load_floor(op, json_format.MessageToJson(config), ensemble)
+    try:
+        warm_load = {"clients": 1, "texts_per_request": 1, "max_requests": 10**9}
+        measure.run_load(url, texts, **warm_load, max_seconds=1.0, model=name)  # the stub's first runs
+        r = lone.served_and_in_process(url, steps, texts, requests, ensemble=name, composing=[name], warm=warm)
+    finally:
+        op.unload(name)
+    floor, inproc = r["served"]["client_p50_ms"], r["inprocess"]["p50_ms"]
+    out = {
+        "model": name,
+        "p50_ms": floor,
+        "inprocess_p50_ms": inproc,
+        "ceiling": round(inproc / (inproc + floor), 3),
+        "parts": r["served"]["parts"],
+    }
+    log.info(
+        "bench: an empty python model answers a lone request in %.2f ms: with %.2f ms of work in process, no "
+        "python model's lone speed exceeds %.2fx",
+        floor,
+        inproc,
+        out["ceiling"],
+    )
+    return out
 
 
 def cell(server, texts: list[str], clients: int, per_request: int, budget: Budget, offset: int) -> dict[str, Any]:
