@@ -31,6 +31,7 @@ from seqcls.serving.repository import (
     parse_config,
     render_config,
 )
+from seqcls_tools.bench import lone
 
 log = logging.getLogger(__name__)
 
@@ -119,9 +120,9 @@ def _load_model(op: TritonOps, model: tuple[str, str, dict[str, bytes]], what: s
     return name
 
 
-def load_direct(op: TritonOps, repo: Path, names: ServingNames, version: int) -> str:
-    """Load the direct model for ``version`` on ``op``'s Triton (model control: the key); its name."""
-    return _load_model(op, direct_model(repo, names, version), f"version {version}'s three steps in one python model")
+def load_direct(op: TritonOps, model: tuple[str, str, dict[str, bytes]], version: int) -> str:
+    """Load ``model`` (:func:`direct_model` of ``version``) on ``op``'s Triton (model control: the key); its name."""
+    return _load_model(op, model, f"version {version}'s three steps in one python model")
 
 
 def load_floor(op: TritonOps, config_json: str, ensemble: str) -> str:
@@ -165,7 +166,7 @@ def _perf_analyzer_lone(
 
     import numpy as np
 
-    from seqcls_tools.bench import lone, perf_analyzer
+    from seqcls_tools.bench import perf_analyzer
 
     binary = perf_analyzer.find_binary()
     if binary is None:
@@ -176,8 +177,8 @@ def _perf_analyzer_lone(
         (data,) = perf_analyzer.input_data(texts, Path(tmp) / "lone.json")
         for key, model in models.items():
             p50 = perf_analyzer.lone_p50(binary, url, model, data, Path(tmp))
-            inproc = [sum(lone.time_steps(steps, text)) for text in texts]
             if p50:
+                inproc = [sum(lone.time_steps(steps, text)) for text in texts]
                 out[key] = {"p50_ms": p50, "inprocess_p50_ms": round(float(np.percentile(inproc, 50)), 4)}
     return out
 
@@ -245,10 +246,9 @@ def _summary(
             "parts": served["parts"],
         }
         if key not in load:  # the floor: no model work, so the best lone speed one stub hop allows
-            ceiling = {"python": _ratio(inproc_p50, inproc_p50 + served["client_p50_ms"])}
+            ceiling = {"python": lone.ceiling(inproc_p50, served["client_p50_ms"])}
             if pa:
-                ip = pa["inprocess_p50_ms"]
-                ceiling["perf_analyzer"] = _ratio(ip, ip + pa["p50_ms"])
+                ceiling["perf_analyzer"] = lone.ceiling(pa["inprocess_p50_ms"], pa["p50_ms"])
             out["floor"] = {**{k: v for k, v in lone_out.items() if "speed" not in k}, "ceiling": ceiling}
             continue
         out["layouts"][key] = {
@@ -272,7 +272,7 @@ def compare_layouts(
     would reach if it cost nothing beyond its work and the empty model's hop."""
     from seqcls.serving.client import endpoints_from_settings
     from seqcls.serving.state import current_state
-    from seqcls_tools.bench import lone, measure
+    from seqcls_tools.bench import measure
     from seqcls_tools.bench.serving import inprocess_steps, one_per_length
 
     names = release.config.model_name.names
@@ -282,9 +282,10 @@ def compare_layouts(
         raise InputError(f"{names.model_name!r} serves no version on {server.config.grpc_url}; serve a release first")
     op = TritonOps(endpoints_from_settings(release.settings)[0])
     url = server.config.grpc_url
-    name, floor = load_direct(op, repo, names, version), None
+    direct = direct_model(repo, names, version)  # reads every file of the version once: both loads send it
+    name, floor = load_direct(op, direct, version), None
     try:
-        floor = load_floor(op, direct_model(repo, names, version)[1], names.ensemble)
+        floor = load_floor(op, direct[1], names.ensemble)
         differing = _answers(url, (names.ensemble, name), texts)
         log.info("bench: %d of %d texts answered differently by the ensemble and %s", differing, len(texts), name)
         warm = {"clients": clients, "texts_per_request": 1, "max_requests": 10**9}

@@ -219,6 +219,12 @@ def served_and_in_process(
     return out
 
 
+def ceiling(inprocess_ms: float, floor_ms: float) -> float:
+    """The best lone speed a python model could reach for ``inprocess_ms`` of work when an empty python model's
+    lone request takes ``floor_ms``: in process / (in process + floor)."""
+    return round(inprocess_ms / (inprocess_ms + floor_ms), 3)
+
+
 def compare(served_result: dict[str, Any], inprocess_result: dict[str, Any]) -> dict[str, Any]:
     """Served over in-process, by p50 and by mean (> 1: serving costs that much more per lone text)."""
     return {

@@ -186,7 +186,7 @@ def lone_floor(
         "model": name,
         "p50_ms": floor,
         "inprocess_p50_ms": inproc,
-        "ceiling": round(inproc / (inproc + floor), 3),
+        "ceiling": lone.ceiling(inproc, floor),
         "parts": r["served"]["parts"],
     }
     log.info(
