@@ -134,6 +134,9 @@ class _RacingTriton:
         ready = [(m, v) for m, vs in self.loaded.items() for v in vs]
         return {"models": [{"name": m, "version": str(v), "state": "READY"} for m, v in ready]}
 
+    def repository_index(self, timeout: float | None = None) -> list[dict]:
+        return self.get_model_repository_index(as_json=True, client_timeout=timeout or self.request_timeout)["models"]
+
     def load(self, model: str) -> None:
         self.calls.append(f"load {model}")
         if model in CLASSIC.routes:

@@ -44,6 +44,11 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 RETRYABLE = ("StatusCode.UNAVAILABLE", "StatusCode.DEADLINE_EXCEEDED", "StatusCode.RESOURCE_EXHAUSTED")
+#: Triton's repository index lists the repository, then stats each entry: an entry renamed or removed in
+#: between (any model's temp file or staged version in the shared root) fails the whole index with this,
+#: and reading it again succeeds. Read up to this many times, a few milliseconds apart.
+LISTING_RACE = "failed to stat file"
+LISTING_ATTEMPTS = 8
 
 
 @dataclass(frozen=True)
@@ -273,11 +278,27 @@ class TritonOps:
                 "`seqcls triton start`; for another server check SEQCLS_TRITON_GRPC or the triton_default "
                 "Airflow connection."
             ) from exc
-        retrying(
-            f"repository index on {self.endpoint.grpc}",
-            lambda: self.client.get_model_repository_index(client_timeout=self.request_timeout),
-            attempts=3,
-        )
+        retrying(f"repository index on {self.endpoint.grpc}", self.repository_index, attempts=3)
+
+    def repository_index(self, timeout: float | None = None) -> list[dict[str, Any]]:
+        """Triton's repository index (``[{"name", "version", "state", "reason"}, ...]``), read again while
+        another writer's rename in the repository races Triton's listing (:data:`LISTING_RACE`): one
+        model's lease renewal must not fail another model's look at what is loaded. Any other error is
+        the caller's, as the client raised it."""
+        from tritonclient.utils import InferenceServerException
+
+        timeout = self.request_timeout if timeout is None else timeout
+        for attempt in range(1, LISTING_ATTEMPTS + 1):
+            try:
+                index = self.client.get_model_repository_index(as_json=True, client_timeout=timeout)
+                return list(index.get("models", []))
+            except InferenceServerException as exc:
+                raced = _status(exc) == "StatusCode.INTERNAL" and LISTING_RACE in _message(exc)
+                if not raced or attempt == LISTING_ATTEMPTS:
+                    raise
+                log.debug("repository index on %s raced a rename (%s): reading it again", self.endpoint.grpc, exc)
+                time.sleep(min(0.005 * 2**attempt, 0.25))
+        raise AssertionError("unreachable")
 
     def ready(self, model: str, version: int | None = None) -> bool:
         try:
@@ -324,8 +345,7 @@ class TritonOps:
     def index_states(self, model: str | None = None) -> dict[str, Any]:
         """``{"name/version": "STATE (reason)"}`` from the repository index."""
         try:
-            index = self.client.get_model_repository_index(as_json=True, client_timeout=self.request_timeout)
-            index = index.get("models", [])
+            index = self.repository_index()
         except Exception as exc:
             return {"error": _message(exc)}
         out: dict[str, Any] = {}

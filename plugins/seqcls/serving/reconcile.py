@@ -66,9 +66,8 @@ def desired_versions(
 
 def observe(op: TritonOps, names: ServingNames) -> dict[str, list[int]]:
     """Triton model → READY versions of one seqcls model's five models on one endpoint (one call)."""
-    index = op.client.get_model_repository_index(as_json=True, client_timeout=op.request_timeout).get("models", [])
     out: dict[str, list[int]] = {m: [] for m in names.all}
-    for m in index:
+    for m in op.repository_index():
         if m.get("name") in out and m.get("state") == "READY" and str(m.get("version", "")).isdigit():
             out[m["name"]].append(int(m["version"]))
     return {k: sorted(v) for k, v in out.items()}

@@ -81,7 +81,7 @@ def triton_replica(endpoint: Endpoint, timeout: float = TIMEOUT_S) -> tuple[bool
     except InferenceServerException as exc:
         return False, f"Triton is not answering at {endpoint.grpc} (gRPC): {_detail(exc)}"
     try:
-        index = ops.client.get_model_repository_index(as_json=True, client_timeout=timeout).get("models", [])
+        index = ops.repository_index(timeout)
     except ControlRefused as exc:
         return False, str(exc)
     except InferenceServerException as exc:
