@@ -2,7 +2,7 @@
 primitives a lease and a CAS-updated state will need, immutable objects checked by sha256, and the probe
 that refuses a store ignoring ``If-None-Match`` / ``If-Match``.
 
-Through a real S3 server (SeaweedFS 4.48's ``weed mini`` on loopback, :mod:`tests.helpers.seaweedfs`):
+Through a real S3 server (SeaweedFS 4.48's ``weed server`` on loopback, :mod:`tests.helpers.seaweedfs`):
 round trips, two processes racing one create, a stale replace, the probe passing (measured: 4.48 answers
 412 PreconditionFailed to both conditions). The refusal is tested with an in-memory client that ignores
 the conditions, as some S3-compatible servers do. Nothing here is wired into publish, the lease or the

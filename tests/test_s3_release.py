@@ -1,6 +1,6 @@
 """Releases onto an ``s3://`` model repository, through the real parts.
 
-A SeaweedFS ``weed mini`` on loopback (the session fixture of :mod:`tests.helpers.seaweedfs`), the
+A SeaweedFS ``weed server`` on loopback (the session fixture of :mod:`tests.helpers.seaweedfs`), the
 ``tritonserver`` of the nvidia-pytriton wheel started on ``s3://127.0.0.1:PORT/bucket/prefix`` in explicit
 mode (credentials in its environment only), the tiny ERNIE checkpoints, and the release steps unchanged:
 ``SEQCLS_TRITON_REPOSITORY=s3://…`` makes the repository directory a working copy of the store, and the

@@ -1,6 +1,6 @@
 """Triton versions published to an ``s3://`` repository (seqcls.serving.s3repo) and a real Triton serving them.
 
-Through real parts: a SeaweedFS ``weed mini`` on loopback (:mod:`tests.helpers.seaweedfs`) and the
+Through real parts: a SeaweedFS ``weed server`` on loopback (:mod:`tests.helpers.seaweedfs`) and the
 ``tritonserver`` of the nvidia-pytriton wheel started by :class:`seqcls.localtriton.LocalTriton` on
 ``s3://127.0.0.1:PORT/bucket/prefix`` in explicit mode, credentials in its environment only. The model is
 a small python-backend model laid out as publish lays out a version (``model.py``, the empty
@@ -31,7 +31,7 @@ from seqcls.serving.objectstore import ObjectConflict, ObjectStore, S3Credential
 from seqcls.serving.repository import version_policy
 from seqcls.serving.s3repo import MANIFEST, S3Repository, served_versions, triton_repository
 from seqcls.settings import PROJECT_ROOT
-from tests.helpers.seaweedfs import SeaweedFS, seaweedfs
+from tests.helpers.seaweedfs import SeaweedFS, running, seaweedfs
 from tests.helpers.triton import start_triton
 
 __all__ = ["seaweedfs"]  # the fixture, imported for this module's tests
@@ -336,13 +336,13 @@ def test_triton_serves_from_s3_and_never_a_version_whose_publish_died(seaweedfs:
 
 
 @pytest.mark.integration
-def test_weed_keeps_its_logs_and_sockets_in_its_own_directory(seaweedfs: SeaweedFS) -> None:
-    root = seaweedfs.log_file.parent
-    assert any(p.name.startswith("weed.") for p in (root / "logs").iterdir()), "no glog file in the fixture's logs"
-    litter = [p.name for p in Path("/tmp").glob(f"weed.*.{seaweedfs.pid}")]
-    litter += [p.name for p in Path("/tmp").glob("seaweedfs-*.sock") if str(_port(seaweedfs)) in p.name]
-    assert not litter, f"weed wrote into /tmp: {litter}"
-
-
-def _port(server: SeaweedFS) -> int:
-    return int(server.endpoint.rsplit(":", 1)[1])
+def test_weed_keeps_its_logs_in_its_own_directory_and_leaves_no_socket_in_tmp(tmp_path: Path) -> None:
+    """weed's glog files go to the fixture's directory; its gRPC sockets, at paths it fixes in /tmp, are
+    there while it runs and gone once it is stopped (a killed weed leaves them: the fixture removes them)."""
+    with running(tmp_path) as server:
+        assert any(p.name.startswith("weed.") for p in (tmp_path / "logs").iterdir()), "no glog file in its logs"
+        assert [s for s in server.sockets() if s.exists()], "weed made none of the sockets this test expects"
+        server.store("litter").create("k", b"v")
+    litter = [p.name for p in Path("/tmp").glob(f"weed.*.{server.pid}")]
+    litter += [s.name for s in server.sockets() if s.exists()]
+    assert not litter, f"weed left these in /tmp: {litter}"

@@ -1,6 +1,6 @@
 """The release lease and the recorded serving state on an object store (seqcls.serving.s3lease, s3state).
 
-Through a real S3 server (SeaweedFS's ``weed mini`` on loopback, :mod:`tests.helpers.seaweedfs`), with
+Through a real S3 server (SeaweedFS's ``weed server`` on loopback, :mod:`tests.helpers.seaweedfs`), with
 racing writers as separate spawned processes (each its own client), a holder killed with SIGKILL, and a
 store that is not there. Every assertion is on outcomes — who holds, what is recorded, which numbers exist —
 never on how long something took; the short ttls (2 s) only make expiry happen within the test.

