@@ -70,11 +70,12 @@ class _SlowOps:
         self.endpoint = SimpleNamespace(grpc="fake:1")
         self.request_timeout = 1.0
         self.names, self.running, self.peak, self._lock = names, 0, 0, threading.Lock()
-        index = {"models": []}
-        self.client = SimpleNamespace(get_model_repository_index=lambda **_: index)
 
     def require_live(self) -> None:
         pass
+
+    def repository_index(self, timeout: float | None = None) -> list[dict]:
+        return []
 
     def load(self, model: str) -> None:
         with self._lock:
