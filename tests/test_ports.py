@@ -101,10 +101,28 @@ def test_free_ports_keep_to_the_configured_range(monkeypatch: pytest.MonkeyPatch
         assert len(set(ports)) == 4 and all(23000 <= p <= 23009 for p in ports), ports
 
 
+class _FreeSocket:
+    """A socket bound to ``port``, as :func:`ports._bindable` returns it: the range is all free, whatever
+    the other worker's servers hold right now (a real range here once lost a port to one of them)."""
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+
+    def getsockname(self) -> tuple[str, int]:
+        return ("127.0.0.1", self.port)
+
+    def close(self) -> None:
+        pass
+
+
 def test_free_ports_do_not_hand_a_port_out_twice_in_a_row(monkeypatch: pytest.MonkeyPatch) -> None:
     """One process asking twice (the team stack's three free_port() calls per Triton, each released before
     the next) gets different ports while the range has others."""
+    from seqcls.localtriton import ports
+
     monkeypatch.setenv(PORT_RANGE_VAR, "23100-23119")
+    monkeypatch.setattr(ports, "_bindable", lambda family, host, port: _FreeSocket(port))
+    monkeypatch.setattr(ports, "_handed", {})
     seen = [p for _ in range(5) for p in free_ports(4)]
     assert len(set(seen)) == 20, seen
 
