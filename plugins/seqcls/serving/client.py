@@ -46,7 +46,7 @@ T = TypeVar("T")
 RETRYABLE = ("StatusCode.UNAVAILABLE", "StatusCode.DEADLINE_EXCEEDED", "StatusCode.RESOURCE_EXHAUSTED")
 #: Triton's repository index lists the repository, then stats each entry: an entry renamed or removed in
 #: between (any model's temp file or staged version in the shared root) fails the whole index with this,
-#: and reading it again succeeds. Read up to this many times, a few milliseconds apart.
+#: and reading it again succeeds. Read up to this many times, 10 ms apart doubling to 250 ms (under 1 s in all).
 LISTING_RACE = "failed to stat file"
 LISTING_ATTEMPTS = 8
 
