@@ -186,30 +186,17 @@ def _stop(proc: subprocess.Popen, server: SeaweedFS) -> None:
 
 
 def _wait_writable(server: SeaweedFS, timeout: float = 60.0) -> None:
-    """Create the bucket, then until a write lands in it: the gateway answers before the filer and
-    the volume server are ready, and a server that cannot store must fail here, once, by name."""
-    import boto3
-    from botocore.config import Config
-
-    s3 = boto3.client(
-        "s3",
-        endpoint_url=server.endpoint,
-        aws_access_key_id=server.credentials.access_key_id,
-        aws_secret_access_key=server.credentials.secret_access_key,
-        region_name="us-east-1",
-        config=Config(retries={"max_attempts": 1}, connect_timeout=5, read_timeout=15),
-    )
+    """Until a write lands: the gateway answers before the filer and the volume server are ready, and a
+    server that cannot store must fail here, once, by name. The first write creates the bucket (weed's
+    ``-s3.autoCreateBucket``, on by default for an admin identity such as the fixture's)."""
+    store = server.store("ready")
     deadline = time.monotonic() + timeout
     last: Exception | None = None
     while time.monotonic() < deadline:
+        key = f"probe-{secrets.token_hex(4)}"
         try:
-            try:
-                s3.head_bucket(Bucket=server.bucket)
-            except Exception:
-                s3.create_bucket(Bucket=server.bucket)
-            key = "ready/probe"
-            s3.put_object(Bucket=server.bucket, Key=key, Body=b"ready")
-            s3.delete_object(Bucket=server.bucket, Key=key)
+            store.create(key, b"ready")
+            store.delete(key)
             return
         except Exception as exc:
             last = exc
